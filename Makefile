@@ -1,0 +1,41 @@
+# maskrcnn-dist: the front door. `make demo` and `make test` are all a fresh machine needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Everything the demo writes; removed by `make clean`.
+DEMO_DIR ?= runs/demo
+
+.PHONY: help install demo test test-fast lint clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+# The stamp depends on the package definitions, so editing a dependency re-installs and a second
+# `make install` with nothing changed does nothing.
+$(STAMP): pyproject.toml launcher/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ./launcher -e '.[dev,k8s]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the trainer, the launcher and the test tools (idempotent)
+
+demo: install ## train Mask R-CNN on a generated synthetic COCO set on CPU, evaluate, draw the report
+	$(BIN)/maskrcnn-dist demo --output-dir $(DEMO_DIR)
+
+test: install ## run the whole test suite
+	$(BIN)/python -m pytest -q
+
+test-fast: install ## unit tests only (no multi-process runs)
+	$(BIN)/python -m pytest -q -m 'not slow'
+
+lint: install ## ruff over the Python sources
+	$(BIN)/ruff check src launcher tests
+	$(BIN)/ruff format --check src launcher tests
+
+clean: ## remove the virtual environment and demo outputs
+	rm -rf $(VENV) runs
