@@ -1,0 +1,90 @@
+"""Checkpoints: written atomically (temporary file, fsync, rename) or not at all; newest K kept.
+
+A checkpoint is a dict of plain types and tensors, so it loads with `weights_only=True` (no
+arbitrary unpickling of files that may come from a shared volume).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^checkpoint_(\d{8})\.pt$")
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return Path(directory) / f"checkpoint_{step:08d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. Temporary files of an interrupted write are not listed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int) -> Path:
+    """Write `state` for `step`; a crash at any moment leaves either the old set or the new file."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(directory, step)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save({"format_version": FORMAT_VERSION, **state}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+    finally:
+        tmp.unlink(missing_ok=True)
+    for old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint file or the newest one in a directory, with weights_only=True."""
+    path = Path(path)
+    if path.is_dir():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise CheckpointError(f"--resume {path}: the directory holds no checkpoint_*.pt file")
+        path = newest
+    if not path.is_file():
+        raise CheckpointError(f"--resume {path}: no such file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, foreign or tampered files raise many types
+        raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "model" not in state:
+        raise CheckpointError(
+            f"checkpoint {path} is not a maskrcnn-dist checkpoint (format {FORMAT_VERSION})"
+        )
+    log.info("loaded checkpoint %s (step %s)", path, state.get("step"))
+    return state
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (it lives in the directory's metadata)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,203 @@
+"""The `local` and `ddp` engines: the whole model lives in this process.
+
+`ddp` is `local` with the model wrapped in DistributedDataParallel and three collectives: the
+gradient all-reduce inside backward, one small all-reduce of the loss terms per step (for logging,
+and so that every rank sees a non-finite loss at once and stops together, rather than one rank
+raising while the others wait in the next all-reduce), and the gathers of evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..config import TrainConfig
+from ..errors import TrainingError
+from ..model import build_model, set_batchnorm_eval
+from ..optim import build_optimizer, build_scheduler
+from ..rng import StepSeeder
+from .base import Engine, Images, Targets
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        from ..errors import ConfigError
+
+        raise ConfigError("--device cuda: no CUDA device is visible to this process")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def autocast_context(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """fp16 on CUDA (with a gradient scaler), bf16 on CPU (no scaler needed: bf16 has fp32's range)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def check_finite(step: int, values: dict[str, float]) -> None:
+    bad = [name for name, value in values.items() if not math.isfinite(value)]
+    if bad:
+        raise TrainingError(
+            f"non-finite loss at step {step}: {', '.join(f'{n}={values[n]}' for n in bad)}; "
+            "training stopped before the update; the last checkpoint is intact (lower --lr or set --clip-grad-norm)"
+        )
+
+
+def to_device(images: Images, targets: Targets | None, device: torch.device) -> tuple[Images, Targets | None]:
+    non_blocking = device.type == "cuda"
+    images = [img.to(device, non_blocking=non_blocking) for img in images]
+    if targets is not None:
+        targets = [
+            {
+                k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+                for k, v in t.items()
+            }
+            for t in targets
+        ]
+    return images, targets
+
+
+class TorchEngine(Engine):
+    """One model in this process; with `distributed=True`, one DDP replica of a process group."""
+
+    def __init__(
+        self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, distributed: bool = False
+    ) -> None:
+        self.cfg = cfg
+        self.name = "ddp" if distributed else "local"
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = resolve_device(cfg.device, local_rank)
+        if distributed:
+            self._init_process_group()
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before DDP's broadcast
+        self.model = build_model(cfg.model, num_classes).to(self.device)
+        self.seeder = StepSeeder(cfg.seed)
+        self.seeder.attach(dict(self.model.named_children()))
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, iters_per_epoch)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp and self.device.type == "cuda")
+        self.trained = self.model
+        if distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.trained = DistributedDataParallel(self.model, device_ids=ids)
+
+    def _init_process_group(self) -> None:
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(
+            backend, init_method="env://", timeout=timedelta(seconds=self.cfg.pipeline.rpc_timeout)
+        )
+        self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
+        log.info("ddp rank %d of %d on %s (%s)", self.data_rank, self.data_world_size, self.device, backend)
+
+    @property
+    def distributed(self) -> bool:
+        return self.trained is not self.model
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
+        images, targets = to_device(images, targets, self.device)
+        self.model.train()
+        self.seeder.at(step, micro=self.data_rank)
+        with autocast_context(self.device, self.cfg.amp):
+            loss_dict = self.trained(images, targets)
+        logged = self._mean_over_ranks(loss_dict)
+        check_finite(step, logged)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(sum(loss_dict.values())).backward()
+        if self.cfg.optim.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return logged
+
+    def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
+        names = sorted(loss_dict)
+        values = torch.stack([loss_dict[n].detach().float() for n in names])
+        values = self.all_reduce_sum(values) / self.data_world_size
+        return dict(zip(names, values.tolist()))
+
+    @torch.no_grad()
+    def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:
+        images, _ = to_device(images, None, self.device)
+        self.model.eval()
+        with autocast_context(self.device, self.cfg.amp):
+            detections = self.model(images)  # the bare module: inference needs no DDP collectives
+        return [
+            {k: v.float().cpu() if v.is_floating_point() else v.cpu() for k, v in d.items()}
+            for d in detections
+        ]
+
+    @torch.no_grad()
+    def validation_losses(self, images: Images, targets: Targets) -> dict[str, torch.Tensor]:
+        images, targets = to_device(images, targets, self.device)
+        self.model.train()  # torchvision returns losses only in training mode ...
+        switched = set_batchnorm_eval(self.model)  # ... but running statistics must not move
+        devices = [self.device] if self.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), autocast_context(self.device, self.cfg.amp):
+                # The bare module, not DDP: DDP's forward may broadcast buffers, a collective that
+                # ranks with fewer validation batches would never reach.
+                losses = self.model(images, targets)
+        finally:
+            for module in switched:
+                module.train()
+        return {k: v.float().cpu() for k, v in losses.items()}
+
+    # -- collectives ------------------------------------------------------------------------
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self.distributed:
+            return tensor
+        on_device = tensor.to(self.device)
+        dist.all_reduce(on_device)
+        return on_device.to(tensor.device)
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        if not self.distributed:
+            return [obj]
+        gathered = [None] * self.data_world_size if self.is_main else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if "optimizer" in state and state.get("engine") in (None, "local", "ddp"):
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            if state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,87 @@
+"""Metrics: JSON lines (the record other tools read), TensorBoard scalars, and console progress.
+
+Only the main process writes. On a terminal the console shows a one-line progress bar; elsewhere
+(pods, CI) plain log lines every `print_freq` steps, because a bar's carriage returns make
+`kubectl logs` unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsWriter:
+    def __init__(
+        self,
+        output_dir: Path,
+        enabled: bool,
+        total_steps: int,
+        print_freq: int,
+        stream: TextIO | None = None,
+        tensorboard: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.print_freq = max(1, print_freq)
+        self.stream = stream or sys.stdout
+        self.interactive = self.stream.isatty()
+        self._tb = None
+        self._jsonl = None
+        if enabled:
+            output_dir = Path(output_dir)
+            output_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(output_dir / METRICS_FILE, "a", buffering=1)
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter  # heavy import: only where used
+
+                self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        """Record one event: kind is 'train', 'val' or 'eval'; values are floats or small lists."""
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+        self._console(kind, step, values)
+
+    def _console(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        shown = " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float))
+        if kind == "train":
+            if self.interactive:
+                done = int(30 * step / max(1, self.total_steps))
+                bar = "#" * done + "." * (30 - done)
+                self.stream.write(f"\r[{bar}] {step}/{self.total_steps} {shown}")
+                self.stream.flush()
+                return
+            if step % self.print_freq and step != self.total_steps:
+                return
+        prefix = "\n" if self.interactive else ""
+        self.stream.write(f"{prefix}{kind} step {step}/{self.total_steps} {shown}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics file; a torn last line (the writer was killed) is ignored."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

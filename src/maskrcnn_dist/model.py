@@ -1,0 +1,146 @@
+"""Build torchvision's Mask R-CNN variants. Pretrained weights come only from local files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision.models import resnet18
+from torchvision.models.detection import MaskRCNN, maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2
+from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+from torchvision.ops import misc as misc_nn_ops
+
+from .config import ModelConfig
+from .errors import WeightsError
+
+log = logging.getLogger(__name__)
+
+# Layers whose shape depends on the number of classes: a COCO-pretrained file fits everything else.
+CLASS_DEPENDENT_PREFIXES = ("roi_heads.box_predictor.", "roi_heads.mask_predictor.mask_fcn_logits.")
+
+
+# The small variant also samples fewer proposals: at 128 px the box and mask heads, not the trunk,
+# dominate a step, and a few dozen objects per image need nowhere near 2000 proposals.
+SMALL_VARIANT_SAMPLING = dict(
+    rpn_pre_nms_top_n_train=300,
+    rpn_post_nms_top_n_train=150,
+    rpn_pre_nms_top_n_test=150,
+    rpn_post_nms_top_n_test=100,
+    box_batch_size_per_image=128,
+)
+
+
+def _norm_layer(cfg: ModelConfig) -> type[nn.Module]:
+    frozen = cfg.backbone_norm == "frozen" or (
+        cfg.backbone_norm == "auto" and (cfg.weights or cfg.weights_backbone)
+    )
+    return misc_nn_ops.FrozenBatchNorm2d if frozen else nn.BatchNorm2d
+
+
+def _trainable_layers(cfg: ModelConfig) -> int:
+    if cfg.trainable_backbone_layers is not None:
+        return cfg.trainable_backbone_layers
+    # torchvision: 3 trainable stages when starting from pretrained weights, all 5 from scratch.
+    return 3 if (cfg.weights or cfg.weights_backbone) else 5
+
+
+def _read_state_dict(path: Path, what: str) -> dict[str, torch.Tensor]:
+    if not Path(path).is_file():
+        raise WeightsError(
+            f"{what} file {path} does not exist (weights are never downloaded; give a local file)"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file; the user needs the path.
+        raise WeightsError(f"{what} file {path} is not a readable PyTorch state dict: {exc}") from exc
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a maskrcnn-dist or torchvision-reference checkpoint
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsError(f"{what} file {path} does not hold a state dict of tensors")
+    return state
+
+
+def _load_into(
+    module: nn.Module, state: dict[str, torch.Tensor], path: Path, what: str, skippable: tuple[str, ...] = ()
+) -> None:
+    """Load strictly, except class-dependent layers whose shape differs (the usual fine-tuning case)."""
+    own = module.state_dict()
+    mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    skipped = [k for k in mismatched if k.startswith(skippable)]
+    fatal = [k for k in mismatched if k not in skipped]
+    missing = [k for k in own if k not in state and k not in skipped]
+    unexpected = [k for k in state if k not in own]
+    if fatal or missing or unexpected:
+
+        def head(keys: list[str]) -> str:
+            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+
+        details = [
+            f"{label}: {head(keys)}"
+            for label, keys in (("shape mismatch", fatal), ("missing", missing), ("unexpected", unexpected))
+            if keys
+        ]
+        raise WeightsError(f"{what} file {path} does not fit the model: " + "; ".join(details))
+    module.load_state_dict({k: v for k, v in state.items() if k not in skipped}, strict=False)
+    if skipped:
+        log.info(
+            "%s: re-initialised %d class-dependent tensors (different number of classes)", path, len(skipped)
+        )
+
+
+def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
+    """Mask R-CNN for `num_classes` (background included), randomly initialised or from local files."""
+    common = dict(num_classes=num_classes, min_size=cfg.min_size, max_size=cfg.max_size)
+    layers = _trainable_layers(cfg)
+    if cfg.name == "maskrcnn_resnet18_fpn":
+        # The small CPU-test variant: same heads, ResNet-18 trunk (4x fewer FLOPs than R50).
+        trunk = resnet18(weights=None, norm_layer=_norm_layer(cfg))
+        if cfg.weights_backbone:
+            _load_into(
+                trunk,
+                _read_state_dict(cfg.weights_backbone, "backbone weights"),
+                cfg.weights_backbone,
+                "backbone weights",
+                skippable=("fc.",),
+            )
+        model = MaskRCNN(_resnet_fpn_extractor(trunk, layers), **common, **SMALL_VARIANT_SAMPLING)
+    else:
+        builder = maskrcnn_resnet50_fpn if cfg.name == "maskrcnn_resnet50_fpn" else maskrcnn_resnet50_fpn_v2
+        model = builder(weights=None, weights_backbone=None, trainable_backbone_layers=layers, **common)
+        if _norm_layer(cfg) is misc_nn_ops.FrozenBatchNorm2d:
+            _freeze_backbone_batchnorm(model)
+        if cfg.weights_backbone:
+            _load_into(
+                model.backbone.body,
+                _read_state_dict(cfg.weights_backbone, "backbone weights"),
+                cfg.weights_backbone,
+                "backbone weights",
+                skippable=("fc.",),
+            )
+    if cfg.weights:
+        _load_into(
+            model,
+            _read_state_dict(cfg.weights, "weights"),
+            cfg.weights,
+            "weights",
+            skippable=CLASS_DEPENDENT_PREFIXES,
+        )
+    return model
+
+
+def _freeze_backbone_batchnorm(model: MaskRCNN) -> None:
+    """torchvision builds R50 with BatchNorm2d when no weights are downloaded; swap in the frozen kind."""
+    for parent in model.backbone.body.modules():
+        for attr, child in list(parent.named_children()):
+            if isinstance(child, nn.BatchNorm2d):
+                setattr(parent, attr, misc_nn_ops.FrozenBatchNorm2d(child.num_features, eps=child.eps))
+
+
+def set_batchnorm_eval(model: nn.Module) -> list[nn.Module]:
+    """Put every BatchNorm in eval mode (use, never update, running stats); return those that were training."""
+    switched = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    for m in switched:
+        m.eval()
+    return switched

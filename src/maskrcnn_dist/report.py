@@ -1,0 +1,44 @@
+"""Draw a run's loss and AP curves from its metrics.jsonl into one PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UserError
+from .metrics import read_metrics
+
+
+def draw_report(metrics_file: Path, out_png: Path) -> Path:
+    """Training and validation loss (left), COCO bbox/segm AP (right). Returns the PNG's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display in pods or CI
+    import matplotlib.pyplot as plt
+
+    if not Path(metrics_file).is_file():
+        raise UserError(f"report: {metrics_file} does not exist (train writes OUTPUT_DIR/metrics.jsonl)")
+    records = read_metrics(metrics_file)
+    train = [r for r in records if r.get("kind") == "train"]
+    if not train:
+        raise UserError(f"report: {metrics_file} holds no training records")
+    val = [r for r in records if r.get("kind") == "val"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+
+    fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
+    if val:
+        ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="validation loss")
+    ax_loss.set(xlabel="step", ylabel="loss (sum of terms)", title="Loss", yscale="log")
+    ax_loss.legend()
+    for key, label in (("bbox_AP", "bbox AP"), ("segm_AP", "segm AP"), ("bbox_AP50", "bbox AP50")):
+        points = [(r["step"], r[key]) for r in evals if key in r]
+        if points:
+            ax_ap.plot(*zip(*points), "o-", label=label)
+    ax_ap.set(xlabel="step", ylabel="COCO AP", title="Evaluation", ylim=(0, 1))
+    ax_ap.legend()
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
