@@ -1,0 +1,37 @@
+"""The trainer's data: COCO instances dataset, synthetic COCO generator, batching and loaders."""
+
+from maskrcnn_dist.data.coco import CocoInstanceDataset, flip_decision, hflip
+from maskrcnn_dist.data.loader import (
+    aspect_ratio_groups,
+    build_eval_loader,
+    build_train_loader,
+    collate,
+    epoch_batches,
+    eval_indices,
+    num_train_batches,
+    rank_indices,
+)
+from maskrcnn_dist.data.synthetic import (
+    SyntheticCoco,
+    SyntheticSplits,
+    generate_synthetic_coco,
+    write_train_val,
+)
+
+__all__ = [
+    "CocoInstanceDataset",
+    "SyntheticCoco",
+    "SyntheticSplits",
+    "aspect_ratio_groups",
+    "build_eval_loader",
+    "build_train_loader",
+    "collate",
+    "epoch_batches",
+    "eval_indices",
+    "flip_decision",
+    "generate_synthetic_coco",
+    "hflip",
+    "num_train_batches",
+    "rank_indices",
+    "write_train_val",
+]
