@@ -1,0 +1,171 @@
+"""`maskrcnn-launch`: plan, validate, launch. Thin over the library; exit 2 on bad input, 3 on an
+unreachable master."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from maskrcnn_launcher import contract
+from maskrcnn_launcher.errors import LauncherError, PeerTimeout
+from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
+from maskrcnn_launcher.launch import launch as run_launch
+from maskrcnn_launcher.launch import must_wait, parse_trainer_cmd, trainer_command
+from maskrcnn_launcher.peers import WaitPolicy
+from maskrcnn_launcher.plan import derive_job, derive_pod
+from maskrcnn_launcher.render import plan_json, plan_table
+from maskrcnn_launcher.topology import builtin_topologies, load_topology
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_INVALID = 2
+EXIT_UNREACHABLE = 3
+
+
+def _reports_errors(func: F) -> F:
+    """Print every collected problem, one per line, and exit non-zero instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except LauncherError as exc:
+            for line in exc.errors:
+                click.echo(f"error: {line}", err=True)
+            sys.exit(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_INVALID)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _topology_option(func: F) -> F:
+    return click.option(
+        "--topology",
+        "topology_ref",
+        envvar=contract.TOPOLOGY,
+        default=None,
+        metavar="FILE|NAME",
+        help=f"Topology YAML, or a packaged one by name ({', '.join(builtin_topologies())}); "
+        f"default: ${contract.TOPOLOGY}, else three-machines.",
+    )(func)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Topology + pod identity -> rank, MASTER_ADDR, placement, device maps; then start the trainer."""
+
+
+@main.command()
+@_topology_option
+@click.option("--json", "as_json", is_flag=True, help="Print the job plan as JSON (one MASKRCNN_POD_PLAN per pod).")
+@click.option("--prefix", default="maskrcnn", show_default=True, help="StatefulSet name prefix (the release).")
+@click.option("--service", default=None, help="Headless Service name [default: <prefix>-headless].")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--cluster-domain", default=contract.DEFAULT_CLUSTER_DOMAIN, show_default=True)
+@_reports_errors
+def plan(
+    topology_ref: str | None,
+    as_json: bool,
+    prefix: str,
+    service: str | None,
+    namespace: str,
+    cluster_domain: str,
+) -> None:
+    """Print one row per pod and the estimated bytes per link per step. Needs no cluster."""
+    topology = load_topology(topology_ref)
+    cluster = Cluster(prefix, service or f"{prefix}-headless", namespace, cluster_domain)
+    job = derive_job(topology, cluster.dns_name("master", 0), topology.network.master_port, cluster)
+    click.echo(plan_json(job) if as_json else plan_table(job), nl=False)
+
+
+@main.command()
+@_topology_option
+@_reports_errors
+def validate(topology_ref: str | None) -> None:
+    """Check a topology; print every problem and exit 2 if there is any."""
+    topology = load_topology(topology_ref)
+    click.echo(
+        f"ok: {topology.source}: engine {topology.engine}, {topology.nnodes} pods, world size {topology.world_size}"
+    )
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--role", default=None, help=f"master or worker [env {contract.ROLE}; else the pod name].")
+@click.option("--index", type=int, default=None, help=f"0-based worker ordinal [env {contract.INDEX}].")
+@click.option("--master-addr", default=None, help=f"Master address [env {contract.MASTER_ADDR}; else its DNS name].")
+@click.option("--master-port", type=int, default=None, help=f"[env {contract.MASTER_PORT}; else the topology's].")
+@_topology_option
+@click.option(
+    "--trainer-cmd",
+    default=None,
+    help=f"Replace the trainer command (shell words; for ddp it runs under torchrun --no-python) "
+    f"[env {contract.TRAINER_CMD}].",
+)
+@click.option(
+    "--wait-timeout",
+    type=float,
+    default=None,
+    help=f"Seconds to wait for the master's DNS name and port [env {contract.WAIT_TIMEOUT}; "
+    f"default {contract.DEFAULT_WAIT_TIMEOUT_S:g}].",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the command and exported environment as JSON; do not wait or exec."
+)
+@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
+@_reports_errors
+def launch(
+    role: str | None,
+    index: int | None,
+    master_addr: str | None,
+    master_port: int | None,
+    topology_ref: str | None,
+    trainer_cmd: str | None,
+    wait_timeout: float | None,
+    dry_run: bool,
+    trainer_args: tuple[str, ...],
+) -> None:
+    """Derive this pod's identity, wait for the master, export the environment and exec the trainer.
+
+    Everything after `--` goes to the trainer. The trainer replaces this process (exec), so signals
+    such as SIGTERM reach it directly.
+    """
+    env = dict(os.environ)
+    topology = load_topology(topology_ref)
+    identity = resolve_identity(IdentityInputs(role, index, master_addr, master_port), env, topology)
+    pod = derive_pod(topology, identity)
+    command = parse_trainer_cmd(trainer_cmd, env)
+    if dry_run:
+        doc = {
+            "identity_source": identity.source,
+            "waits_for": f"{pod.master_addr}:{pod.master_port}" if must_wait(pod) else None,
+            "argv": trainer_command(pod, trainer_args, command),
+            "env": contract.exported_env(pod),
+        }
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    policy = WaitPolicy(timeout_s=_wait_timeout(wait_timeout, env))
+
+    def log(message: str) -> None:
+        click.echo(message, err=True)
+
+    log(f"maskrcnn-launch: {pod.role} {pod.index} ({identity.source}); master {pod.master_addr}:{pod.master_port}")
+    run_launch(pod, trainer_args, command, policy, env, log)
+
+
+def _wait_timeout(flag: float | None, env: dict[str, str]) -> float:
+    if flag is not None:
+        value: float = flag
+    else:
+        raw = env.get(contract.WAIT_TIMEOUT)
+        try:
+            value = float(raw) if raw else contract.DEFAULT_WAIT_TIMEOUT_S
+        except ValueError:
+            raise LauncherError(f"{contract.WAIT_TIMEOUT}: {raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise LauncherError(f"wait timeout: {value:g} must be positive (--wait-timeout / {contract.WAIT_TIMEOUT})")
+    return value

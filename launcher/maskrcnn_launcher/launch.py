@@ -1,0 +1,88 @@
+"""`launch`: plan this pod, wait for the master, export the environment, exec the trainer.
+
+The trainer replaces the launcher (`os.execvpe`): same PID, so SIGTERM from Kubernetes or
+`docker stop` reaches the trainer directly and its exit status is the container's. Nothing of
+the launcher stays behind to forward signals or to hold memory.
+
+pipeline: one process per pod, `maskrcnn-dist train --engine pipeline <args>`.
+ddp: `python -m torch.distributed.run --nnodes N --node-rank R --nproc-per-node P --master-addr A
+--master-port PORT -m maskrcnn_dist.cli train --engine ddp <args>`: torch's own spawner starts one
+process per device (one on CPU) and sets RANK, LOCAL_RANK, WORLD_SIZE for each; the launcher never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+from maskrcnn_launcher import contract
+from maskrcnn_launcher.contract import PodPlan
+from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
+
+PIPELINE_TRAINER = ("maskrcnn-dist", "train", "--engine", "pipeline")
+DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
+
+
+def trainer_command(
+    plan: PodPlan, args: Sequence[str], trainer_cmd: Sequence[str] | None = None, python: str = sys.executable
+) -> list[str]:
+    """The argv to exec. `trainer_cmd` replaces the trainer (not torchrun) for tests and custom images."""
+    if plan.engine == "pipeline":
+        return [*(trainer_cmd or PIPELINE_TRAINER), *args]
+    torchrun = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(plan.nnodes),
+        "--node-rank",
+        str(plan.node_rank),
+        "--nproc-per-node",
+        str(plan.nproc_per_node),
+        "--master-addr",
+        plan.master_addr,
+        "--master-port",
+        str(plan.master_port),
+    ]
+    if trainer_cmd:
+        # torchrun runs an arbitrary executable with --no-python.
+        return [*torchrun, "--no-python", *trainer_cmd, *args]
+    return [*torchrun, *DDP_TRAINER_MODULE, *args]
+
+
+def trainer_environment(plan: PodPlan, base: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update(contract.exported_env(plan))
+    return env
+
+
+def parse_trainer_cmd(flag: str | None, env: Mapping[str, str]) -> list[str] | None:
+    text = flag or env.get(contract.TRAINER_CMD)
+    return shlex.split(text) if text else None
+
+
+def must_wait(plan: PodPlan) -> bool:
+    """Workers wait for the master's name and port; the master opens that port itself."""
+    return plan.role != "master"
+
+
+def launch(
+    plan: PodPlan,
+    args: Sequence[str],
+    trainer_cmd: Sequence[str] | None,
+    policy: WaitPolicy,
+    base_env: Mapping[str, str],
+    log: Callable[[str], None],
+    execvpe: Callable[[str, list[str], dict[str, str]], object] = os.execvpe,
+) -> None:
+    if must_wait(plan):
+        wait_for_master(plan.master_addr, plan.master_port, policy, log)
+    argv = trainer_command(plan, args, trainer_cmd)
+    env = trainer_environment(plan, base_env)
+    log(f"maskrcnn-launch: {plan.rpc_name} (rank {plan.rank}/{plan.world_size}) exec: {shlex.join(argv)}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    execvpe(argv[0], argv, env)

@@ -1,0 +1,113 @@
+"""Waiting for the master: first its DNS name, then its TCP port, each try bounded by one deadline.
+
+An unresolvable master is the most reported failure of multi-node PyTorch on Kubernetes: a
+StatefulSet pod's DNS record appears only once the pod exists (and, unless the headless Service
+publishes not-ready addresses, once it is ready), so workers that start first must wait instead
+of crashing into torch's rendezvous with a bare `gaierror`.
+
+Who waits: workers. The master (rank 0) hosts the TCPStore on MASTER_PORT (torch RPC's env://
+rendezvous, torchrun's static rendezvous), so it must not wait for its own port: it opens it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from maskrcnn_launcher.errors import PeerTimeout
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    timeout_s: float = 300.0
+    interval_s: float = 1.0  # between tries; doubled up to `max_interval_s`
+    max_interval_s: float = 5.0
+    connect_timeout_s: float = 2.0
+
+
+def wait_for_master(host: str, port: int, policy: WaitPolicy, log: Callable[[str], None] = print) -> None:
+    """Resolve `host`, then connect to `host:port`, within `policy.timeout_s` in all."""
+    deadline = time.monotonic() + policy.timeout_s
+    addresses = wait_for_name(host, deadline, policy, log)
+    log(f"maskrcnn-launch: master {host} resolves to {', '.join(addresses)}")
+    wait_for_port(host, port, deadline, policy, log)
+    log(f"maskrcnn-launch: master {host}:{port} accepts connections")
+
+
+def wait_for_name(host: str, deadline: float, policy: WaitPolicy, log: Callable[[str], None] = print) -> list[str]:
+    tries, last_error = 0, "no try"
+    interval = policy.interval_s
+    while True:
+        tries += 1
+        remaining = deadline - time.monotonic()
+        try:
+            return _resolve(host, max(remaining, 0.0))
+        except (OSError, TimeoutError) as exc:
+            last_error = str(exc) or type(exc).__name__
+        if not _sleep_before_retry(deadline, interval):
+            raise PeerTimeout(
+                f"master {host!r} did not resolve within {policy.timeout_s:g} s ({tries} tries; last error: "
+                f"{last_error}). Check the master's pod is running, the headless Service publishes not-ready "
+                "addresses, and --master-addr / MASTER_ADDR"
+            )
+        if tries == 1:
+            log(f"maskrcnn-launch: waiting for master {host} to resolve ({last_error})")
+        interval = min(interval * 2, policy.max_interval_s)
+
+
+def wait_for_port(
+    host: str, port: int, deadline: float, policy: WaitPolicy, log: Callable[[str], None] = print
+) -> None:
+    tries, last_error = 0, "no try"
+    interval = policy.interval_s
+    while True:
+        tries += 1
+        remaining = deadline - time.monotonic()
+        try:
+            # Connect and close at once: the store (libuv TCPStore server) treats it as a client that left.
+            with socket.create_connection((host, port), timeout=max(min(policy.connect_timeout_s, remaining), 0.01)):
+                return
+        except OSError as exc:
+            last_error = str(exc) or type(exc).__name__
+        if not _sleep_before_retry(deadline, interval):
+            raise PeerTimeout(
+                f"master {host}:{port} did not accept a TCP connection within {policy.timeout_s:g} s "
+                f"({tries} tries; last error: {last_error}). "
+                "Is the master's trainer up, and --master-port right?"
+            )
+        if tries == 1:
+            log(f"maskrcnn-launch: waiting for master {host}:{port} to open ({last_error})")
+        interval = min(interval * 2, policy.max_interval_s)
+
+
+def _sleep_before_retry(deadline: float, interval: float) -> bool:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return False
+    time.sleep(min(interval, remaining))
+    return True
+
+
+def _resolve(host: str, timeout_s: float) -> list[str]:
+    """getaddrinfo with a deadline: glibc's resolver can block for its own timeouts x attempts, which
+    would break the bound, so the lookup runs in a daemon thread we stop waiting for."""
+    result: dict[str, object] = {}
+
+    def lookup() -> None:
+        try:
+            result["ok"] = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=lookup, name=f"resolve-{host}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"lookup still running after {timeout_s:.1f} s")
+    if "error" in result:
+        raise result["error"]  # type: ignore[misc]
+    infos = result["ok"]
+    return sorted({info[4][0] for info in infos})  # type: ignore[union-attr]

@@ -1,0 +1,116 @@
+"""The job plan as a table for people or JSON for programs (the pods' JSON is `MASKRCNN_POD_PLAN`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from maskrcnn_launcher.contract import PodPlan
+from maskrcnn_launcher.estimate import padded_size
+from maskrcnn_launcher.plan import JobPlan
+
+
+def plan_json(job: JobPlan) -> str:
+    topo = job.topology
+    doc = {
+        "topology": topo.source,
+        "engine": topo.engine,
+        "world_size": topo.world_size,
+        "links": [asdict(link) for link in job.links],
+        "pods": [pod.to_dict() for pod in job.pods],
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def plan_table(job: JobPlan) -> str:
+    topo = job.topology
+    master = job.pods[0]
+    est = topo.estimate
+    h, w = padded_size(est)
+    head = f"topology {topo.source}: engine {topo.engine}, world size {topo.world_size}, "
+    head += f"master {master.master_addr}:{master.master_port}"
+    if topo.engine == "pipeline":
+        head += f", transport {topo.network.transport}"
+    if topo.network.interface:
+        head += f", interface {topo.network.interface}"
+    lines = [head, ""]
+    header = (
+        "rank",
+        "role",
+        "rpc name",
+        "dns name",
+        "backend",
+        "procs",
+        "stage",
+        "modules",
+        "replicas",
+        "device maps",
+    )
+    rows = [_pod_row(pod) for pod in job.pods]
+    lines += _table(header, rows)
+    if topo.engine == "pipeline":
+        basis = (
+            f"batch {est.batch_size} at {h}x{w} padded, {est.micro_batches} micro-batches, "
+            f"features {est.feature_dtype}, {est.instances_per_image} instances per image"
+        )
+    else:
+        basis = f"ring all-reduce of {est.model_parameters:,} float32 gradients per process"
+    lines += ["", f"links, estimated per step ({basis}):"]
+    link_rows = [
+        (
+            link.src,
+            link.dst,
+            link.phase,
+            link.carries,
+            str(link.messages_per_step),
+            _bytes(link.bytes_per_step),
+        )
+        for link in job.links
+    ]
+    lines += _table(("from", "to", "phase", "carries", "messages", "bytes/step"), link_rows)
+    return "\n".join(lines) + "\n"
+
+
+def _pod_row(pod: PodPlan) -> tuple[str, ...]:
+    last = pod.rank + pod.nproc_per_node - 1
+    ranks = str(pod.rank) if last == pod.rank else f"{pod.rank}-{last}"
+    role = "master" if pod.role == "master" else f"worker {pod.index}"
+    if pod.engine == "ddp":
+        stage, modules = "-", "all"
+        replicas = ", ".join([f"cuda:{i}" for i in range(pod.devices)] or ["cpu"])
+    else:
+        stage = next((s.name for s in pod.stages if s.stage == pod.stage), "-")
+        modules = ", ".join(pod.modules) or "-"
+        replicas = ", ".join(pod.replicas) or "-"
+    maps = (
+        "; ".join(
+            f"{callee}: " + ", ".join(f"{a}->{b}" for a, b in sorted(mapping.items()))
+            for callee, mapping in sorted(pod.device_maps.items())
+        )
+        or "-"
+    )
+    return (
+        ranks,
+        role,
+        pod.rpc_name,
+        pod.dns_name or "-",
+        pod.backend,
+        str(pod.nproc_per_node),
+        stage,
+        modules,
+        replicas,
+        maps,
+    )
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit} ({n:,} B)"
+    return f"{n} B"

@@ -1,0 +1,387 @@
+"""Topology YAML -> validated dataclasses. Every problem is collected, each naming its field.
+
+The format (see launcher/README.md for the full reference):
+
+    engine: pipeline            # pipeline | ddp
+    world_size: 3               # optional: checked against the roles
+    master: {devices: 0}
+    workers:                    # worker i = StatefulSet ordinal i: rank i + 1, rpc name worker<i+1>
+      - {devices: 0, stage: stage1, replicas: 1}
+      - {devices: 0, stage: stage2, replicas: 1}
+    stages:                     # pipeline only, in pipeline order
+      - {name: stage1, modules: [transform, backbone]}
+      - {name: stage2, modules: [rpn, roi_heads]}
+    network: {master_port: 29500, interface: null, transport: cpu}
+    estimate: {batch_size: 2, image_size: [800, 1333], micro_batches: 2, feature_dtype: float32}
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from maskrcnn_launcher.contract import DEFAULT_MASTER_PORT, MODULES
+from maskrcnn_launcher.errors import TopologyError
+
+ENGINES = ("pipeline", "ddp")
+TRANSPORTS = ("cpu", "device_maps")
+FEATURE_DTYPES = ("float32", "bfloat16")
+DEFAULT_TOPOLOGY = "three-machines"
+
+# torchvision's maskrcnn_resnet50_fpn has 44,401,393 parameters (its weights' metadata); only used
+# for ddp's all-reduce byte estimate.
+DEFAULT_MODEL_PARAMETERS = 44_401_393
+
+
+@dataclass(frozen=True)
+class Worker:
+    index: int
+    devices: int
+    stage: str | None  # pipeline: the stage this worker holds
+    replicas: int  # pipeline: replicas of that stage (one per GPU, or CPU replicas when devices == 0)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Network:
+    master_port: int
+    interface: str | None
+    transport: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Inputs of the byte estimate only: the trainer's own config decides the real run."""
+
+    batch_size: int
+    image_size: tuple[int, int]  # (height, width) after the model's resize, before padding to 32
+    micro_batches: int
+    feature_dtype: str
+    instances_per_image: int
+    model_parameters: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    source: str  # file name, for messages and the plan header
+    engine: str
+    master_devices: int
+    workers: tuple[Worker, ...]
+    stages: tuple[Stage, ...]
+    network: Network
+    estimate: Estimate
+
+    @property
+    def nnodes(self) -> int:
+        return 1 + len(self.workers)
+
+    def node_devices(self) -> list[int]:
+        """GPUs per pod in node-rank order (master first)."""
+        return [self.master_devices] + [w.devices for w in self.workers]
+
+    @property
+    def world_size(self) -> int:
+        if self.engine == "ddp":
+            return sum(max(d, 1) for d in self.node_devices())
+        return self.nnodes
+
+    def worker_for_stage(self, name: str) -> Worker:
+        return next(w for w in self.workers if w.stage == name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def builtin_topologies() -> list[str]:
+    folder = resources.files("maskrcnn_launcher") / "topologies"
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_topology_text(ref: str | None) -> tuple[str, str]:
+    """(source name, YAML text) for a path, or for a packaged topology's name (e.g. `ddp`)."""
+    ref = ref or DEFAULT_TOPOLOGY
+    path = Path(ref)
+    if path.is_file():
+        return path.name, path.read_text()
+    name = ref.removesuffix(".yaml")
+    if "/" not in ref and name in builtin_topologies():
+        text = (resources.files("maskrcnn_launcher") / "topologies" / f"{name}.yaml").read_text()
+        return f"{name}.yaml", text
+    raise TopologyError(
+        f"topology: {ref!r} is neither a file nor a packaged topology ({', '.join(builtin_topologies())})"
+    )
+
+
+def load_topology(ref: str | None) -> Topology:
+    source, text = read_topology_text(ref)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{source}: not valid YAML: {exc}") from exc
+    return parse_topology(data, source)
+
+
+def parse_topology(data: Any, source: str = "<topology>") -> Topology:
+    """Validate a loaded YAML document; raise `TopologyError` listing every problem."""
+    errs = _Errors()
+    if not isinstance(data, dict):
+        raise TopologyError(f"{source}: expected a mapping at the top level")
+    errs.keys(data, "", ("engine", "world_size", "master", "workers", "stages", "network", "estimate"))
+
+    engine = data.get("engine", "pipeline")
+    if engine not in ENGINES:
+        errs.add("engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+
+    master = _mapping(data.get("master", {}), "master", errs)
+    errs.keys(master, "master", ("devices",))
+    master_devices = errs.int_field(master, "devices", "master.devices", default=0, minimum=0)
+    if engine == "pipeline" and master_devices > 0:
+        # The pipeline master holds the data loader and drives the optimizer; stages run on workers.
+        errs.add("master.devices", "must be 0 for the pipeline engine (the master holds no stage)")
+
+    workers = _workers(data.get("workers", []), engine, errs)
+    stages = _stages(data.get("stages"), engine, errs)
+    network = _network(data.get("network", {}), errs)
+    estimate = _estimate(data.get("estimate", {}), errs)
+
+    topology = Topology(source, engine, master_devices, tuple(workers), tuple(stages), network, estimate)
+    if engine == "pipeline":
+        _check_placement(topology, errs)
+    elif engine == "ddp":
+        kinds = {d > 0 for d in topology.node_devices()}
+        if len(kinds) > 1:
+            errs.add("workers", "ddp needs every pod with GPUs or every pod without (one backend: nccl or gloo)")
+    if "world_size" in data:
+        expected = topology.world_size
+        if data["world_size"] != expected:
+            how = "1 master + workers" if engine == "pipeline" else "sum over pods of max(devices, 1)"
+            errs.add("world_size", f"{data['world_size']!r} does not match the roles: {how} = {expected}")
+    errs.raise_if_any(source)
+    return topology
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+
+
+def _workers(raw: Any, engine: str, errs: _Errors) -> list[Worker]:
+    if not isinstance(raw, list):
+        errs.add("workers", "expected a list")
+        return []
+    workers = []
+    for i, item in enumerate(raw):
+        where = f"workers[{i}]"
+        item = _mapping(item, where, errs)
+        errs.keys(item, where, ("devices", "stage", "replicas"))
+        devices = errs.int_field(item, "devices", f"{where}.devices", default=0, minimum=0)
+        if engine == "ddp":
+            for key in ("stage", "replicas"):
+                if key in item:
+                    errs.add(f"{where}.{key}", "the ddp engine has no stage placements (every pod holds the model)")
+            workers.append(Worker(i, devices, None, 1))
+            continue
+        stage = item.get("stage")
+        if stage is None:
+            errs.add(f"{where}.stage", "missing: every pipeline worker holds one stage")
+        elif not isinstance(stage, str):
+            errs.add(f"{where}.stage", f"expected a stage name, got {stage!r}")
+            stage = None
+        replicas = errs.int_field(item, "replicas", f"{where}.replicas", default=1, minimum=1)
+        if devices > 0 and replicas > devices:
+            errs.add(f"{where}.replicas", f"{replicas} replicas but the worker has {devices} device(s)")
+        workers.append(Worker(i, devices, stage, replicas))
+    return workers
+
+
+def _stages(raw: Any, engine: str, errs: _Errors) -> list[Stage]:
+    if engine == "ddp":
+        if raw:
+            errs.add("stages", "the ddp engine has no stage placements (every pod holds the model)")
+        return []
+    if raw is None:
+        errs.add("stages", "missing: the pipeline engine needs a stage list")
+        return []
+    if not isinstance(raw, list) or not raw:
+        errs.add("stages", "expected a non-empty list")
+        return []
+    stages = []
+    for i, item in enumerate(raw):
+        where = f"stages[{i}]"
+        item = _mapping(item, where, errs)
+        errs.keys(item, where, ("name", "modules"))
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            errs.add(f"{where}.name", "missing or not a string")
+            name = f"<stages[{i}]>"
+        modules = item.get("modules")
+        if not isinstance(modules, list) or not modules:
+            errs.add(f"{where}.modules", "expected a non-empty list of module names")
+            modules = []
+        for m in modules:
+            if m not in MODULES:
+                errs.add(f"{where}.modules", f"unknown module{_suggest(str(m), MODULES)}")
+        stages.append(Stage(name, tuple(str(m) for m in modules)))
+    names = [s.name for s in stages]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        errs.add("stages", f"stage name {name!r} is defined more than once")
+    _check_module_order(stages, errs)
+    return stages
+
+
+def _check_module_order(stages: list[Stage], errs: _Errors) -> None:
+    placed = [m for s in stages for m in s.modules if m in MODULES]
+    for m in MODULES:
+        count = placed.count(m)
+        if count == 0:
+            errs.add("stages", f"module {m!r} is placed in no stage")
+        elif count > 1:
+            errs.add("stages", f"module {m!r} is placed in {count} stages")
+    if sorted(set(placed)) == sorted(MODULES) and len(placed) == len(MODULES) and tuple(placed) != MODULES:
+        errs.add("stages", f"modules out of order: {', '.join(placed)}; the forward order is {', '.join(MODULES)}")
+
+
+def _check_placement(topology: Topology, errs: _Errors) -> None:
+    known = {s.name for s in topology.stages}
+    holders: dict[str, list[int]] = {name: [] for name in known}
+    for w in topology.workers:
+        if w.stage is None:
+            continue
+        if w.stage not in known:
+            errs.add(f"workers[{w.index}].stage", f"unknown stage{_suggest(w.stage, sorted(known))}")
+        else:
+            holders[w.stage].append(w.index)
+    for stage in topology.stages:
+        where = holders.get(stage.name, [])
+        if not where:
+            errs.add("stages", f"stage {stage.name!r} is placed on no worker")
+        elif len(where) > 1:
+            errs.add("stages", f"stage {stage.name!r} is placed twice (workers {', '.join(map(str, where))})")
+    if topology.network.transport == "device_maps":
+        _check_device_map_replicas(topology, errs)
+
+
+def _check_device_map_replicas(topology: Topology, errs: _Errors) -> None:
+    """TensorPipe device maps are one-to-one per peer pair (see devicemaps.py): with the identity-by-
+    replica-index rule, every replica device of stage k needs a landing device on stage k+1's worker,
+    so stage k+1 needs at least as many replicas as stage k when both sides have GPUs."""
+    by_name = {w.stage: w for w in topology.workers if w.stage is not None}
+    for prev, nxt in zip(topology.stages, topology.stages[1:], strict=False):
+        a, b = by_name.get(prev.name), by_name.get(nxt.name)
+        if a is None or b is None or a.devices == 0 or b.devices == 0:
+            continue
+        if a.replicas > b.replicas:
+            errs.add(
+                f"workers[{b.index}].replicas",
+                f"transport device_maps: stage {nxt.name!r} has {b.replicas} replica(s) but stage "
+                f"{prev.name!r} has {a.replicas}; every {prev.name} replica device needs its own landing "
+                "device (device maps are one-to-one): give it more replicas, or use transport: cpu",
+            )
+
+
+def _network(raw: Any, errs: _Errors) -> Network:
+    raw = _mapping(raw, "network", errs)
+    errs.keys(raw, "network", ("master_port", "interface", "transport"))
+    port = errs.int_field(raw, "master_port", "network.master_port", default=DEFAULT_MASTER_PORT, minimum=None)
+    if not 1 <= port <= 65535:
+        errs.add("network.master_port", f"{port} is out of range 1..65535")
+    interface = raw.get("interface")
+    if interface is not None and (not isinstance(interface, str) or not interface):
+        errs.add("network.interface", f"expected an interface name such as eth0, got {interface!r}")
+        interface = None
+    transport = raw.get("transport", "cpu")
+    if transport not in TRANSPORTS:
+        errs.add("network.transport", f"{transport!r} is not one of {', '.join(TRANSPORTS)}")
+    return Network(port, interface, transport)
+
+
+def _estimate(raw: Any, errs: _Errors) -> Estimate:
+    raw = _mapping(raw, "estimate", errs)
+    keys = (
+        "batch_size",
+        "image_size",
+        "micro_batches",
+        "feature_dtype",
+        "instances_per_image",
+        "model_parameters",
+    )
+    errs.keys(raw, "estimate", keys)
+    batch = errs.int_field(raw, "batch_size", "estimate.batch_size", default=2, minimum=1)
+    micro = errs.int_field(raw, "micro_batches", "estimate.micro_batches", default=min(2, batch), minimum=1)
+    if micro > batch:
+        errs.add("estimate.micro_batches", f"{micro} micro-batches for a batch of {batch} images")
+    size = raw.get("image_size", [800, 1333])
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = [size, size]
+    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size)):
+        errs.add("estimate.image_size", f"expected [height, width] in pixels, got {size!r}")
+        size = [800, 1333]
+    dtype = raw.get("feature_dtype", "float32")
+    if dtype not in FEATURE_DTYPES:
+        errs.add("estimate.feature_dtype", f"{dtype!r} is not one of {', '.join(FEATURE_DTYPES)}")
+    instances = errs.int_field(raw, "instances_per_image", "estimate.instances_per_image", default=7, minimum=0)
+    params = errs.int_field(
+        raw, "model_parameters", "estimate.model_parameters", default=DEFAULT_MODEL_PARAMETERS, minimum=1
+    )
+    return Estimate(batch, (size[0], size[1]), micro, dtype, instances, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+class _Errors:
+    """Collects problems so the user sees all of them at once, not one per run."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{where}: {message}")
+
+    def keys(self, data: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
+        for key in data:
+            if key not in known:
+                path = f"{where}.{key}" if where else str(key)
+                self.add(path, f"unknown key{_suggest(str(key), known)} (known: {', '.join(known)})")
+
+    def int_field(self, data: dict[str, Any], key: str, where: str, default: int, minimum: int | None) -> int:
+        value = data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.add(where, f"expected an integer, got {value!r}")
+            return default
+        if minimum is not None and value < minimum:
+            self.add(where, f"{value} is below the minimum {minimum}")
+            return default
+        return value
+
+    def raise_if_any(self, source: str) -> None:
+        if self.items:
+            raise TopologyError([f"{source}: {item}" for item in self.items])
+
+
+def _mapping(value: Any, where: str, errs: _Errors) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errs.add(where, f"expected a mapping, got {type(value).__name__}")
+        return {}
+    return value
+
+
+def _suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" {word!r} (did you mean {close[0]!r}?)" if close else f" {word!r}"

@@ -1,0 +1,51 @@
+"""Golden tests of `maskrcnn-launch plan` (table and --json) for the packaged topologies.
+
+Regenerate after an intended change, then review the diff:
+
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/launcher/test_launcher_golden.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from maskrcnn_launcher.cli import main
+from maskrcnn_launcher.contract import PodPlan
+
+GOLDEN = Path(__file__).parent / "golden"
+TOPOLOGIES = ["three-machines", "three-machines-gpu", "ddp"]
+
+
+def run_plan(*args: str) -> str:
+    # An empty MASKRCNN_TOPOLOGY keeps a caller's environment from choosing the topology.
+    result = CliRunner().invoke(main, ["plan", *args], env={"MASKRCNN_TOPOLOGY": ""})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_plan_matches_golden(name: str, as_json: bool) -> None:
+    output = run_plan("--topology", name, *(["--json"] if as_json else []))
+    path = GOLDEN / f"plan-{name}.{'json' if as_json else 'txt'}"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(output)
+    assert output == path.read_text(), f"plan output changed; see the module docstring to regenerate {path.name}"
+
+
+def test_default_topology_is_three_machines() -> None:
+    assert run_plan() == (GOLDEN / "plan-three-machines.txt").read_text()
+
+
+def test_json_pods_are_pod_plans() -> None:
+    import json
+
+    doc = json.loads(run_plan("--json", "--prefix", "job", "--namespace", "ml", "--service", "job-hl"))
+    pods = [PodPlan.from_dict(p) for p in doc["pods"]]
+    assert [p.dns_name for p in pods] == [
+        f"job-{r}.job-hl.ml.svc.cluster.local" for r in ("master-0", "worker-0", "worker-1")
+    ]
+    assert {p.master_addr for p in pods} == {"job-master-0.job-hl.ml.svc.cluster.local"}

@@ -1,0 +1,41 @@
+"""The launcher runs in small init steps and before the trainer exists: it must never import torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+CHECK = textwrap.dedent(
+    """
+    import pkgutil, sys
+    import maskrcnn_launcher
+    for mod in pkgutil.iter_modules(maskrcnn_launcher.__path__):
+        if mod.name != "__main__":
+            __import__(f"maskrcnn_launcher.{mod.name}")
+    from click.testing import CliRunner
+    from maskrcnn_launcher.cli import main
+    for args in (["plan"], ["plan", "--json", "--topology", "ddp"], ["validate"],
+                 ["launch", "--dry-run", "--role", "master", "--topology", "ddp"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, (args, result.output)
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "torchvision", "numpy"})
+    assert not heavy, heavy
+    print("clean")
+    """
+)
+
+
+def test_launcher_never_imports_torch() -> None:
+    result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "clean"
+
+
+def test_module_entry_point_runs_without_torch() -> None:
+    code = "import runpy, sys; sys.argv = ['maskrcnn-launch', 'validate']\n"
+    code += "try:\n    runpy.run_module('maskrcnn_launcher', run_name='__main__')\nexcept SystemExit as e:\n"
+    code += "    assert e.code in (0, None), e.code\nassert 'torch' not in sys.modules\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "ok: three-machines.yaml" in result.stdout

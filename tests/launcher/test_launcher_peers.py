@@ -1,0 +1,96 @@
+"""Waiting for the master: a late port is waited for; a name that never resolves fails within the bound."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from maskrcnn_launcher.cli import main
+from maskrcnn_launcher.errors import PeerTimeout
+from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
+
+# RFC 6761 reserves .invalid: it never resolves, and resolvers answer it locally.
+NEVER_RESOLVES = "maskrcnn-master-0.does-not-exist.invalid"
+FAST = WaitPolicy(timeout_s=1.0, interval_s=0.05, max_interval_s=0.2, connect_timeout_s=0.2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def late_listener() -> Iterator[tuple[int, float]]:
+    """A real socket that starts listening 0.6 s from now, like a master whose trainer starts late."""
+    port, delay = free_port(), 0.6
+    stop = threading.Event()
+
+    def serve() -> None:
+        time.sleep(delay)
+        with socket.create_server(("127.0.0.1", port)) as server:
+            server.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    conn, _ = server.accept()
+                    conn.close()
+                except TimeoutError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield port, delay
+    stop.set()
+    thread.join(timeout=2)
+
+
+def test_port_that_opens_late_is_waited_for(late_listener: tuple[int, float]) -> None:
+    port, delay = late_listener
+    logs: list[str] = []
+    start = time.monotonic()
+    wait_for_master("127.0.0.1", port, WaitPolicy(timeout_s=10, interval_s=0.05, max_interval_s=0.2), logs.append)
+    elapsed = time.monotonic() - start
+    assert delay * 0.8 <= elapsed < 5, elapsed
+    assert any("waiting for master 127.0.0.1:" in line for line in logs), logs
+    assert any("accepts connections" in line for line in logs)
+
+
+def test_name_that_never_resolves_fails_within_the_bound() -> None:
+    start = time.monotonic()
+    with pytest.raises(PeerTimeout) as info:
+        wait_for_master(NEVER_RESOLVES, 29500, FAST, lambda _: None)
+    elapsed = time.monotonic() - start
+    assert elapsed < FAST.timeout_s + 1.0, elapsed
+    message = str(info.value)
+    assert NEVER_RESOLVES in message and "did not resolve within 1 s" in message
+
+
+def test_port_that_never_opens_fails_within_the_bound() -> None:
+    port = free_port()  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(PeerTimeout, match=rf"master 127\.0\.0\.1:{port} did not accept a TCP connection within 1 s"):
+        wait_for_master("127.0.0.1", port, FAST, lambda _: None)
+    assert time.monotonic() - start < FAST.timeout_s + 1.0
+
+
+def test_launch_cli_reports_unreachable_master_and_exits_3() -> None:
+    result = CliRunner().invoke(
+        main,
+        ["launch", "--role", "worker", "--index", "0", "--master-addr", NEVER_RESOLVES, "--wait-timeout", "0.5"],
+        env={"HOSTNAME": "laptop"},
+    )
+    assert result.exit_code == 3, result.output
+    assert f"error: master {NEVER_RESOLVES!r} did not resolve within 0.5 s" in result.output
+
+
+def test_launch_cli_rejects_bad_wait_timeout() -> None:
+    result = CliRunner().invoke(
+        main,
+        ["launch", "--role", "worker", "--index", "0", "--master-addr", "h"],
+        env={"MASKRCNN_WAIT_TIMEOUT": "soon"},
+    )
+    assert result.exit_code == 2 and "MASKRCNN_WAIT_TIMEOUT: 'soon' is not a number" in result.output
