@@ -33,9 +33,11 @@ test: install ## run the whole test suite
 test-fast: install ## unit tests only (no multi-process runs)
 	$(BIN)/python -m pytest -q -m 'not slow'
 
-lint: install ## ruff over the Python sources
-	$(BIN)/ruff check src launcher tests
-	$(BIN)/ruff format --check src launcher tests
+lint: install lint-deploy ## ruff over the Python sources, hadolint, helm lint
+	$(BIN)/ruff check src launcher tests benchmarks helm/hack
+	$(BIN)/ruff format --check src launcher tests benchmarks helm/hack
+
+include mk/deploy.mk
 
 clean: ## remove the virtual environment and demo outputs
 	rm -rf $(VENV) runs
