@@ -238,6 +238,33 @@ def report(metrics_file: Path, out_png: Path | None) -> None:
 
 
 @main.command()
+@click.option("--release", required=True, help="Helm release name (the pods' app.kubernetes.io/instance label)")
+@click.option(
+    "-n",
+    "--namespace",
+    default=None,
+    help="namespace (default: the kubeconfig context's; in a pod, its own; else default)",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json: bool) -> None:
+    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress."""
+    from .status import connect, release_status, render_status
+
+    connection = _run(connect, kubeconfig)
+    try:
+        result = _run(lambda: release_status(release, namespace or connection.namespace, api=connection.api))
+    finally:
+        connection.close()
+    click.echo(render_status(result, as_json=as_json))
+
+
+@main.command()
 @click.option("--output-dir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
 @click.option("--steps", default=150, show_default=True, help="optimizer steps")
 def demo(output_dir: Path, steps: int) -> None:
@@ -255,6 +282,7 @@ def demo(output_dir: Path, steps: int) -> None:
         "batch-size": 4,
         "workers": 1,
         "lr": 0.02,
+        "clip-grad-norm": 10.0,
         "warmup-iters": 50,
         "max-steps": steps,
         "epochs": 100,

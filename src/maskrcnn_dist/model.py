@@ -71,7 +71,8 @@ def _load_into(
     skipped = [k for k in mismatched if k.startswith(skippable)]
     fatal = [k for k in mismatched if k not in skipped]
     missing = [k for k in own if k not in state and k not in skipped]
-    unexpected = [k for k in state if k not in own]
+    # FrozenBatchNorm2d drops num_batches_tracked on load: files from BatchNorm models still fit.
+    unexpected = [k for k in state if k not in own and not k.endswith("num_batches_tracked")]
     if fatal or missing or unexpected:
 
         def head(keys: list[str]) -> str:
@@ -108,9 +109,11 @@ def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
         model = MaskRCNN(_resnet_fpn_extractor(trunk, layers), **common, **SMALL_VARIANT_SAMPLING)
     else:
         builder = maskrcnn_resnet50_fpn if cfg.name == "maskrcnn_resnet50_fpn" else maskrcnn_resnet50_fpn_v2
-        model = builder(weights=None, weights_backbone=None, trainable_backbone_layers=layers, **common)
+        # torchvision only honours trainable_backbone_layers when it downloads weights itself.
+        model = builder(weights=None, weights_backbone=None, **common)
         if _norm_layer(cfg) is misc_nn_ops.FrozenBatchNorm2d:
             _freeze_backbone_batchnorm(model)
+        _freeze_backbone_layers(model, layers)
         if cfg.weights_backbone:
             _load_into(
                 model.backbone.body,
@@ -136,6 +139,15 @@ def _freeze_backbone_batchnorm(model: MaskRCNN) -> None:
         for attr, child in list(parent.named_children()):
             if isinstance(child, nn.BatchNorm2d):
                 setattr(parent, attr, misc_nn_ops.FrozenBatchNorm2d(child.num_features, eps=child.eps))
+
+
+def _freeze_backbone_layers(model: MaskRCNN, trainable: int) -> None:
+    """torchvision's rule: the last `trainable` ResNet stages learn, the rest are frozen."""
+    prefixes = ["layer4", "layer3", "layer2", "layer1", "conv1"][:trainable]
+    if trainable == 5:
+        prefixes.append("bn1")
+    for name, parameter in model.backbone.body.named_parameters():
+        parameter.requires_grad_(any(name.startswith(p) for p in prefixes))
 
 
 def set_batchnorm_eval(model: nn.Module) -> list[nn.Module]:

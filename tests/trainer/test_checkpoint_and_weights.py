@@ -1,0 +1,87 @@
+"""Checkpoints are atomic and pruned; weight files load only when they fit, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from maskrcnn_dist.config import ModelConfig
+from maskrcnn_dist.errors import CheckpointError, WeightsError
+from maskrcnn_dist.model import build_model
+from maskrcnn_dist.optim import lr_factor
+from maskrcnn_dist.config import OptimConfig
+
+SMALL = ModelConfig(name="maskrcnn_resnet18_fpn", min_size=64, max_size=64)
+
+
+def test_keeps_newest_k_and_loads_with_weights_only(tmp_path: Path):
+    for step in (1, 2, 3, 4):
+        save_checkpoint({"model": {"w": torch.full((2,), float(step))}, "step": step}, tmp_path, step, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000003.pt", "checkpoint_00000004.pt"]
+    assert load_checkpoint(tmp_path)["model"]["w"][0] == 4.0
+
+
+def test_a_failed_write_leaves_no_partial_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    save_checkpoint({"model": {}, "step": 1}, tmp_path, 1, keep=3)
+
+    def crash(obj, handle):  # the process dies half-way through writing
+        handle.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"model": {}, "step": 2}, tmp_path, 2, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_00000001.pt"]
+
+
+def test_unreadable_or_foreign_checkpoints_are_clear_errors(tmp_path: Path):
+    (tmp_path / "garbage.pt").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="garbage.pt cannot be read"):
+        load_checkpoint(tmp_path / "garbage.pt")
+    torch.save({"something": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="foreign.pt is not a maskrcnn-dist checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_weights_from_a_file_with_another_class_count(tmp_path: Path):
+    torch.manual_seed(0)
+    donor = build_model(SMALL, num_classes=6)
+    torch.save({"model": donor.state_dict()}, tmp_path / "donor.pt")  # checkpoint-style dict accepted
+    cfg = ModelConfig(name=SMALL.name, min_size=64, max_size=64, weights=tmp_path / "donor.pt")
+    model = build_model(cfg, num_classes=3)
+    assert torch.equal(model.backbone.body.conv1.weight, donor.backbone.body.conv1.weight)
+    assert model.roi_heads.box_predictor.cls_score.out_features == 3
+
+
+def test_missing_and_mismatched_weight_files(tmp_path: Path):
+    with pytest.raises(WeightsError, match="nothing.pt does not exist"):
+        build_model(ModelConfig(name=SMALL.name, weights=tmp_path / "nothing.pt"), num_classes=3)
+    torch.save({"conv.weight": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(WeightsError, match=r"other.pt does not fit the model: missing: .*unexpected: conv.weight"):
+        build_model(ModelConfig(name=SMALL.name, weights=tmp_path / "other.pt"), num_classes=3)
+    r50 = build_model(ModelConfig(name="maskrcnn_resnet50_fpn", min_size=64, max_size=64), num_classes=3)
+    torch.save(r50.state_dict(), tmp_path / "r50.pt")
+    with pytest.raises(WeightsError, match="r50.pt does not fit the model: shape mismatch"):
+        build_model(ModelConfig(name=SMALL.name, weights=tmp_path / "r50.pt"), num_classes=3)
+
+
+def test_schedule_warms_up_linearly_then_steps_down():
+    cfg = OptimConfig(lr=0.1, warmup_iters=10, warmup_factor=0.001, lr_steps=(2, 3), lr_gamma=0.1)
+    assert lr_factor(0, cfg, iters_per_epoch=10) == pytest.approx(0.001)
+    assert lr_factor(5, cfg, iters_per_epoch=10) == pytest.approx(0.5005)
+    assert lr_factor(10, cfg, iters_per_epoch=10) == 1.0
+    assert lr_factor(19, cfg, iters_per_epoch=10) == 1.0
+    assert lr_factor(20, cfg, iters_per_epoch=10) == pytest.approx(0.1)
+    assert lr_factor(30, cfg, iters_per_epoch=10) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("name", ["maskrcnn_resnet18_fpn", "maskrcnn_resnet50_fpn"])
+def test_trainable_backbone_layers_freeze_the_early_stages(name: str):
+    model = build_model(ModelConfig(name=name, min_size=64, max_size=64, trainable_backbone_layers=2), num_classes=3)
+    trainable = {n.split(".")[0] for n, p in model.backbone.body.named_parameters() if p.requires_grad}
+    assert trainable == {"layer3", "layer4"}

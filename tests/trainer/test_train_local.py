@@ -1,0 +1,114 @@
+"""The local engine end to end: loss falls, AP > 0, exact resume, clean stops on non-finite loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
+from maskrcnn_dist.engines.torch_engine import TorchEngine
+from maskrcnn_dist.errors import TrainingError
+from maskrcnn_dist.metrics import read_metrics
+from maskrcnn_dist.report import draw_report
+from maskrcnn_dist.train import load_datasets, train
+
+from .conftest import fast_config
+
+
+def train_losses(output_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(output_dir / "metrics.jsonl") if r["kind"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_coco, tmp_path_factory):
+    """One short run shared by the tests that only read its outputs (training is the slow part)."""
+    out = tmp_path_factory.mktemp("trained")
+    cfg = fast_config(tiny_coco, out, epochs=8, **{"max-steps": 42, "val-period": 20})
+    return cfg, train(cfg)
+
+
+def test_loss_falls_on_synthetic_data(trained_run):
+    cfg, result = trained_run
+    losses = train_losses(cfg.output_dir)
+    assert result.position.step == 42 and len(losses) == 42
+    first, last = [losses[s] for s in range(1, 7)], [losses[s] for s in range(37, 43)]
+    assert sum(last) / len(last) < 0.6 * sum(first) / len(first)
+
+
+def test_evaluation_reports_positive_ap(trained_run):
+    _, result = trained_run
+    assert result.eval is not None
+    assert result.eval["images"] == 4  # the whole val split, each image once
+    assert result.eval["bbox_AP"] > 0 and result.eval["segm_AP"] > 0
+
+
+def test_metrics_validation_checkpoint_and_report(trained_run, tmp_path):
+    cfg, result = trained_run
+    records = read_metrics(cfg.output_dir / "metrics.jsonl")
+    kinds = {r["kind"] for r in records}
+    assert kinds == {"train", "val", "eval"}
+    train_record = next(r for r in records if r["kind"] == "train")
+    assert {"loss_classifier", "loss_mask", "lr", "images_per_s", "loss"} <= set(train_record)
+    # every epoch end (6 steps each), every 20 steps, and the end of training
+    assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12, 18, 20, 24, 30, 36, 40, 42]
+    assert math.isfinite(result.val["loss"])
+    checkpoint = load_checkpoint(cfg.output_dir / "checkpoints")
+    assert checkpoint["step"] == 42 and checkpoint["engine"] == "local"
+    assert {"model", "optimizer", "scheduler", "scaler", "rng", "epoch", "batch", "config"} <= set(checkpoint)
+    png = draw_report(cfg.output_dir / "metrics.jsonl", tmp_path / "report.png")
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert (cfg.output_dir / "tensorboard").is_dir()
+
+
+def test_resume_continues_exactly(tiny_coco, tmp_path):
+    """Stopping at step 4 (mid-epoch: 6 batches per epoch) and resuming gives the uninterrupted losses."""
+    common = dict(epochs=2, **{"checkpoint-period": 4})
+    straight = fast_config(tiny_coco, tmp_path / "straight", **common, **{"max-steps": 9})
+    train(straight)
+    first_half = fast_config(tiny_coco, tmp_path / "resumed", **common, **{"max-steps": 4})
+    train(first_half)
+    second_half = fast_config(tiny_coco, tmp_path / "resumed", **common, **{"max-steps": 9, "resume": "auto"})
+    result = train(second_half)
+    assert result.position.step == 9
+    expected, got = train_losses(straight.output_dir), train_losses(second_half.output_dir)
+    assert [got[s] for s in range(5, 10)] == [expected[s] for s in range(5, 10)]
+    assert load_checkpoint(second_half.output_dir / "checkpoints")["step"] == 9
+
+
+def test_non_finite_loss_stops_before_the_update(tiny_coco, tmp_path):
+    cfg = fast_config(tiny_coco, tmp_path, **{"max-steps": 2, "checkpoint-period": 1})
+    train_set, _ = load_datasets(cfg)
+    engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
+    train(cfg, engine=engine)
+    saved = list_checkpoints(cfg.output_dir / "checkpoints")
+    bias = engine.model.roi_heads.box_predictor.cls_score.bias
+    bias.data.fill_(float("nan"))
+    # Parameters are what an update changes (BatchNorm statistics move in any training forward).
+    before = {k: v.detach().clone() for k, v in engine.model.named_parameters()}
+    images, targets = zip(*(train_set[i] for i in range(2)))
+    with pytest.raises(TrainingError, match=r"step 2: .*loss_classifier=nan"):
+        engine.train_step(2, list(images), list(targets))
+    after = dict(engine.model.named_parameters())
+    assert all(torch.equal(before[k], after[k]) or torch.isnan(before[k]).all() for k in before)
+    assert list_checkpoints(cfg.output_dir / "checkpoints") == saved
+    assert load_checkpoint(saved[-1])["step"] == 2
+
+
+@pytest.mark.parametrize("model", ["maskrcnn_resnet18_fpn", "maskrcnn_resnet50_fpn_v2"])
+def test_validation_changes_no_model_state(tiny_coco, tmp_path, model):
+    """BatchNorm statistics (backbone with --backbone-norm batch, the v2 heads) and the RNG stay put."""
+    cfg = fast_config(tiny_coco, tmp_path, model=model, **{"backbone-norm": "batch", "min-size": 64, "max-size": 64})
+    _, val_set = load_datasets(cfg)
+    engine = TorchEngine(cfg, val_set.num_classes, iters_per_epoch=1)
+    bn_layers = [m for m in engine.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bn_layers, "the configuration must contain BatchNorm layers for this test to mean anything"
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    images, targets = zip(*(val_set[i] for i in range(2)))
+    losses = engine.validation_losses(list(images), list(targets))
+    assert set(losses) >= {"loss_classifier", "loss_mask", "loss_objectness"}
+    assert all(torch.equal(state[k], v) for k, v in engine.model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())
+    assert all(m.training for m in bn_layers)  # training mode restored afterwards
