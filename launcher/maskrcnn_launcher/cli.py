@@ -157,6 +157,41 @@ def launch(
     run_launch(pod, trainer_args, command, policy, env, log)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_topology_option
+@click.option(
+    "--master-port",
+    type=int,
+    default=contract.DEFAULT_MASTER_PORT,
+    show_default=True,
+    help="Loopback port of the master.",
+)
+@click.option(
+    "--wait-timeout", type=float, default=120.0, show_default=True, help="Seconds each worker waits for the master."
+)
+@click.option(
+    "--grace",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="After one pod fails, seconds the others get to stop on their own before being terminated.",
+)
+@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
+@_reports_errors
+def local(
+    topology_ref: str | None, master_port: int, wait_timeout: float, grace: float, trainer_args: tuple[str, ...]
+) -> None:
+    """Run every pod of the topology as a local process on loopback (the multi-machine job on one host).
+
+    Each pod is a real `launch` with an explicit identity, as on bare nodes. Exits with the first
+    failing pod's status.
+    """
+    from maskrcnn_launcher.local import local_pods, run_local
+
+    pods = local_pods(topology_ref, master_port, trainer_args, wait_timeout)
+    sys.exit(run_local(pods, grace, echo=lambda line: click.echo(line)))
+
+
 def _wait_timeout(flag: float | None, env: dict[str, str]) -> float:
     if flag is not None:
         value: float = flag

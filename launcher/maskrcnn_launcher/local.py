@@ -1,0 +1,137 @@
+"""Every pod of a topology as a local process on loopback: the multi-machine job on one machine.
+
+Each pod is a real `maskrcnn-launch launch` process with an explicit identity (`--role`,
+`--index`, `--master-addr 127.0.0.1`), exactly what a bare node would run, so the demo and the
+tests exercise the same start-up path as a cluster. Output lines are prefixed with the pod's RPC
+name. When one pod fails, the others get `grace_s` seconds to notice on their own (the trainer
+exits when it loses a peer) before they are terminated: the group never hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from maskrcnn_launcher.plan import derive_job
+from maskrcnn_launcher.topology import load_topology
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LocalPod:
+    name: str  # rpc name: master, worker1, ...
+    argv: tuple[str, ...]
+
+
+def local_pods(
+    topology_ref: str | None, master_port: int, trainer_args: Sequence[str], wait_timeout_s: float
+) -> list[LocalPod]:
+    """The launch command of every pod of the topology, master first."""
+    topology = load_topology(topology_ref)
+    job = derive_job(topology, LOOPBACK, master_port)
+    launcher = [sys.executable, "-m", "maskrcnn_launcher", "launch"]
+    topology_args = ["--topology", topology_ref] if topology_ref else []
+    return [
+        LocalPod(
+            pod.rpc_name,
+            tuple(
+                launcher
+                + [
+                    "--role",
+                    pod.role,
+                    "--index",
+                    str(pod.index),
+                    "--master-addr",
+                    LOOPBACK,
+                    "--master-port",
+                    str(master_port),
+                    "--wait-timeout",
+                    f"{wait_timeout_s:g}",
+                    *topology_args,
+                    "--",
+                    *trainer_args,
+                ]
+            ),
+        )
+        for pod in job.pods
+    ]
+
+
+def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], None] = print) -> int:
+    """Run the pods to completion; 0 if all succeeded, else the first failure's exit status."""
+    # A SIGTERM to this runner (Ctrl-C, `timeout`, a CI kill) must still stop the pods: unwind
+    # through the `finally` below instead of dying with them orphaned.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    procs = {
+        pod.name: subprocess.Popen(
+            pod.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        for pod in pods
+    }
+    pumps = [threading.Thread(target=_pump, args=(name, proc, echo), daemon=True) for name, proc in procs.items()]
+    for pump in pumps:
+        pump.start()
+    first_failure: int | None = None
+    deadline: float | None = None
+    try:
+        while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
+            failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, 0)]
+            if failed and first_failure is None:
+                first_failure = failed[0][1]
+                deadline = time.monotonic() + grace_s
+                echo(f"[local] {failed[0][0]} exited with {failed[0][1]}; others get {grace_s:g}s to stop")
+            if deadline is not None and time.monotonic() > deadline:
+                echo("[local] grace period over: terminating the remaining pods")
+                break
+            time.sleep(0.2)
+    finally:
+        _stop_all(procs.values())
+        for pump in pumps:
+            pump.join(timeout=5)
+        signal.signal(signal.SIGTERM, previous)
+    if first_failure is None:
+        first_failure = next((p.returncode for p in procs.values() if p.returncode), None)
+    return first_failure or 0
+
+
+def _die_with_parent() -> None:
+    """Linux: the pod gets SIGTERM if this runner dies without cleaning up (e.g. SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass  # not Linux/glibc: the SIGTERM handler above is the only safety net
+
+
+def _pump(name: str, proc: subprocess.Popen, echo: Callable[[str], None]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        echo(f"[{name}] {line.rstrip()}")
+
+
+def _stop_all(procs) -> None:
+    """SIGTERM each still-running pod's process group, then SIGKILL what is left after 10 s."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        os.killpg(p.pid, signal.SIGTERM)
+    end = time.monotonic() + 10
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

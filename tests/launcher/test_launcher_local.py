@@ -1,0 +1,66 @@
+"""`maskrcnn-launch local`: every pod of a topology as a real launch process on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_launcher_localhost import STAND_IN, TOPOLOGY, clean_env, free_port
+
+
+def run_local(tmp_path: Path, trainer: str, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
+    script = tmp_path / "trainer.py"
+    script.write_text(trainer)
+    env = {**clean_env(), "MASKRCNN_TRAINER_CMD": f"{sys.executable} {script}"}
+    argv = [
+        sys.executable,
+        "-m",
+        "maskrcnn_launcher",
+        "local",
+        "--topology",
+        str(tmp_path / "topology.yaml"),
+        "--master-port",
+        str(free_port()),
+        "--wait-timeout",
+        "30",
+        *extra,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_every_pod_runs_with_its_own_identity(tmp_path: Path) -> None:
+    result = run_local(tmp_path, STAND_IN)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = {}
+    for line in result.stdout.splitlines():
+        name, _, rest = line.partition("] ")
+        if rest.startswith("{"):
+            reports[name.lstrip("[")] = json.loads(rest)
+    assert {name: r["env"]["RANK"] for name, r in reports.items()} == {"master": "0", "worker1": "1", "worker2": "2"}
+    assert all(r["env"]["MASTER_ADDR"] == "127.0.0.1" and r["env"]["WORLD_SIZE"] == "3" for r in reports.values())
+    assert reports["master"]["hello"] == [1, 2]  # both workers reached the master's port
+
+
+FAILING = STAND_IN.replace(
+    "import json, os, socket, sys",
+    "import json, os, socket, sys, time\n"
+    "if os.environ['RANK'] == '2': sys.exit(5)\n"
+    "if os.environ['RANK'] == '1': time.sleep(600)",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_failed_pod_stops_the_group_within_the_grace_period(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_local(tmp_path, FAILING, "--grace", "2")
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert "worker2 exited with 5" in result.stdout
+    assert time.monotonic() - started < 60  # worker1 (sleeping 600 s) and the master were terminated
