@@ -4,7 +4,8 @@ The trainer replaces the launcher (`os.execvpe`): same PID, so SIGTERM from Kube
 `docker stop` reaches the trainer directly and its exit status is the container's. Nothing of
 the launcher stays behind to forward signals or to hold memory.
 
-pipeline: one process per pod, `maskrcnn-dist train --engine pipeline <args>`.
+pipeline: one process per pod, `python -m maskrcnn_dist.cli train --engine pipeline <args>` with the
+launcher's own interpreter (so a virtual environment that is not on PATH still works).
 ddp: `python -m torch.distributed.run --nnodes N --node-rank R --nproc-per-node P --master-addr A
 --master-port PORT -m maskrcnn_dist.cli train --engine ddp <args>`: torch's own spawner starts one
 process per device (one on CPU) and sets RANK, LOCAL_RANK, WORLD_SIZE for each; the launcher never
@@ -20,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.contract import PodPlan
+from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
 
-PIPELINE_TRAINER = ("maskrcnn-dist", "train", "--engine", "pipeline")
+PIPELINE_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "pipeline")
 DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
 
 
@@ -31,7 +33,7 @@ def trainer_command(
 ) -> list[str]:
     """The argv to exec. `trainer_cmd` replaces the trainer (not torchrun) for tests and custom images."""
     if plan.engine == "pipeline":
-        return [*(trainer_cmd or PIPELINE_TRAINER), *args]
+        return [*(trainer_cmd or (python, *PIPELINE_TRAINER_MODULE)), *args]
     torchrun = [
         python,
         "-m",
@@ -85,4 +87,7 @@ def launch(
     log(f"maskrcnn-launch: {plan.rpc_name} (rank {plan.rank}/{plan.world_size}) exec: {shlex.join(argv)}")
     sys.stdout.flush()
     sys.stderr.flush()
-    execvpe(argv[0], argv, env)
+    try:
+        execvpe(argv[0], argv, env)
+    except OSError as exc:  # a wrong --trainer-cmd is the user's mistake: say which, no traceback
+        raise LauncherError(f"cannot start the trainer {argv[0]!r}: {exc.strerror}") from exc

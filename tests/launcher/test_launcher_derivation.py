@@ -312,7 +312,16 @@ def test_ddp_trainer_command_uses_torchrun() -> None:
 
 def test_pipeline_trainer_command_and_override() -> None:
     pod = job_of(pipeline((0, 0), (1, 1))).pod("worker", 0)
-    assert trainer_command(pod, ["--steps", "2"]) == ["maskrcnn-dist", "train", "--engine", "pipeline", "--steps", "2"]
+    assert trainer_command(pod, ["--steps", "2"], python="py") == [
+        "py",
+        "-m",
+        "maskrcnn_dist.cli",
+        "train",
+        "--engine",
+        "pipeline",
+        "--steps",
+        "2",
+    ]
     assert trainer_command(pod, ["a"], ["python", "-c", "print(1)"]) == ["python", "-c", "print(1)", "a"]
     assert parse_trainer_cmd(None, {contract.TRAINER_CMD: "python -c 'print(1)'"}) == ["python", "-c", "print(1)"]
     assert parse_trainer_cmd("flag wins", {contract.TRAINER_CMD: "env"}) == ["flag", "wins"]
