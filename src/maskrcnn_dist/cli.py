@@ -24,7 +24,9 @@ HELP = {
     "output-dir": "metrics, checkpoints, report",
     "device": "auto, cpu or cuda",
     "threads": "CPU threads per process (torch.set_num_threads)",
-    "amp": "mixed precision: fp16 + grad scaler on CUDA, bf16 autocast on CPU",
+    "amp": "mixed precision: bf16 autocast on CPU, fp16 + grad scaler on CUDA (see --amp-dtype); "
+    "losses, RoI ops, box decoding and the optimizer stay fp32",
+    "amp-dtype": "autocast dtype under --amp: auto (bf16 on CPU, fp16 on CUDA), bfloat16 or float16",
     "flush-denormal": "flush denormal floats to zero on CPU (3-6x slower iterations without it)",
     "resume": "checkpoint file, directory, or 'auto' (newest in OUTPUT_DIR/checkpoints, if any)",
     "test-only": "only evaluate (with --resume or --weights)",
@@ -47,6 +49,7 @@ HELP = {
     "weights-backbone": "local file of ResNet (ImageNet) weights",
     "trainable-backbone-layers": "0-5 backbone stages to train (default 3 with weights, else 5)",
     "backbone-norm": "auto, frozen or batch BatchNorm in the backbone",
+    "channels-last": "channels_last (NHWC) memory format for the backbone, FPN and RPN head (fast bf16 convolutions)",
     "lr": "base learning rate",
     "momentum": "SGD momentum",
     "weight-decay": "SGD weight decay",
@@ -99,9 +102,9 @@ def train_options(func):
                 help=HELP[flag],
             )(func)
         else:
-            func = click.option(
-                f"--{flag}", name + "__" + (section or ""), type=kind, default=None, help=HELP[flag]
-            )(func)
+            func = click.option(f"--{flag}", name + "__" + (section or ""), type=kind, default=None, help=HELP[flag])(
+                func
+            )
     return click.option(
         "--config",
         "config_file",
@@ -178,9 +181,7 @@ def eval_command(config_file: Path | None, **kwargs: Any) -> None:
 
 
 @main.command("synth-data")
-@click.option(
-    "--output", type=click.Path(path_type=Path), required=True, help="folder to write train/ and val/ into"
-)
+@click.option("--output", type=click.Path(path_type=Path), required=True, help="folder to write train/ and val/ into")
 @click.option("--train-images", default=64, show_default=True)
 @click.option("--val-images", default=16, show_default=True)
 @click.option("--image-size", default=128, show_default=True, help="largest side, pixels")
@@ -264,16 +265,10 @@ def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json
     click.echo(render_status(result, as_json=as_json))
 
 
-@main.command()
-@click.option("--output-dir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
-@click.option("--steps", default=150, show_default=True, help="optimizer steps")
-def demo(output_dir: Path, steps: int) -> None:
-    """The embedded default: synthetic COCO set, small Mask R-CNN, CPU, short schedule, evaluation, report."""
-    from .report import draw_report
-    from .train import train as run_train
-
-    values = {
-        "engine": "local",
+def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
+    """The embedded default job: a synthetic COCO set, the small model at 128 px, CPU, a short schedule."""
+    return {
+        "engine": engine,
         "model": "maskrcnn_resnet18_fpn",
         "min-size": 128,
         "max-size": 128,
@@ -287,16 +282,59 @@ def demo(output_dir: Path, steps: int) -> None:
         "max-steps": steps,
         "epochs": 100,
         "lr-steps": "1000",
+        "eval-every-epoch": False,  # COCO AP once, at the end; validation loss at every epoch end
         "output-dir": output_dir,
         "device": "cpu",
         "print-freq": 10,
-        "val-period": 50,
+        # pipeline: three processes share this machine's cores
+        **({"threads": 1, "micro-batches": 2, "rpc-timeout": 60} if engine == "pipeline" else {}),
     }
-    cfg = _run(config_mod.build_config, None, values)
-    result = _run(run_train, cfg)
-    png = draw_report(output_dir / "metrics.jsonl", output_dir / "report.png")
-    click.echo(json.dumps({"step": result.position.step, **(result.eval or {})}))
+
+
+@main.command()
+@click.option("--output-dir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
+@click.option("--steps", default=120, show_default=True, help="optimizer steps")
+@click.option(
+    "--engine",
+    type=click.Choice(["pipeline", "local"]),
+    default="pipeline",
+    show_default=True,
+    help="pipeline: master, worker 1 and worker 2 as three launcher processes on loopback",
+)
+def demo(output_dir: Path, steps: int, engine: str) -> None:
+    """The embedded default: synthetic COCO, small Mask R-CNN, CPU, short schedule, evaluation, report.
+
+    With the pipeline engine this is the three-machine job on one machine: `maskrcnn-launch local`
+    starts the master and both stage workers with explicit identities on 127.0.0.1.
+    """
+    from .report import draw_report
+    from .train import train as run_train
+
+    flags = demo_flags(output_dir, steps, engine)
+    if engine == "pipeline":
+        import subprocess
+
+        argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--master-port", str(_free_port()), "--"]
+        for flag, value in flags.items():
+            if flag != "engine":
+                argv += (
+                    [f"--{flag}", str(value)] if not isinstance(value, bool) else [f"--{'' if value else 'no-'}{flag}"]
+                )
+        code = subprocess.call(argv)
+        if code:
+            sys.exit(code)
+    else:
+        _run(run_train, _run(config_mod.build_config, None, flags))
+    png = _run(draw_report, output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

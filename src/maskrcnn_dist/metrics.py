@@ -8,12 +8,18 @@ Only the main process writes. On a terminal the console shows a one-line progres
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 METRICS_FILE = "metrics.jsonl"
+
+# The console line `MetricsWriter._console` writes, as `parse_progress_line` reads it back: plain
+# `<kind> step <step>/<total> <name> <value> ...`, or the terminal bar `[###...] <step>/<total> ...`
+# (a bar is always a train step). Searched, not anchored: log collectors may prefix the line.
+_PROGRESS_LINE = re.compile(r"(?:\b(?P<kind>train|val|eval) step |\[[#.]+\] )(?P<step>\d+)/(?P<total>\d+)(?P<rest>.*)")
 
 
 class MetricsWriter:
@@ -55,7 +61,8 @@ class MetricsWriter:
         self._console(kind, step, values)
 
     def _console(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        shown = " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float))
+        # Engine extras ("link/...", "stage1/...") go to the JSON lines and TensorBoard, not the console.
+        shown = " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float) and "/" not in k)
         if kind == "train":
             if self.interactive:
                 done = int(30 * step / max(1, self.total_steps))
@@ -85,3 +92,27 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def parse_progress_line(line: str) -> dict[str, Any] | None:
+    """Read back one console line of `MetricsWriter`: {"kind", "step", "total", <name>: float, ...}.
+
+    None when the line is not one (log lines of other modules, tracebacks). Values printed with
+    `.4g` ("1e-05", "nan", "inf") read back as floats; a token that is not a number is skipped
+    rather than failing the line, so a `kubectl logs` tail with a torn line still parses.
+    """
+    match = _PROGRESS_LINE.search(line)
+    if match is None:
+        return None
+    parsed: dict[str, Any] = {
+        "kind": match["kind"] or "train",
+        "step": int(match["step"]),
+        "total": int(match["total"]),
+    }
+    tokens = match["rest"].split()
+    for name, value in zip(tokens[::2], tokens[1::2]):
+        try:
+            parsed[name] = float(value)
+        except ValueError:
+            continue
+    return parsed

@@ -1,0 +1,76 @@
+"""Three real `launch` processes (master, worker 1, worker 2) bring the pipeline trainer up on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_launcher_localhost import clean_env, free_port
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_launch_local_runs_the_pipeline_trainer(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    trainer_args = [
+        "--synthetic-images",
+        "4",
+        "--synthetic-image-size",
+        "64",
+        "--model",
+        "maskrcnn_resnet18_fpn",
+        "--min-size",
+        "64",
+        "--max-size",
+        "64",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--micro-batches",
+        "2",
+        "--output-dir",
+        str(out),
+        "--workers",
+        "0",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--print-freq",
+        "1",
+        "--lr",
+        "0.01",
+        "--rpc-timeout",
+        "60",
+    ]
+    argv = [
+        sys.executable,
+        "-m",
+        "maskrcnn_launcher",
+        "local",
+        "--master-port",
+        str(free_port()),
+        "--wait-timeout",
+        "60",
+        "--grace",
+        "30",
+        "--",
+        *trainer_args,
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=280)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    # Each pod started the trainer with its own rank, through the launcher.
+    for name, rank in (("master", 0), ("worker1", 1), ("worker2", 2)):
+        assert any(line.startswith(f"[{name}]") and f"(rank {rank}/3) exec:" in line for line in lines), name
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert train[0]["link/worker1->worker2/bytes"] > 0  # features crossed from stage 1 to stage 2
+    assert any(r["kind"] == "eval" for r in records)
+    assert (out / "checkpoints" / "checkpoint_00000002.pt").is_file()
+    assert any(line.startswith("[worker2]") and "master finished" in line for line in lines)

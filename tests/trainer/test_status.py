@@ -1,0 +1,429 @@
+"""`maskrcnn-dist status` against a real HTTP server that answers like the Kubernetes API.
+
+The server speaks the few endpoints the command uses (list pods by label selector, read a pod's log,
+read a namespace) with the API's own JSON shapes and Status errors; the real `kubernetes` client
+talks to it through a kubeconfig file, so config loading, URLs, query parameters, deserialisation
+and error mapping are all exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("kubernetes")
+
+from maskrcnn_dist.cli import main  # noqa: E402
+from maskrcnn_dist.metrics import parse_progress_line  # noqa: E402
+from maskrcnn_dist.status import (  # noqa: E402
+    ClusterConfigError,
+    ClusterPermissionError,
+    ClusterUnreachableError,
+    NamespaceNotFoundError,
+    ReleaseNotFoundError,
+    connect,
+    release_status,
+    render_status,
+)
+
+PREFIX = "demo-maskrcnn-dist"
+MASTER_LOG = "\n".join(
+    [
+        "2025-01-01 10:00:00 INFO maskrcnn_dist.train: synthetic COCO set with 64 training images",
+        "train step 10/150 loss_classifier 0.3 loss_box_reg 0.2 loss_mask 0.6 loss 1.5 lr 0.004 images_per_s 2.1",
+        "val step 10/150 loss 1.4",
+        "train step 20/150 loss_classifier 0.25 loss_box_reg 0.18 loss_mask 0.5 loss 1.234 lr 0.008 images_per_s 2.5",
+        "2025-01-01 10:00:09 INFO maskrcnn_dist.engines.base: saved runs/checkpoints/ckpt_00000020.pt",
+        "",
+    ]
+)
+
+
+def _pod(
+    name: str,
+    *,
+    release: str = "demo",
+    component: str | None = None,
+    phase: str = "Running",
+    node: str | None = "node-a",
+    restarts: int = 0,
+    waiting: str | None = None,
+) -> dict[str, Any]:
+    """A pod as the API returns it, labelled as the chart labels it."""
+    component = component or ("master" if "-master-" in name else "worker")
+    labels = {
+        "app.kubernetes.io/name": "maskrcnn-dist",
+        "app.kubernetes.io/instance": release,
+        "app.kubernetes.io/part-of": "maskrcnn-dist",
+        "app.kubernetes.io/component": component,
+    }
+    statuses = []
+    if phase != "Pending" or restarts:
+        state = {"waiting": {"reason": waiting}} if waiting else {"running": {"startedAt": "2025-01-01T10:00:00Z"}}
+        statuses = [
+            {
+                "name": "trainer",
+                "image": "maskrcnn-dist:0.1.0",
+                "imageID": "",
+                "ready": waiting is None,
+                "restartCount": restarts,
+                "state": state,
+            }
+        ]
+    return {
+        "metadata": {"name": name, "namespace": "ml", "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "maskrcnn-dist:0.1.0"}]},
+        "status": {"phase": phase, "containerStatuses": statuses},
+    }
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    """The label selector subset the command sends: `k=v` and `k in (a,b)` terms, comma separated."""
+    for term in re.findall(r"[^,(]+(?:\([^)]*\))?", selector):
+        term = term.strip()
+        if match := re.fullmatch(r"(\S+) in \((.*)\)", term):
+            if labels.get(match[1]) not in match[2].split(","):
+                return False
+        else:
+            key, _, value = term.partition("=")
+            if labels.get(key) != value:
+                return False
+    return True
+
+
+@dataclass
+class FakeCluster:
+    """What the fake API server serves; tests change it between requests."""
+
+    namespaces: set[str] = field(default_factory=lambda: {"default", "ml"})
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # namespace -> pods
+    logs: dict[str, str] = field(default_factory=dict)  # pod name -> log text
+    forbidden: set[str] = field(default_factory=set)  # "list pods", "get namespace", "get log"
+    requests: list[str] = field(default_factory=list)
+
+
+def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # keep pytest's output clean
+            pass
+
+        def _send(self, code: int, body: str, content_type: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _status(self, code: int, reason: str, message: str) -> None:
+            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
+            self._send(code, json.dumps({**body, "reason": reason, "code": code}))
+
+        def _forbid(self, verb: str, resource: str, namespace: str) -> None:
+            self._status(
+                403,
+                "Forbidden",
+                f'{resource} is forbidden: User "alice" cannot {verb} resource "{resource}" in API group "" '
+                f'in the namespace "{namespace}"',
+            )
+
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            cluster.requests.append(self.path)
+            if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", url.path):
+                namespace = match[1]
+                if "list pods" in cluster.forbidden:
+                    return self._forbid("list", "pods", namespace)
+                selector = query.get("labelSelector", [""])[0]
+                items = [p for p in cluster.pods.get(namespace, []) if _matches(p["metadata"]["labels"], selector)]
+                return self._send(200, json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}))
+            if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", url.path):
+                namespace, name = match[1], match[2]
+                if "get log" in cluster.forbidden:
+                    return self._forbid("get", "pods/log", namespace)
+                if name not in cluster.logs:
+                    return self._status(404, "NotFound", f'pods "{name}" not found')
+                lines = cluster.logs[name].splitlines(keepends=True)
+                tail = int(query.get("tailLines", ["0"])[0]) or len(lines)
+                return self._send(200, "".join(lines[-tail:]), "text/plain")
+            if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)", url.path):
+                if "get namespace" in cluster.forbidden:
+                    return self._forbid("get", "namespaces", match[1])
+                if match[1] not in cluster.namespaces:
+                    return self._status(404, "NotFound", f'namespaces "{match[1]}" not found')
+                body = {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": match[1]}}
+                return self._send(200, json.dumps(body))
+            return self._status(404, "NotFound", "the server could not find the requested resource")
+
+    return Handler
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[FakeCluster, str]]:
+    """A fake API server on a random loopback port: (its state, its URL)."""
+    state = FakeCluster()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    # A short poll interval: shutdown() waits for one poll.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _kubeconfig(path: Path, server: str, namespace: str | None = "ml") -> Path:
+    context = {"cluster": "fake", "user": "alice", **({"namespace": namespace} if namespace else {})}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "alice", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "fake", "context": context}],
+        "current-context": "fake",
+    }
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def _healthy(state: FakeCluster) -> None:
+    state.pods["ml"] = [
+        # Listed out of order, with another release's pod and the helm test pod that must not show.
+        _pod(f"{PREFIX}-worker-1", node="node-c"),
+        _pod(f"{PREFIX}-master-0", node="node-a"),
+        _pod(f"{PREFIX}-worker-0", node="node-b"),
+        _pod("other-maskrcnn-dist-master-0", release="other"),
+        _pod(f"{PREFIX}-test-master", component="test", phase="Succeeded"),
+    ]
+    state.logs[f"{PREFIX}-master-0"] = MASTER_LOG
+
+
+def _run_cli(*args: str) -> Any:
+    return CliRunner().invoke(main, ["status", *args], catch_exceptions=False)
+
+
+def test_healthy_release_table_and_json(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    _healthy(state)
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+
+    result = _run_cli("--release", "demo", "--kubeconfig", str(kubeconfig))  # namespace from the context
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "release demo in namespace ml: 3 pods, 3 running"
+    assert lines[1].split() == ["POD", "ROLE", "RANK", "PHASE", "RESTARTS", "NODE"]
+    assert [line.split() for line in lines[2:5]] == [
+        [f"{PREFIX}-master-0", "master", "0", "Running", "0", "node-a"],
+        [f"{PREFIX}-worker-0", "worker", "1", "Running", "0", "node-b"],
+        [f"{PREFIX}-worker-1", "worker", "2", "Running", "0", "node-c"],
+    ]
+    assert lines[5] == "progress: step 20/150 (13%)  loss 1.234  images/s 2.5"
+    assert len(lines) == 6
+    log_request = next(r for r in state.requests if r.endswith("/log") or "/log?" in r)
+    assert "tailLines=200" in log_request and "container=trainer" in log_request
+
+    result = _run_cli("--release", "demo", "--kubeconfig", str(kubeconfig), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["release"] == "demo" and data["namespace"] == "ml"
+    assert [(p["name"], p["role"], p["rank"], p["phase"], p["restarts"]) for p in data["pods"]] == [
+        (f"{PREFIX}-master-0", "master", 0, "Running", 0),
+        (f"{PREFIX}-worker-0", "worker", 1, "Running", 0),
+        (f"{PREFIX}-worker-1", "worker", 2, "Running", 0),
+    ]
+    assert data["progress"]["step"] == 20 and data["progress"]["total"] == 150
+    assert data["progress"]["loss"] == pytest.approx(1.234)
+    assert data["progress"]["images_per_s"] == pytest.approx(2.5)
+    assert data["progress_note"] is None
+
+
+def test_restarts_and_pending_pod(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    state.pods["ml"] = [
+        _pod(f"{PREFIX}-master-0", restarts=2),
+        _pod(f"{PREFIX}-worker-0", restarts=5, waiting="CrashLoopBackOff", node="node-b"),
+        _pod(f"{PREFIX}-worker-1", phase="Pending", node=None),
+    ]
+    # The restarted master resumed and has not printed a train line yet.
+    state.logs[f"{PREFIX}-master-0"] = "INFO resumed from ckpt_00000020.pt at step 20 (epoch 1, batch 4)\n"
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+
+    connection = connect(kubeconfig)  # the caller's own client, as the CLI passes it
+    try:
+        status = release_status("demo", "ml", api=connection.api, timeout=5)
+    finally:
+        connection.close()
+    assert [(p.rank, p.phase, p.restarts, p.node, p.reason) for p in status.pods] == [
+        (0, "Running", 2, "node-a", None),
+        (1, "Running", 5, "node-b", "CrashLoopBackOff"),
+        (2, "Pending", 0, None, None),
+    ]
+    text = render_status(status)
+    lines = text.splitlines()
+    assert lines[0] == "release demo in namespace ml: 3 pods, 1 running"
+    assert lines[3].split() == [f"{PREFIX}-worker-0", "worker", "1", "Running", "(CrashLoopBackOff)", "5", "node-b"]
+    assert lines[4].split() == [f"{PREFIX}-worker-1", "worker", "2", "Pending", "0", "-"]
+    assert lines[5] == f"progress: none (no train step in the last 200 log lines of {PREFIX}-master-0)"
+
+    # A master still being scheduled has no log to read: say so, and do not ask for one.
+    state.pods["ml"][0] = _pod(f"{PREFIX}-master-0", phase="Pending", node=None)
+    state.requests.clear()
+    status = release_status("demo", "ml", kubeconfig=kubeconfig, timeout=5)
+    assert status.progress is None
+    assert status.progress_note == f"master pod {PREFIX}-master-0 has not started (Pending)"
+    assert not any("/log" in r for r in state.requests)
+
+
+def test_log_not_readable_is_a_note_not_a_failure(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    _healthy(state)
+    state.forbidden.add("get log")
+    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    assert len(status.pods) == 3 and status.progress is None
+    assert status.progress_note.startswith(f"no permission: cannot get pods/log of {PREFIX}-master-0 in namespace ml")
+
+
+def test_no_such_release(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    _healthy(state)
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+    with pytest.raises(ReleaseNotFoundError, match=r"no pods of release 'nope' in namespace ml .*helm list -n ml"):
+        release_status("nope", "ml", kubeconfig=kubeconfig, timeout=5)
+
+    result = _run_cli("--release", "nope", "--kubeconfig", str(kubeconfig), "-n", "ml")
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and result.output.startswith("error: no pods of release 'nope'")
+
+    with pytest.raises(NamespaceNotFoundError, match=r"^namespace missing does not exist$"):
+        release_status("demo", "missing", kubeconfig=kubeconfig, timeout=5)
+
+
+def test_forbidden_names_verb_and_resource(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    _healthy(state)
+    state.forbidden.add("list pods")
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+    with pytest.raises(ClusterPermissionError, match=r'^no permission: cannot list pods in namespace ml \(.*"alice"'):
+        release_status("demo", "ml", kubeconfig=kubeconfig, timeout=5)
+
+    result = _run_cli("--release", "demo", "--kubeconfig", str(kubeconfig))
+    assert result.exit_code == 2
+    assert result.output.startswith("error: no permission: cannot list pods in namespace ml")
+    assert result.output.count("\n") == 1
+
+
+def test_unreachable_server_fails_fast(tmp_path: Path):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    with pytest.raises(
+        ClusterUnreachableError, match=rf"^cannot reach the Kubernetes API at http://127.0.0.1:{port}: "
+    ):
+        release_status("demo", "ml", kubeconfig=kubeconfig, timeout=2)
+    assert time.monotonic() - started < 5
+
+    result = _run_cli("--release", "demo", "--kubeconfig", str(kubeconfig))
+    assert result.exit_code == 2
+    assert "Connection refused" in result.output and result.output.count("\n") == 1
+
+
+def test_unresponsive_server_times_out(tmp_path: Path):
+    # Accepts connections, never answers: the read timeout bounds the wait.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{sock.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(ClusterUnreachableError, match=r"timed out"):
+            release_status("demo", "ml", kubeconfig=kubeconfig, timeout=0.5)
+        assert time.monotonic() - started < 3
+
+
+def test_no_cluster_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ClusterConfigError, match=r"^no cluster configuration: no kubeconfig at .*\.kube/config"):
+        connect()
+
+    result = _run_cli("--release", "demo")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: no cluster configuration") and result.output.count("\n") == 1
+
+    result = _run_cli("--release", "demo", "--kubeconfig", str(tmp_path / "absent"))
+    assert result.exit_code == 2
+    assert result.output == f"error: --kubeconfig {tmp_path / 'absent'} does not exist\n"
+
+
+def test_default_kubeconfig_and_namespace(cluster: tuple[FakeCluster, str], tmp_path: Path, monkeypatch):
+    state, url = cluster
+    state.pods["default"] = [_pod(f"{PREFIX}-master-0")]
+    state.logs[f"{PREFIX}-master-0"] = MASTER_LOG
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "kubeconfig", url, namespace=None)))
+    connection = connect()
+    assert connection.namespace == "default" and connection.server == url
+    connection.close()
+    result = _run_cli("--release", "demo")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("release demo in namespace default: 1 pods, 1 running")
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "train step 12/150 loss_classifier 0.1 loss 1.2 lr 0.01 images_per_s 2.5",
+            {
+                "kind": "train",
+                "step": 12,
+                "total": 150,
+                "loss_classifier": 0.1,
+                "loss": 1.2,
+                "lr": 0.01,
+                "images_per_s": 2.5,
+            },
+        ),
+        ("[rank 0] eval step 150/150 bbox_AP 0.12", {"kind": "eval", "step": 150, "total": 150, "bbox_AP": 0.12}),
+        ("[#####.....] 3/9 loss nan lr 1e-05", {"kind": "train", "step": 3, "total": 9, "lr": 1e-05}),
+        ("INFO maskrcnn_dist.train: saved ckpt_00000020.pt", None),
+        ("the train step 3 failed", None),
+    ],
+)
+def test_parse_progress_line(line: str, expected: dict[str, Any] | None):
+    parsed = parse_progress_line(line)
+    if expected is None:
+        assert parsed is None
+        return
+    nan_keys = {k for k, v in parsed.items() if isinstance(v, float) and v != v}
+    assert nan_keys <= {"loss"}
+    assert {k: v for k, v in parsed.items() if k not in nan_keys} == expected
+
+
+def test_parse_reads_what_the_writer_writes(tmp_path: Path):
+    import io
+
+    from maskrcnn_dist.metrics import MetricsWriter
+
+    stream = io.StringIO()
+    writer = MetricsWriter(tmp_path, True, total_steps=40, print_freq=20, stream=stream, tensorboard=False)
+    writer.write("train", 20, {"loss_mask": 0.51234, "loss": 1.23456, "lr": 0.00125, "images_per_s": 3.0, "epoch": 1})
+    writer.close()
+    parsed = parse_progress_line(stream.getvalue().splitlines()[-1])
+    assert parsed["kind"] == "train" and parsed["step"] == 20 and parsed["total"] == 40
+    assert parsed["loss"] == pytest.approx(1.235) and parsed["images_per_s"] == 3.0 and "epoch" not in parsed
