@@ -25,10 +25,24 @@ def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConf
     From scratch the mask head's loss can run away in the first steps (as torchvision's reference
     does at lr 0.02); clipping the gradient norm keeps these short runs stable."""
     torch.set_num_threads(2)
-    values = {"model": "maskrcnn_resnet18_fpn", "min-size": 96, "max-size": 96, "data-path": data_path,
-              "output-dir": output_dir, "batch-size": 2, "workers": 0, "device": "cpu", "epochs": 1,
-              "lr": 0.02, "warmup-iters": 10, "clip-grad-norm": 10.0, "print-freq": 1, "eval-every-epoch": False,
-              "aspect-ratio-group-factor": -1, **flags}
+    values = {
+        "model": "maskrcnn_resnet18_fpn",
+        "min-size": 96,
+        "max-size": 96,
+        "data-path": data_path,
+        "output-dir": output_dir,
+        "batch-size": 2,
+        "workers": 0,
+        "device": "cpu",
+        "epochs": 1,
+        "lr": 0.02,
+        "warmup-iters": 10,
+        "clip-grad-norm": 10.0,
+        "print-freq": 1,
+        "eval-every-epoch": False,
+        "aspect-ratio-group-factor": -1,
+        **flags,
+    }
     cfg = apply_overrides(TrainConfig(), values, "test")
     cfg.validate()
     return cfg

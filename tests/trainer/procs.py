@@ -18,12 +18,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_job(
+    args: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run `args` in its own process group; on timeout or any error the whole group is killed."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, cwd=cwd or REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except BaseException:
@@ -38,6 +46,20 @@ def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None,
 
 
 def torchrun(nproc: int, trainer_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "-m", "maskrcnn_dist.cli", "train", *trainer_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "maskrcnn_dist.cli",
+        "train",
+        *trainer_args,
+    ]

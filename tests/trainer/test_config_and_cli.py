@@ -56,8 +56,23 @@ def test_every_flag_is_on_the_cli():
     ],
 )
 def test_user_errors_are_one_line_with_exit_2(tmp_path: Path, args: list[str], message: str):
-    result = CliRunner().invoke(main, ["train", "--output-dir", str(tmp_path), "--model", "maskrcnn_resnet18_fpn",
-                                       "--min-size", "64", "--max-size", "64", "--max-steps", "1", *args])
+    result = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--output-dir",
+            str(tmp_path),
+            "--model",
+            "maskrcnn_resnet18_fpn",
+            "--min-size",
+            "64",
+            "--max-size",
+            "64",
+            "--max-steps",
+            "1",
+            *args,
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
@@ -65,8 +80,20 @@ def test_user_errors_are_one_line_with_exit_2(tmp_path: Path, args: list[str], m
 
 def test_synth_data_and_report_commands(tmp_path: Path):
     runner = CliRunner()
-    made = runner.invoke(main, ["synth-data", "--output", str(tmp_path / "d"), "--train-images", "3",
-                                "--val-images", "2", "--image-size", "64"])
+    made = runner.invoke(
+        main,
+        [
+            "synth-data",
+            "--output",
+            str(tmp_path / "d"),
+            "--train-images",
+            "3",
+            "--val-images",
+            "2",
+            "--image-size",
+            "64",
+        ],
+    )
     assert made.exit_code == 0, made.output
     assert (tmp_path / "d/train/annotations.json").is_file() and (tmp_path / "d/val/images").is_dir()
     missing = runner.invoke(main, ["report", "--metrics", str(tmp_path / "none.jsonl")])

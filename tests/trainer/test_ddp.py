@@ -9,9 +9,30 @@ from maskrcnn_dist.metrics import read_metrics
 
 from .procs import run_job, torchrun
 
-SMALL = ["--model", "maskrcnn_resnet18_fpn", "--min-size", "64", "--max-size", "64", "--device", "cpu",
-         "--threads", "1", "--workers", "0", "--lr", "0.02", "--clip-grad-norm", "10", "--warmup-iters", "5",
-         "--aspect-ratio-group-factor", "-1", "--print-freq", "1"]
+SMALL = [
+    "--model",
+    "maskrcnn_resnet18_fpn",
+    "--min-size",
+    "64",
+    "--max-size",
+    "64",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--workers",
+    "0",
+    "--lr",
+    "0.02",
+    "--clip-grad-norm",
+    "10",
+    "--warmup-iters",
+    "5",
+    "--aspect-ratio-group-factor",
+    "-1",
+    "--print-freq",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +48,31 @@ def odd_coco(tmp_path_factory):
 def test_two_rank_ddp_trains_validates_and_evaluates_unequal_shards(odd_coco, tmp_path):
     """Validation every step, mid-training, on unequal shards: must finish, not hang."""
     out = tmp_path / "run"
-    result = run_job(torchrun(2, [*SMALL, "--engine", "ddp", "--data-path", str(odd_coco), "--output-dir", str(out),
-                                  "--epochs", "1", "--batch-size", "2", "--val-batch-size", "1", "--val-period", "1",
-                                  "--rpc-timeout", "60"]), timeout=240)
+    result = run_job(
+        torchrun(
+            2,
+            [
+                *SMALL,
+                "--engine",
+                "ddp",
+                "--data-path",
+                str(odd_coco),
+                "--output-dir",
+                str(out),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "2",
+                "--val-batch-size",
+                "1",
+                "--val-period",
+                "1",
+                "--rpc-timeout",
+                "60",
+            ],
+        ),
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     records = read_metrics(out / "metrics.jsonl")
     train = [r for r in records if r["kind"] == "train"]
