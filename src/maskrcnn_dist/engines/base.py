@@ -101,9 +101,7 @@ class Trainer:
         self.engine = engine
         self.train_set = train_set
         self.val_set = val_set
-        self.iters_per_epoch = num_train_batches(
-            len(train_set), cfg.data.batch_size, world_size=engine.data_world_size
-        )
+        self.iters_per_epoch = num_train_batches(len(train_set), cfg.data.batch_size, world_size=engine.data_world_size)
         planned = cfg.epochs * self.iters_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.checkpoint_dir = cfg.output_dir / "checkpoints"
@@ -222,21 +220,20 @@ class Trainer:
                 log.info("resume auto: no checkpoint in %s yet, starting fresh", self.checkpoint_dir)
                 return
         state = load_checkpoint(source)
-        if state.get("engine") not in (None, self.engine.name) and "optimizer" in state:
-            log.warning(
-                "checkpoint %s was written by the %s engine; its optimizer state is %s's",
+        if state.get("engine") not in (None, self.engine.name):
+            # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
+            log.info(
+                "checkpoint %s was written by the %s engine; continuing with %s",
                 source,
-                state.get("engine"),
-                state.get("engine"),
+                state["engine"],
+                self.engine.name,
             )
         try:
             self.engine.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {source} does not fit this model/engine: {exc}") from exc
         torch.set_rng_state(state["rng"])
-        self.position = Position(
-            step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"])
-        )
+        self.position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", source, *vars(self.position).values())
 
     def close(self) -> None:

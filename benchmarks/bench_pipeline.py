@@ -1,0 +1,206 @@
+"""Single process vs the pipeline engine (M = 1, 2, 4 micro-batches) on CPU, one thread per process.
+
+    python benchmarks/bench_pipeline.py [--steps 4] [--batch 4] [--size 128] [--json out.json]
+
+Starts two stage workers on localhost (stage 1 = transform + backbone, stage 2 = RPN + RoI heads)
+and drives them from this process (the master). Per configuration it prints images/s, each stage's
+busy time per step (process CPU time: forward, backward and optimizer step), the bubble fraction
+(the share of the step a stage is idle, averaged over stages), bytes per link per step, and the
+ideal throughput the measured stage times allow (batch / slowest stage's busy time: a perfectly
+filled pipeline) with the measured/ideal ratio. Numbers depend on what else the cores are doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from maskrcnn_dist.config import ModelConfig, OptimConfig, PipelineConfig, TrainConfig
+
+NUM_CLASSES = 3
+PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
+
+
+def config(size: int, micro_batches: int, bf16: bool) -> TrainConfig:
+    return TrainConfig(
+        engine="pipeline",
+        device="cpu",
+        threads=1,
+        seed=0,
+        model=ModelConfig(name="maskrcnn_resnet18_fpn", min_size=size, max_size=size),
+        optim=OptimConfig(lr=0.005, warmup_iters=0, lr_steps=(1000,), clip_grad_norm=5.0),
+        pipeline=PipelineConfig(micro_batches=micro_batches, bf16_transport=bf16, rpc_timeout=120.0),
+    )
+
+
+def make_batch(num_images: int, size: int) -> tuple[list[torch.Tensor], list[dict]]:
+    """Random images, each with two filled rectangles (boxes, labels, masks)."""
+    gen = torch.Generator().manual_seed(0)
+    images, targets = [], []
+    for _ in range(num_images):
+        image = torch.rand(3, size, size, generator=gen) * 0.2
+        boxes, masks = [], []
+        for j in range(2):
+            x0, y0 = (int(v) for v in torch.randint(0, size // 2, (2,), generator=gen))
+            x1, y1 = x0 + size // 5 + 4 * j, y0 + size // 4
+            mask = torch.zeros(size, size, dtype=torch.uint8)
+            mask[y0:y1, x0:x1] = 1
+            image[:, y0:y1, x0:x1] += 0.7
+            boxes.append([x0, y0, x1, y1])
+            masks.append(mask)
+        images.append(image.clamp(0, 1))
+        targets.append(
+            {
+                "boxes": torch.tensor(boxes, dtype=torch.float32),
+                "labels": torch.tensor([1, 2]),
+                "masks": torch.stack(masks),
+            }
+        )
+    return images, targets
+
+
+class Plan:
+    """The few PodPlan fields the pipeline runtime reads, for localhost processes."""
+
+    def __init__(self, port: int, role: str, rank: int, devices: int = 1) -> None:
+        from maskrcnn_launcher.contract import StagePlacement
+
+        self.master_addr, self.master_port, self.world_size = "127.0.0.1", port, 3
+        self.role, self.rank, self.rpc_name = role, rank, "master" if rank == 0 else f"worker{rank}"
+        self.transport, self.device_maps = "cpu", {}
+        self.stages = tuple(
+            StagePlacement(
+                stage=i + 1,
+                name=f"stage{i + 1}",
+                worker_index=i,
+                rank=i + 1,
+                rpc_name=f"worker{i + 1}",
+                modules=names,
+                devices=("cpu",) * devices,
+            )
+            for i, names in enumerate(PLACEMENT)
+        )
+
+
+def summarize(name: str, batch: int, step_s: list[float], metrics: list[dict[str, float]]) -> dict:
+    mean = {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]} if metrics else {}
+    busy = [mean[k] for k in sorted(mean) if k.startswith("stage") and k.endswith("/busy_s")]
+    images_per_s = batch * len(step_s) / sum(step_s)
+    ideal = batch / max(busy) if busy else images_per_s
+    return {
+        "config": name,
+        "images_per_s": images_per_s,
+        "step_s": sum(step_s) / len(step_s),
+        "stage_busy_s": busy,
+        "bubble_fraction": mean.get("pipeline/bubble_fraction", 0.0),
+        "bytes_per_link": {k.removeprefix("link/"): v for k, v in mean.items() if k.startswith("link/")},
+        "ideal_images_per_s": ideal,
+        "ratio_to_ideal": images_per_s / ideal,
+    }
+
+
+def timed_steps(engine, batch, steps: int, warmup: int) -> tuple[list[float], list[dict[str, float]]]:
+    times, metrics = [], []
+    for step in range(warmup + steps):
+        started = time.perf_counter()
+        engine.train_step(step, *batch)
+        if step >= warmup:
+            times.append(time.perf_counter() - started)
+            metrics.append(engine.extra_metrics())
+    return times, metrics
+
+
+def run_master(args: argparse.Namespace) -> list[dict]:
+    from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
+    from maskrcnn_dist.engines.torch_engine import TorchEngine
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    batch = make_batch(args.batch, args.size)
+    results = []
+    local = TorchEngine(replace(config(args.size, 1, False), engine="local"), NUM_CLASSES, iters_per_epoch=100)
+    times, _ = timed_steps(local, batch, args.steps, args.warmup)
+    results.append(summarize("single process", args.batch, times, []))
+    del local
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(rank), "--port", str(port), "--size", str(args.size)]
+        )
+        for rank in (1, 2)
+    ]
+    try:
+        plan = Plan(port, "master", 0)
+        with master_session(config(args.size, max(args.micro), False), plan):
+            for m in args.micro:
+                for bf16 in [False, True] if args.bf16 else [False]:
+                    engine = PipelineEngine(config(args.size, m, bf16), plan.stages, NUM_CLASSES, iters_per_epoch=100)
+                    times, metrics = timed_steps(engine, batch, args.steps, args.warmup)
+                    results.append(summarize(f"pipeline M={m}" + (" bf16" if bf16 else ""), args.batch, times, metrics))
+                    engine.close()
+    finally:
+        for proc in workers:
+            proc.wait(timeout=60)
+    return results
+
+
+def print_table(results: list[dict]) -> None:
+    header = (
+        f"{'config':<20}{'img/s':>8}{'step s':>8}{'busy s (per stage)':>22}{'bubble':>8}"
+        f"{'ideal img/s':>12}{'ratio':>7}  bytes/step (w1->w2 fwd, bwd)"
+    )
+    print(header)
+    for r in results:
+        busy = " / ".join(f"{b:.2f}" for b in r["stage_busy_s"]) or "-"
+        links = r["bytes_per_link"]
+        traffic = (
+            (
+                f"{links.get('worker1->worker2/bytes', 0) / 1e6:.2f} MB, "
+                f"{links.get('worker2->worker1/grad_bytes', 0) / 1e6:.2f} MB"
+            )
+            if links
+            else "-"
+        )
+        print(
+            f"{r['config']:<20}{r['images_per_s']:>8.2f}{r['step_s']:>8.2f}{busy:>22}"
+            f"{r['bubble_fraction']:>8.2f}{r['ideal_images_per_s']:>12.2f}{r['ratio_to_ideal']:>7.2f}  {traffic}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--bf16", action="store_true", help="also measure bf16 feature transport")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        from maskrcnn_dist.engines.pipeline import serve
+
+        serve(config(args.size, max(args.micro), False), Plan(args.port, "worker", args.worker))
+        return
+    results = run_master(args)
+    print_table(results)
+    text = json.dumps(results, indent=2)
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""The stage host: the object that lives on a worker and holds one stage's replicas.
+
+The master creates it remotely (``rpc.remote(worker, StageHost, args=(spec,))``) and drives it through
+its RRef. The host instance is all the state a worker has: replicas, optimizers, counters.
+
+Ordering. RPC runs requests on a thread pool, so calls arrive in any order. Each replica has a
+Turnstile that lets micro-batch calls through in the master's order (round, index). That keeps
+BatchNorm statistics and therefore runs reproducible, and it is what makes the pipeline overlap:
+micro-batch k+1 enters stage 1 while stage 2 works on k.
+
+Random numbers. StepSeeder reseeds the process-wide generator before the transform, RPN and RoI
+heads run. Replicas of one stage run in threads of one process, so those modules run under a
+host-wide lock (the backbone, the bulk of the work, does not need it).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed.autograd as dist_autograd
+from torch import nn
+from torch.distributed.rpc import PyRRef
+
+from ...config import ModelConfig, OptimConfig
+from ...model import build_model, set_batchnorm_eval
+from ...optim import build_optimizer, build_scheduler
+from ...rng import StepSeeder
+from ...sharding import Stage, StageState, build_stage
+from .state import checksum
+from .transport import from_wire, gradient_bytes, to_wire, wire_bytes
+
+MODES = ("train", "eval", "validate")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Everything a worker needs to build its stage: sent once, by the master, to the host."""
+
+    index: int  # 0-based position in the pipeline
+    rpc_name: str
+    modules: tuple[str, ...]
+    devices: tuple[str, ...]  # one per replica
+    model: ModelConfig
+    optim: OptimConfig
+    num_classes: int
+    iters_per_epoch: int
+    seed: int
+    bf16_features: bool
+    # Stage outputs through host memory (the default); False when TensorPipe device maps move
+    # device tensors between workers directly.
+    stage_through_cpu: bool = True
+    next_rpc_name: str = "master"
+
+
+class Turnstile:
+    """Lets calls through one at a time in (round, index) order; rounds never overlap."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._round = -1
+        self._next = 0
+
+    @contextmanager
+    def turn(self, round_id: int, index: int) -> Iterator[None]:
+        def my_turn() -> bool:
+            return index == (self._next if round_id == self._round else 0)
+
+        with self._cond:
+            self._cond.wait_for(my_turn)
+        try:
+            yield
+        finally:  # advance even on error, or later calls of the round would wait forever
+            with self._cond:
+                self._round, self._next = round_id, index + 1
+                self._cond.notify_all()
+
+
+@dataclass
+class Replica:
+    stage: Stage
+    device: torch.device
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    seeder: StepSeeder
+    turnstile: Turnstile = field(default_factory=Turnstile)
+
+    @property
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.stage.parameters() if p.requires_grad]
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        optimizer_state = self.optimizer.state_dict()["state"]
+        momenta = [v for i in sorted(optimizer_state) for v in optimizer_state[i].values() if torch.is_tensor(v)]
+        return list(self.stage.state_dict().values()) + momenta
+
+
+@dataclass
+class StepMeter:
+    """Per-step figures of this host, reset at the first training call of each step."""
+
+    round_id: int = -1
+    cpu_start: float = 0.0
+    forward_s: float = 0.0
+    bytes_forward: int = 0
+    bytes_backward: int = 0
+
+    def start(self, round_id: int) -> None:
+        if round_id != self.round_id:
+            self.round_id, self.cpu_start = round_id, time.process_time()
+            self.forward_s, self.bytes_forward, self.bytes_backward = 0.0, 0, 0
+
+    def report(self) -> dict[str, float]:
+        # Process CPU time: forward, backward (in autograd threads), optimizer step and RPC
+        # work, all threads together; idle waiting costs none. Meaningful with one intra-op thread.
+        return {
+            "busy_s": time.process_time() - self.cpu_start,
+            "forward_s": self.forward_s,
+            "bytes_forward": float(self.bytes_forward),
+            "bytes_backward": float(self.bytes_backward),
+        }
+
+
+def _fetch(incoming: StageState | PyRRef, timeout: float) -> StageState | BaseException:
+    """The input state: by value from the master, or pulled from the previous stage's worker."""
+    try:
+        # An RRef arrives as PyRRef (RRef's base class) when unpickled.
+        return incoming.to_here(timeout) if isinstance(incoming, PyRRef) else incoming
+    except Exception as exc:  # re-raised in turn, after the turnstile has let this call through
+        return exc
+
+
+class StageHost:
+    """One stage on one worker: R replicas, each with its own optimizer and scheduler."""
+
+    def __init__(self, spec: StageSpec, rpc_timeout: float) -> None:
+        self.spec = spec
+        self.rpc_timeout = rpc_timeout
+        # Every process builds the whole model from the same seed, so stages start from exactly the
+        # weights the local engine starts from (TorchEngine seeds the same way), then keeps its part.
+        torch.manual_seed(spec.seed)
+        stage = build_stage(build_model(spec.model, spec.num_classes), spec.modules)
+        self.replicas = [
+            self._replica(stage if r == 0 else copy.deepcopy(stage), device) for r, device in enumerate(spec.devices)
+        ]
+        self._rng_lock = threading.Lock()
+        self.meter = StepMeter()
+
+    def _replica(self, stage: Stage, device: str) -> Replica:
+        stage = stage.to(device)
+        optimizer = build_optimizer(stage.parameters(), self.spec.optim)
+        seeder = StepSeeder(self.spec.seed)
+        seeder.attach(stage.parts())
+        return Replica(
+            stage,
+            torch.device(device),
+            optimizer,
+            build_scheduler(optimizer, self.spec.optim, self.spec.iters_per_epoch),
+            seeder,
+        )
+
+    # -- description ----------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        first = self.replicas[0]
+        return {
+            "keys": list(first.stage.state_dict()),
+            "trainable": len(first.trainable),
+            "lr": first.optimizer.param_groups[0]["lr"],
+            "replicas": len(self.replicas),
+        }
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def forward(self, round_id: int, step: int, micro: int, incoming: StageState | PyRRef, mode: str) -> StageState:
+        """Run micro-batch `micro` of round `round_id` on replica micro % R, in order."""
+        replica = self.replicas[micro % len(self.replicas)]
+        if mode == "train":
+            self.meter.start(round_id)
+        fetched = _fetch(incoming, self.rpc_timeout)  # before the turn: transfer overlaps compute
+        with replica.turnstile.turn(round_id, micro // len(self.replicas)):
+            if isinstance(fetched, BaseException):
+                raise fetched
+            started = time.perf_counter()
+            state = from_wire(fetched, replica.device)
+            replica.seeder.at(step, micro)
+            state = self._run(replica.stage, state, mode)
+            last = replica.stage.is_last
+            state = to_wire(state, self.spec.bf16_features and not last, self.spec.stage_through_cpu or last)
+            if mode == "train":
+                self.meter.forward_s += time.perf_counter() - started
+                self.meter.bytes_forward += wire_bytes(state)
+                self.meter.bytes_backward += gradient_bytes(state)
+            return state
+
+    def _run(self, stage: Stage, state: StageState, mode: str) -> StageState:
+        if mode == "train":
+            stage.train()
+            return stage(state, self._guard)
+        if mode == "eval":
+            stage.eval()
+            with torch.no_grad():
+                return stage(state, self._guard)
+        if mode != "validate":
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        # Training-mode losses that change nothing: BatchNorm uses (never updates) its running
+        # statistics, and the random draws leave the process's generator as it was.
+        stage.train()
+        switched = set_batchnorm_eval(stage)
+        try:
+            with torch.no_grad(), self._guard(), torch.random.fork_rng(devices=self._cuda_devices()):
+                return stage(state)
+        finally:
+            for module in switched:
+                module.train()
+
+    def _guard(self) -> threading.Lock:
+        return self._rng_lock
+
+    def _cuda_devices(self) -> list[torch.device]:
+        return [r.device for r in self.replicas if r.device.type == "cuda"]
+
+    # -- optimizer step, in two phases driven by the master ---------------------------------
+
+    def reduce_gradients(self, context_id: int, want_norms: bool) -> torch.Tensor | None:
+        """Phase 1: sum this context's gradients over replicas and write them to every replica.
+
+        Micro-batch k ran on replica k % R only, and the master's loss is sum_k w_k L_k, so replica
+        r's gradient is the partial sum over its own micro-batches; the sum over replicas is the
+        whole batch's gradient, exactly what one replica that ran every micro-batch would hold.
+        Summing in replica order and copying the same result to all keeps replicas bitwise equal.
+        Returns each parameter's gradient norm (for global clipping) when asked.
+        """
+        grads = dist_autograd.get_gradients(context_id)
+        first = self.replicas[0]
+        for params in zip(*(r.trainable for r in self.replicas)):
+            parts = [grads[p] for p in params if p in grads]
+            total = None
+            if parts:
+                total = parts[0].to(first.device, copy=True)
+                for part in parts[1:]:
+                    total += part.to(first.device)
+            for p in params:  # parameters without a gradient keep None, as zero_grad(set_to_none) does
+                p.grad = None if total is None else total.to(p.device, copy=True)
+        if not want_norms:
+            return None
+        with_grad = [p.grad for p in first.trainable if p.grad is not None]
+        # The same computation as torch.nn.utils.clip_grad_norm_ (per-tensor norms first).
+        return torch.stack(torch._foreach_norm(with_grad)).cpu() if with_grad else torch.zeros(0)
+
+    def apply_step(self, clip_coef: torch.Tensor | None) -> dict[str, float]:
+        """Phase 2: optional clipping by the global coefficient, optimizer and scheduler steps on every
+        replica, buffers made equal. Returns this step's figures."""
+        for replica in self.replicas:
+            if clip_coef is not None:
+                grads = [p.grad for p in replica.trainable if p.grad is not None]
+                torch._foreach_mul_(grads, clip_coef.to(replica.device))
+            replica.optimizer.step()
+            replica.scheduler.step()
+        self._sync_buffers()
+        return {**self.meter.report(), "lr": self.replicas[0].optimizer.param_groups[0]["lr"]}
+
+    def _sync_buffers(self) -> None:
+        """BatchNorm running statistics saw different micro-batches on each replica: replace them by
+        their mean over replicas (integer counters are equal already), so replicas stay identical."""
+        if len(self.replicas) == 1:
+            return
+        first = self.replicas[0]
+        for buffers in zip(*(r.stage.buffers() for r in self.replicas)):
+            if not buffers[0].is_floating_point():
+                continue
+            mean = buffers[0].to(first.device, copy=True)
+            for b in buffers[1:]:
+                mean += b.to(first.device)
+            mean /= len(buffers)
+            for b in buffers:
+                b.copy_(mean)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        first = self.replicas[0]
+        return {
+            "model": {k: v.detach().cpu() for k, v in first.stage.state_dict().items()},
+            "optimizer": _to_cpu(first.optimizer.state_dict()),
+            "scheduler": first.scheduler.state_dict(),
+            "checksums": [checksum(r.state_tensors()) for r in self.replicas],
+        }
+
+    def load(self, model: dict[str, torch.Tensor], optimizer: dict | None, scheduler: dict | None) -> None:
+        for replica in self.replicas:
+            replica.stage.load_state_dict(model)
+            if optimizer is not None:
+                replica.optimizer.load_state_dict(copy.deepcopy(optimizer))
+            if scheduler is not None:
+                replica.scheduler.load_state_dict(scheduler)
+
+
+def _to_cpu(obj: Any) -> Any:
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj

@@ -1,0 +1,147 @@
+"""Process lifetime of the pipeline: joining the RPC group, serving, watching the master, leaving.
+
+Failure rules (DESIGN.md: any process that loses a peer exits non-zero within a bounded time):
+  * master: RPC errors become PeerLostError naming the worker (engine.py); it then leaves RPC
+    without the graceful barrier, which would wait for the dead worker forever.
+  * worker: a graceful rpc.shutdown() waits for the master however long it takes. A watchdog
+    thread polls the master's TCP store (the RPC rendezvous store, served by the master process):
+    if the store stops answering before the master has written "done", the master is gone and
+    the worker exits with status 1 and a message saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+
+from ...config import TrainConfig
+from .engine import MASTER, PipelineEngine
+
+log = logging.getLogger(__name__)
+
+DONE_KEY = "maskrcnn_dist/pipeline/done"
+
+
+def backend_options(cfg: TrainConfig, plan: Any) -> rpc.TensorPipeRpcBackendOptions:
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://{plan.master_addr}:{plan.master_port}",
+        rpc_timeout=cfg.pipeline.rpc_timeout,
+        # Every in-flight micro-batch holds a thread while it waits for its turn (host.py).
+        num_worker_threads=max(16, 4 * cfg.pipeline.micro_batches + 8),
+        # Host-staged tensors go over TCP (uv), which is what crosses machines anyway. On one host
+        # TensorPipe would pick its shared-memory transport, whose reactor busy-polls: on a few
+        # shared cores that steals the CPU the stages need (measured on 2 busy cores: the stages' CPU
+        # time per step is about halved with uv). With device maps TensorPipe keeps its defaults.
+        _transports=["uv"] if plan.transport != "device_maps" else None,
+    )
+    if plan.transport == "device_maps":  # opt-in: device tensors cross workers without host staging
+        for callee, mapping in plan.device_maps.items():
+            options.set_device_map(callee, mapping)
+    return options
+
+
+def _store_client(plan: Any, timeout: float) -> dist.TCPStore:
+    return dist.TCPStore(plan.master_addr, plan.master_port, is_master=False, timeout=timedelta(seconds=timeout))
+
+
+class MasterWatchdog:
+    """On a worker: exit(1) once the master's store stops answering before it said "done"."""
+
+    def __init__(self, plan: Any, period_s: float, timeout_s: float) -> None:
+        self.plan, self.period_s, self.timeout_s = plan, period_s, timeout_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="master-watchdog", daemon=True)
+
+    def start(self) -> MasterWatchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        try:
+            store = _store_client(self.plan, self.timeout_s)
+            while not self._stop.wait(self.period_s):
+                if store.check([DONE_KEY]):
+                    return  # the master is shutting down normally; rpc.shutdown() will return
+        except Exception as exc:  # connection refused/reset: the master process is gone
+            # ... or it finished normally just before our main thread's rpc.shutdown() returned:
+            # give that one more period to stop us.
+            if self._stop.wait(self.period_s):
+                return
+            print(
+                f"error: {self.plan.rpc_name}: master lost ({self.plan.master_addr}:{self.plan.master_port} "
+                f"stopped answering: {exc}); exiting",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+
+def _shutdown(graceful: bool) -> None:
+    try:
+        rpc.shutdown(graceful=graceful)
+    except Exception as exc:  # a peer may already be gone; nothing is left to save
+        log.warning("rpc shutdown: %s", exc)
+
+
+@contextmanager
+def master_session(cfg: TrainConfig, plan: Any) -> Iterator[None]:
+    """RPC as "master" (rank 0) for the body; graceful exit tells the workers we are done first."""
+    rpc.init_rpc(MASTER, rank=0, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan))
+    try:
+        yield
+    except BaseException:
+        _shutdown(graceful=False)  # the barrier would wait for a dead peer
+        raise
+    _store_client(plan, cfg.pipeline.rpc_timeout).set(DONE_KEY, "1")
+    _shutdown(graceful=True)
+
+
+def serve(cfg: TrainConfig, plan: Any) -> None:
+    """A stage worker: join RPC, host whatever the master builds here, return when it is done."""
+    torch.set_num_threads(cfg.threads or 1)
+    torch.set_flush_denormal(cfg.flush_denormal)
+    rpc.init_rpc(
+        plan.rpc_name, rank=plan.rank, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan)
+    )
+    period = max(0.2, min(2.0, cfg.pipeline.rpc_timeout / 10))
+    watchdog = MasterWatchdog(plan, period, cfg.pipeline.rpc_timeout).start()
+    rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
+    watchdog.stop()
+    log.info("%s: master finished, exiting", plan.rpc_name)
+
+
+def run_pipeline(cfg: TrainConfig, plan: Any):
+    """The CLI's entry for --engine pipeline: the master trains, a worker serves its stage."""
+    if plan.role != "master":
+        serve(cfg, plan)
+        return None
+    from ...data import num_train_batches
+    from ...train import load_datasets, setup_process, train
+
+    setup_process(cfg)
+    train_set, _ = load_datasets(cfg)
+    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=1)
+    with master_session(cfg, plan):
+        engine = PipelineEngine(
+            cfg, plan.stages, train_set.num_classes, iters, device_maps=plan.transport == "device_maps"
+        )
+        return train(cfg, engine=engine)
+
+
+def run_pipeline_from_env(cfg: TrainConfig):
+    from maskrcnn_launcher.contract import PodPlan
+
+    return run_pipeline(cfg, PodPlan.from_env())

@@ -1,0 +1,74 @@
+"""What happens to a StageState at the edge of a stage: device staging, bf16 features, byte counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from ...sharding import StageState
+
+T = TypeVar("T")
+
+
+def map_tensors(obj: T, fn: Callable[[Tensor], Tensor]) -> T:
+    """`obj` with every tensor inside (dataclasses, dicts, lists, tuples) replaced by fn(tensor)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(
+            obj, **{f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)}
+        )
+    if isinstance(obj, dict):
+        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())  # keeps OrderedDict
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def tensors_in(obj: Any) -> list[Tensor]:
+    found: list[Tensor] = []
+
+    def collect(t: Tensor) -> Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(obj, collect)
+    return found
+
+
+def wire_bytes(obj: Any) -> int:
+    """Bytes TensorPipe sends for the tensors in `obj`: whole storages (a view ships its whole
+    storage), each storage once."""
+    storages = {}
+    for t in tensors_in(obj):
+        storage = t.untyped_storage()
+        storages[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def gradient_bytes(obj: Any) -> int:
+    """Bytes of the gradients that come back over the same link in backward (one per tensor that
+    requires grad, same shape and dtype)."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj) if t.requires_grad)
+
+
+def to_wire(state: StageState, bf16_features: bool, to_cpu: bool) -> StageState:
+    """Prepare a stage's output for the next stage: features in bf16 on request (autograd flows
+    through the cast), and every tensor in host memory unless device maps move them directly."""
+    if bf16_features and state.features is not None:
+        state.features = map_tensors(state.features, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
+    if to_cpu:
+        state = map_tensors(state, lambda t: t.cpu())
+    return state
+
+
+def from_wire(state: StageState, device: torch.device) -> StageState:
+    """Undo to_wire on the receiving replica: its device, and fp32 features again."""
+    state = map_tensors(state, lambda t: t.to(device))
+    if state.features is not None:
+        state.features = map_tensors(state.features, lambda t: t.float() if t.dtype == torch.bfloat16 else t)
+    return state

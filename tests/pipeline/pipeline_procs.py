@@ -1,0 +1,137 @@
+"""Processes of the multi-process pipeline tests: `python pipeline_procs.py ROLE ARGS_JSON`.
+
+A worker serves its stage (run_pipeline's worker path). The master runs a scenario and writes what
+it measured to OUT/result.pt for the test to check; run_pipeline's master path trains for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_plans(port: int, placement=PLACEMENT, replicas=(1, 1), micro_batches: int = 1):
+    """The PodPlans the launcher would write for a master and one worker per stage, on localhost."""
+    from maskrcnn_launcher.contract import PodPlan, StagePlacement
+
+    stages = tuple(
+        StagePlacement(
+            stage=i + 1,
+            name=f"stage{i + 1}",
+            worker_index=i,
+            rank=i + 1,
+            rpc_name=f"worker{i + 1}",
+            modules=tuple(names),
+            devices=("cpu",) * r,
+        )
+        for i, (names, r) in enumerate(zip(placement, replicas))
+    )
+    common = dict(
+        engine="pipeline",
+        world_size=len(stages) + 1,
+        master_addr="127.0.0.1",
+        master_port=port,
+        backend="gloo",
+        devices=0,
+        nnodes=len(stages) + 1,
+        nproc_per_node=1,
+        stages=stages,
+        transport="cpu",
+        device_maps={},
+        socket_ifname=None,
+        feature_dtype="float32",
+        micro_batches=micro_batches,
+        links=(),
+    )
+    master = PodPlan(
+        role="master", index=0, rank=0, rpc_name="master", node_rank=0, stage=None, modules=(), replicas=(), **common
+    )
+    workers = [
+        PodPlan(
+            role="worker",
+            index=s.worker_index,
+            rank=s.rank,
+            rpc_name=s.rpc_name,
+            node_rank=s.rank,
+            stage=s.stage,
+            modules=s.modules,
+            replicas=s.devices,
+            **common,
+        )
+        for s in stages
+    ]
+    return master, workers
+
+
+def spawn(role: str, args: dict, log_dir: Path) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    log = open(log_dir / f"{role}-{args.get('index', 0)}.log", "w")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__)), role, json.dumps(args)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
+def _config(args: dict):
+    from pipeline_toy import small_config
+
+    cfg = small_config(micro_batches=args.get("micro_batches", 4), rpc_timeout=args.get("rpc_timeout", 20.0))
+    if "output_dir" in args:
+        cfg = replace(cfg, output_dir=Path(args["output_dir"]))
+    return cfg
+
+
+def worker_main(args: dict) -> None:
+    from maskrcnn_dist.engines.pipeline import run_pipeline
+
+    _, workers = make_plans(args["port"], replicas=tuple(args.get("replicas", (1, 1))))
+    run_pipeline(_config(args), workers[args["index"]])
+
+
+def master_main(args: dict) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    import pipeline_scenarios
+
+    from maskrcnn_dist.errors import TrainingError
+
+    try:
+        getattr(pipeline_scenarios, args["scenario"])(args, _config(args))
+    except TrainingError as exc:  # as the CLI does: one line, exit 1
+        print(f"error: {exc}", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    role, raw = sys.argv[1], json.loads(sys.argv[2])
+    started = time.time()
+    {"worker": worker_main, "master": master_main}[role](raw)
+    print(f"{role} done in {time.time() - started:.1f}s", flush=True)

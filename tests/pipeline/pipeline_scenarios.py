@@ -1,0 +1,94 @@
+"""What the master process does in each multi-process test; results go to OUT/result.pt."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from pipeline_procs import make_plans
+from pipeline_toy import NUM_CLASSES, make_batch
+
+from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
+from maskrcnn_dist.engines.torch_engine import TorchEngine
+from maskrcnn_dist.sharding import StageState
+
+
+def _pipeline(cfg, micro_batches: int, replicas=(1, 1)) -> PipelineEngine:
+    master, _ = make_plans(0, replicas=replicas)
+    cfg = replace(cfg, pipeline=replace(cfg.pipeline, micro_batches=micro_batches))
+    stages = [replace(s, devices=("cpu",) * r) for s, r in zip(master.stages, replicas)]
+    return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=10)
+
+
+def _train(engine, steps: int, batch) -> list[dict[str, float]]:
+    return [engine.train_step(step, *batch) for step in range(steps)]
+
+
+def compare(args: dict, cfg) -> None:
+    """Pipeline vs the local engine: M=1 equality, M=2, replicas, eval, validation, checkpoints."""
+    master, _ = make_plans(args["port"])
+    batch = make_batch(4)
+    out: dict = {}
+    steps = args.get("steps", 2)
+    local = TorchEngine(replace(cfg, engine="local"), NUM_CLASSES, iters_per_epoch=10)
+    out["local_losses"] = _train(local, steps, batch)
+    out["local_state"] = local.state_dict()
+    with master_session(cfg, master):
+        one = _pipeline(cfg, 1)
+        out["m1_losses"] = _train(one, steps, batch)
+        out["m1_state"] = one.state_dict()
+        out["metrics"] = one.extra_metrics()
+        # Evaluation and validation through the pipeline on the local engine's exact weights; both
+        # engines' seeding positions are at the last step, `steps - 1`.
+        one.load_state_dict(out["local_state"])
+        before = one.state_dict()
+        images = make_batch(2, seed=5)[0]
+        out["local_pred"], out["pipe_pred"] = local.predict(images), one.predict(images)
+        out["local_val"], out["pipe_val"] = local.validation_losses(*batch), one.validation_losses(*batch)
+        out["after_val_equal"] = _same_model(before, one.state_dict())
+        one.close()
+        # M=2 with one and with two replicas per stage; the latter goes on to show the loss falling.
+        two = _pipeline(cfg, 2)
+        out["m2_losses"] = _train(two, steps, batch)
+        out["m2_state"] = two.state_dict()
+        two.close()
+        rep = _pipeline(cfg, 2, replicas=(2, 2))
+        out["r2_losses"] = _train(rep, steps, batch)
+        out["r2_state"] = rep.state_dict()
+        out["r2_losses"] += [rep.train_step(step, *batch) for step in range(steps, args.get("replica_steps", 4))]
+        out["r2_checksums"] = [h.rpc_sync().state()["checksums"] for h in rep.hosts]
+        rep.close()
+    torch.save(out, Path(args["out"]) / "result.pt")
+
+
+def _same_model(a: dict, b: dict) -> bool:
+    return all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def train_cli(args: dict, cfg) -> None:
+    """run_pipeline's master path: synthetic data, the shared Trainer, checkpoints, metrics."""
+    from maskrcnn_dist.engines.pipeline import run_pipeline
+
+    master, _ = make_plans(args["port"])
+    data = replace(
+        cfg.data,
+        synthetic_images=args.get("images", 8),
+        synthetic_image_size=96,
+        batch_size=2,
+        workers=0,
+        val_batch_size=2,
+    )
+    cfg = replace(
+        cfg,
+        data=data,
+        max_steps=args["steps"],
+        epochs=100,
+        print_freq=1,
+        checkpoint_period=args.get("checkpoint_period", 0),
+        eval_every_epoch=False,
+    )
+    run_pipeline(cfg, master)
+
+
+__all__ = ["StageState", "compare", "train_cli"]

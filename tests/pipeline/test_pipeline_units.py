@@ -1,0 +1,82 @@
+"""Single-process pieces of the pipeline engine: batching, loss reduction, optimizer layout, transport."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from maskrcnn_dist.config import OptimConfig
+from maskrcnn_dist.engines.pipeline import split_batch, weighted_mean
+from maskrcnn_dist.engines.pipeline.host import Turnstile
+from maskrcnn_dist.engines.pipeline.state import checksum, merge_optimizer_states, split_optimizer_state
+from maskrcnn_dist.engines.pipeline.transport import from_wire, gradient_bytes, to_wire, wire_bytes
+from maskrcnn_dist.optim import build_optimizer
+from maskrcnn_dist.sharding import StageState
+
+
+def test_split_batch_is_contiguous_and_balanced() -> None:
+    images = [torch.zeros(1)] * 5
+    parts = split_batch(images, list(range(5)), 2)
+    assert [len(i) for i, _ in parts] == [2, 3] or [len(i) for i, _ in parts] == [3, 2]
+    assert [t for _, ts in parts for t in ts] == list(range(5))
+    assert len(split_batch(images[:1], None, 4)) == 1  # never an empty micro-batch
+
+
+def test_weighted_mean_weights_by_images() -> None:
+    mean = weighted_mean([{"a": torch.tensor(1.0)}, {"a": torch.tensor(4.0)}], [1, 3])
+    assert float(mean["a"]) == 3.25
+
+
+def test_stage_optimizer_states_merge_into_the_whole_models_layout() -> None:
+    torch.manual_seed(0)
+    whole = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    whole[0].bias.requires_grad_(False)  # frozen parameters are not in the optimizer
+    split = copy.deepcopy(whole)
+    cfg = OptimConfig(lr=0.1)
+    stages = [nn.Sequential(split[0]), nn.Sequential(split[1])]
+    reference = build_optimizer(whole.parameters(), cfg)
+    per_stage = [build_optimizer(s.parameters(), cfg) for s in stages]
+    for model, optimizers in ((whole, [reference]), (split, per_stage)):
+        model(torch.ones(2, 3)).sum().backward()
+        for opt in optimizers:
+            opt.step()
+    merged = merge_optimizer_states([o.state_dict() for o in per_stage])
+    expected = reference.state_dict()
+    assert merged["param_groups"] == expected["param_groups"]
+    assert merged["state"].keys() == expected["state"].keys()
+    for index, value in expected["state"].items():
+        assert checksum(merged["state"][index].values()) == checksum(value.values())
+    for part, opt in zip(split_optimizer_state(expected, [1, 2]), per_stage):
+        opt.load_state_dict(part)  # and back: the shapes fit each stage's parameters
+
+
+def test_bf16_transport_halves_feature_bytes_and_keeps_autograd() -> None:
+    feature = torch.randn(2, 8, 4, 4, requires_grad=True)
+    state = StageState(original_image_sizes=[(4, 4)] * 2, features=OrderedDict([("0", feature * 1)]))
+    full = wire_bytes(state)
+    sent = to_wire(state, bf16_features=True, to_cpu=True)
+    assert wire_bytes(sent) == full // 2 and gradient_bytes(sent) == full // 2
+    received = from_wire(sent, torch.device("cpu"))
+    assert received.features["0"].dtype == torch.float32
+    received.features["0"].sum().backward()
+    assert feature.grad is not None and torch.equal(feature.grad, torch.ones_like(feature))
+
+
+def test_turnstile_lets_calls_through_in_order() -> None:
+    gate, seen = Turnstile(), []
+
+    def call(round_id: int, index: int) -> None:
+        with gate.turn(round_id, index):
+            seen.append((round_id, index))
+
+    for round_id in (1, 2):
+        threads = [threading.Thread(target=call, args=(round_id, i)) for i in (3, 1, 2, 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+    assert seen == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]

@@ -1,0 +1,93 @@
+"""Composing the shards in one process is exactly the monolithic model: losses, gradients, detections."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from pipeline_toy import NUM_CLASSES, make_batch, small_config
+
+from maskrcnn_dist.model import build_model
+from maskrcnn_dist.rng import StepSeeder
+from maskrcnn_dist.sharding import MODULE_ORDER, StageState, build_stages, run_stages, validate_placement
+
+PLACEMENTS = [
+    [["transform", "backbone"], ["rpn", "roi_heads"]],
+    [["transform"], ["backbone", "rpn"], ["roi_heads"]],
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model(small_config().model, NUM_CLASSES)
+    model.roi_heads.detections_per_img = 10  # a random model's 100 masks to paste cost seconds
+    return model
+
+
+def _seeded_pair(model, placement):
+    reference, staged = copy.deepcopy(model), copy.deepcopy(model)
+    stages = build_stages(staged, placement)
+    seeders = (StepSeeder(0).at(3, 0), StepSeeder(0).at(3, 0))
+    seeders[0].attach(dict(reference.named_children()))
+    for stage in stages:
+        seeders[1].attach(stage.parts())
+    return reference, staged, stages
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS, ids=["2-stage", "3-stage"])
+def test_train_losses_and_gradients_are_identical(model, placement) -> None:
+    reference, staged, stages = _seeded_pair(model, placement)
+    images, targets = make_batch(2)
+    reference.train()
+    for stage in stages:
+        stage.train()
+    expected = reference(images, targets)
+    got = run_stages(stages, StageState.from_inputs(images, targets)).losses
+    assert list(got) == list(expected)  # same order: the sums below add in the same order
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    sum(expected.values()).backward()
+    sum(got.values()).backward()
+    for (name, p), (_, q) in zip(reference.named_parameters(), staged.named_parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS[1:], ids=["3-stage"])
+def test_eval_detections_are_identical(model, placement) -> None:
+    reference, staged, stages = _seeded_pair(model, placement)
+    images, _ = make_batch(2, seed=1)
+    reference.eval()
+    for stage in stages:
+        stage.eval()
+    with torch.no_grad():
+        expected = reference(images)
+        got = run_stages(stages, StageState.from_inputs(images, None)).detections
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.keys() == e.keys()
+        for key in e:
+            assert torch.equal(g[key], e[key]), key
+
+
+def test_stage_state_dict_keys_are_the_models(model) -> None:
+    stages = build_stages(model)
+    keys = [k for stage in stages for k in stage.state_dict()]
+    assert keys == list(model.state_dict())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [["backbone", "transform"], ["rpn", "roi_heads"]],
+        [list(MODULE_ORDER[:3])],
+        [["transform", "rpn"], ["backbone", "roi_heads"]],
+        [[], list(MODULE_ORDER)],
+    ],
+)
+def test_placement_must_be_contiguous_runs(bad) -> None:
+    with pytest.raises(ValueError, match="contiguous"):
+        validate_placement(bad)
