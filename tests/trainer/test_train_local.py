@@ -81,7 +81,7 @@ def test_non_finite_loss_stops_before_the_update(tiny_coco, tmp_path):
     cfg = fast_config(tiny_coco, tmp_path, **{"max-steps": 2, "checkpoint-period": 1})
     train_set, _ = load_datasets(cfg)
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
-    train(cfg, engine=engine)
+    train(cfg, make_engine=lambda *_: engine)
     saved = list_checkpoints(cfg.output_dir / "checkpoints")
     bias = engine.model.roi_heads.box_predictor.cls_score.bias
     bias.data.fill_(float("nan"))

@@ -128,17 +128,15 @@ def run_pipeline(cfg: TrainConfig, plan: Any):
     if plan.role != "master":
         serve(cfg, plan)
         return None
-    from ...data import num_train_batches
-    from ...train import load_datasets, setup_process, train
+    from ...train import train
 
-    setup_process(cfg)
-    train_set, _ = load_datasets(cfg)
-    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=1)
     with master_session(cfg, plan):
-        engine = PipelineEngine(
-            cfg, plan.stages, train_set.num_classes, iters, device_maps=plan.transport == "device_maps"
+        return train(
+            cfg,
+            make_engine=lambda num_classes, iters: PipelineEngine(
+                cfg, plan.stages, num_classes, iters, device_maps=plan.transport == "device_maps"
+            ),
         )
-        return train(cfg, engine=engine)
 
 
 def run_pipeline_from_env(cfg: TrainConfig):
