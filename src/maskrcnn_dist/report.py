@@ -24,7 +24,7 @@ def draw_report(metrics_file: Path, out_png: Path) -> Path:
     val = [r for r in records if r.get("kind") == "val"]
     evals = [r for r in records if r.get("kind") == "eval"]
 
-    fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)  # one step axis for both
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
     if val:
         ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="validation loss")
@@ -34,6 +34,8 @@ def draw_report(metrics_file: Path, out_png: Path) -> Path:
         points = [(r["step"], r[key]) for r in evals if key in r]
         if points:
             ax_ap.plot(*zip(*points), "o-", label=label)
+            step, value = points[-1]
+            ax_ap.annotate(f"{value:.3f}", (step, value), textcoords="offset points", xytext=(-30, 6))
     ax_ap.set(xlabel="step", ylabel="COCO AP", title="Evaluation", ylim=(0, 1))
     ax_ap.legend()
     fig.tight_layout()
