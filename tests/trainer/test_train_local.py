@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -62,14 +63,23 @@ def test_metrics_validation_checkpoint_and_report(trained_run, tmp_path):
     assert (cfg.output_dir / "tensorboard").is_dir()
 
 
-def test_resume_continues_exactly(tiny_coco, tmp_path):
-    """Stopping at step 4 (mid-epoch: 6 batches per epoch) and resuming gives the uninterrupted losses."""
+@pytest.fixture(scope="module")
+def train_only_coco(tiny_coco, tmp_path_factory):
+    """tiny_coco's training split alone: runs that only compare training losses skip validation and AP."""
+    root = tmp_path_factory.mktemp("train_only")
+    shutil.copytree(tiny_coco / "train", root / "train")
+    return root
+
+
+def test_resume_continues_exactly(train_only_coco, tmp_path):
+    """Stopping at step 4 (mid-epoch: 6 batches per epoch) and resuming gives the uninterrupted losses,
+    across the epoch boundary at step 6 (new shuffle, new flips)."""
     common = dict(epochs=2, **{"checkpoint-period": 4})
-    straight = fast_config(tiny_coco, tmp_path / "straight", **common, **{"max-steps": 9})
+    straight = fast_config(train_only_coco, tmp_path / "straight", **common, **{"max-steps": 9})
     train(straight)
-    first_half = fast_config(tiny_coco, tmp_path / "resumed", **common, **{"max-steps": 4})
+    first_half = fast_config(train_only_coco, tmp_path / "resumed", **common, **{"max-steps": 4})
     train(first_half)
-    second_half = fast_config(tiny_coco, tmp_path / "resumed", **common, **{"max-steps": 9, "resume": "auto"})
+    second_half = fast_config(train_only_coco, tmp_path / "resumed", **common, **{"max-steps": 9, "resume": "auto"})
     result = train(second_half)
     assert result.position.step == 9
     expected, got = train_losses(straight.output_dir), train_losses(second_half.output_dir)
