@@ -16,8 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from maskrcnn_launcher.errors import PeerTimeout
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,48 +41,59 @@ def wait_for_master(host: str, port: int, policy: WaitPolicy, log: Callable[[str
 
 
 def wait_for_name(host: str, deadline: float, policy: WaitPolicy, log: Callable[[str], None] = print) -> list[str]:
-    tries, last_error = 0, "no try"
-    interval = policy.interval_s
-    while True:
-        tries += 1
-        remaining = deadline - time.monotonic()
-        try:
-            return _resolve(host, max(remaining, 0.0))
-        except (OSError, TimeoutError) as exc:
-            last_error = str(exc) or type(exc).__name__
-        if not _sleep_before_retry(deadline, interval):
-            raise PeerTimeout(
-                f"master {host!r} did not resolve within {policy.timeout_s:g} s ({tries} tries; last error: "
-                f"{last_error}). Check the master's pod is running, the headless Service publishes not-ready "
-                "addresses, and --master-addr / MASTER_ADDR"
-            )
-        if tries == 1:
-            log(f"maskrcnn-launch: waiting for master {host} to resolve ({last_error})")
-        interval = min(interval * 2, policy.max_interval_s)
+    return _retry(
+        lambda remaining: _resolve(host, remaining),
+        deadline,
+        policy,
+        waiting=lambda error: log(f"maskrcnn-launch: waiting for master {host} to resolve ({error})"),
+        gave_up=lambda tries, error: (
+            f"master {host!r} did not resolve within {policy.timeout_s:g} s ({tries} tries; last error: "
+            f"{error}). Check the master's pod is running, the headless Service publishes not-ready "
+            "addresses, and --master-addr / MASTER_ADDR"
+        ),
+    )
 
 
 def wait_for_port(
     host: str, port: int, deadline: float, policy: WaitPolicy, log: Callable[[str], None] = print
 ) -> None:
-    tries, last_error = 0, "no try"
-    interval = policy.interval_s
+    def connect(remaining: float) -> None:
+        # Connect and close at once: the store (libuv TCPStore server) treats it as a client that left.
+        with socket.create_connection((host, port), timeout=max(min(policy.connect_timeout_s, remaining), 0.01)):
+            return
+
+    _retry(
+        connect,
+        deadline,
+        policy,
+        waiting=lambda error: log(f"maskrcnn-launch: waiting for master {host}:{port} to open ({error})"),
+        gave_up=lambda tries, error: (
+            f"master {host}:{port} did not accept a TCP connection within {policy.timeout_s:g} s "
+            f"({tries} tries; last error: {error}). Is the master's trainer up, and --master-port right?"
+        ),
+    )
+
+
+def _retry(
+    attempt: Callable[[float], T],
+    deadline: float,
+    policy: WaitPolicy,
+    waiting: Callable[[str], None],
+    gave_up: Callable[[int, str], str],
+) -> T:
+    """Call `attempt(seconds left)` until it succeeds or `deadline` passes, backing off exponentially.
+    `waiting` is told of the first failure; `gave_up` words the PeerTimeout."""
+    tries, interval = 0, policy.interval_s
     while True:
         tries += 1
-        remaining = deadline - time.monotonic()
         try:
-            # Connect and close at once: the store (libuv TCPStore server) treats it as a client that left.
-            with socket.create_connection((host, port), timeout=max(min(policy.connect_timeout_s, remaining), 0.01)):
-                return
-        except OSError as exc:
-            last_error = str(exc) or type(exc).__name__
+            return attempt(max(deadline - time.monotonic(), 0.0))
+        except (OSError, TimeoutError) as exc:
+            error = str(exc) or type(exc).__name__
         if not _sleep_before_retry(deadline, interval):
-            raise PeerTimeout(
-                f"master {host}:{port} did not accept a TCP connection within {policy.timeout_s:g} s "
-                f"({tries} tries; last error: {last_error}). "
-                "Is the master's trainer up, and --master-port right?"
-            )
+            raise PeerTimeout(gave_up(tries, error))
         if tries == 1:
-            log(f"maskrcnn-launch: waiting for master {host}:{port} to open ({last_error})")
+            waiting(error)
         interval = min(interval * 2, policy.max_interval_s)
 
 
