@@ -34,10 +34,11 @@ test-fast: install ## unit tests only (no multi-process runs)
 	$(BIN)/python -m pytest -q -m 'not slow'
 
 lint: install lint-deploy ## ruff over the Python sources, hadolint, helm lint
-	$(BIN)/ruff check src launcher tests benchmarks helm/hack
-	$(BIN)/ruff format --check src launcher tests benchmarks helm/hack
+	$(BIN)/ruff check src launcher tests benchmarks helm/hack e2e
+	$(BIN)/ruff format --check src launcher tests benchmarks helm/hack e2e
 
 include mk/deploy.mk
+include mk/e2e.mk
 
 clean: ## remove the virtual environment and demo outputs
 	rm -rf $(VENV) runs

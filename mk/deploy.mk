@@ -82,8 +82,14 @@ lint-deploy: $(STAMP) helm ## hadolint the Dockerfile, helm lint the chart with 
 	$(HELM) lint --strict $(CHART)
 	for f in $(CHART)/ci/*-values.yaml; do $(HELM) lint --strict $(CHART) -f $$f || exit 1; done
 
-# Cannot run on this project's build machines (no cluster, no pullable node image); it is written for
-# users with kind + kubectl + docker. Idempotent: reuses the cluster, replaces a previous run's release.
-kind-test: image helm ## CPU train on a kind cluster, helm test, check metrics (needs kind+kubectl+docker; not on build machines)
+# Cannot run on this project's build machines (no kind, no pullable node image, no API server); it is
+# written for users with kind + kubectl + docker (helm is fetched like for `manifests`). The tools are
+# checked before the image is built, so a machine without them fails in a second, not after a build.
+# Idempotent: reuses the cluster, replaces a previous run's release. Steps: helm/hack/kind-test.sh --help.
+kind-test: ## CPU pipeline job on a kind cluster: install ci/cpu-values.yaml, helm test, check metrics, uninstall (needs kind+kubectl+docker: cannot run on build machines)
+	@for tool in kind kubectl $(DOCKER); do command -v $$tool >/dev/null 2>&1 || { \
+	    echo "kind-test: needs $$tool on PATH; it runs only where kind can make a cluster (not on this project's build machines)" >&2; \
+	    exit 2; }; done
+	$(MAKE) --no-print-directory image helm
 	HELM=$(HELM) IMAGE_REPO=$(IMAGE_REPO) IMAGE_TAG=$(IMAGE_TAG) KIND_CLUSTER=$(KIND_CLUSTER) \
 	    helm/hack/kind-test.sh

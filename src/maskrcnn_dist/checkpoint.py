@@ -43,6 +43,10 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     """Write `state` for `step`; a crash at any moment leaves either the old set or the new file."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    # A writer killed mid-write (SIGKILL, OOM, node loss) leaves its temporary file; only the main
+    # process writes here, so any such file is a dead writer's: remove it before writing anew.
+    for stale in directory.glob(".checkpoint_*.pt.tmp-*"):
+        stale.unlink(missing_ok=True)
     final = checkpoint_path(directory, step)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:

@@ -1,0 +1,122 @@
+"""Assertions on what a run left on the shared volume: metrics records, evaluation, checkpoints.
+
+`Failed` carries a message meant for a person reading CI output: what was expected, what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT = re.compile(r"^checkpoint_(\d{8})\.pt$")
+# Anything a checkpoint writer could leave behind: the atomic writer's `.checkpoint_<step>.pt.tmp-<pid>`,
+# or any other partial name that mentions a checkpoint.
+CHECKPOINT_LIKE = re.compile(r"checkpoint", re.IGNORECASE)
+TMP = re.compile(r"^\.checkpoint_\d{8}\.pt\.tmp-\d+$")  # checkpoint.save_checkpoint's temporary file
+AP_KEYS = ("bbox_AP", "segm_AP")
+
+
+class Failed(AssertionError):
+    pass
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise Failed(message)
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line of a killed writer
+            continue
+    return records
+
+
+def train_steps(records: list[dict[str, Any]]) -> list[int]:
+    return [int(r["step"]) for r in records if r.get("kind") == "train"]
+
+
+def last_train_step(run_dir: Path) -> int:
+    return max(train_steps(read_records(run_dir)), default=0)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(m[1]) for p in folder.iterdir() if (m := CHECKPOINT.match(p.name)))
+
+
+def check_training_complete(run_dir: Path, planned_steps: int) -> dict[str, Any]:
+    """Every planned step logged, finite losses, validation and COCO AP present. Returns the eval record."""
+    records = read_records(run_dir)
+    require(bool(records), f"{run_dir}/metrics.jsonl: missing or empty")
+    steps = train_steps(records)
+    require(
+        set(steps) == set(range(1, planned_steps + 1)),
+        f"train records cover steps {_ranges(steps)}; the plan is 1..{planned_steps}",
+    )
+    for r in records:
+        if r.get("kind") == "train":
+            bad = {k: v for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
+            require(not bad, f"non-finite training values at step {r['step']}: {bad}")
+            require("loss" in r and "lr" in r, f"train record without loss/lr: {r}")
+    require(any(r.get("kind") == "val" for r in records), "no validation-loss ('val') record")
+    evals = [r for r in records if r.get("kind") == "eval"]
+    require(bool(evals), "no evaluation ('eval') record")
+    final = evals[-1]
+    require(int(final["step"]) == planned_steps, f"last eval at step {final['step']}, expected {planned_steps}")
+    for key in AP_KEYS:
+        require(key in final, f"eval record lacks {key}: {sorted(final)}")
+        require(isinstance(final[key], (int, float)) and math.isfinite(final[key]), f"{key} = {final[key]!r}")
+    return final
+
+
+def check_checkpoints(run_dir: Path, expected_steps: list[int] | None = None, just_crashed: bool = False) -> list[int]:
+    """Every checkpoint loads (weights_only) and names its own step; no leftovers of a partial write.
+
+    `just_crashed`: right after a writer was killed its temporary file may still be there (the next
+    save removes it); it must be the atomic writer's `.checkpoint_<step>.pt.tmp-<pid>`, never a
+    file under a checkpoint's own name."""
+    folder = run_dir / "checkpoints"
+    require(folder.is_dir(), f"{folder}: no checkpoint folder")
+    strays = [p.name for p in folder.iterdir() if CHECKPOINT_LIKE.search(p.name) and not CHECKPOINT.match(p.name)]
+    if just_crashed:
+        strays = [n for n in strays if not TMP.match(n)]
+    require(not strays, f"partial checkpoint files left in {folder}: {strays}")
+    steps = checkpoint_steps(run_dir)
+    require(bool(steps), f"{folder}: no checkpoint_*.pt")
+    if expected_steps is not None:
+        require(steps == expected_steps, f"checkpoints at steps {steps}, expected {expected_steps}")
+    from maskrcnn_dist.checkpoint import checkpoint_path, load_checkpoint  # torch: only when checking
+
+    for step in steps:
+        state = load_checkpoint(checkpoint_path(folder, step))  # raises on a torn or foreign file
+        require(int(state["step"]) == step, f"checkpoint_{step:08d}.pt holds step {state['step']}")
+    return steps
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1,2,3,5,5,6] -> '1-3, 5-6 (repeats: 5)': readable in a failure message."""
+    if not steps:
+        return "none"
+    uniq = sorted(set(steps))
+    parts, start, prev = [], uniq[0], uniq[0]
+    for s in uniq[1:] + [None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+        if s is not None:
+            start = prev = s
+    repeats = sorted({s for s in steps if steps.count(s) > 1})
+    return ", ".join(parts) + (f" (repeats: {repeats})" if repeats else "")

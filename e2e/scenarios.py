@@ -1,0 +1,558 @@
+"""The end-to-end scenarios. Each deploys the chart's pods as containers, acts, and asserts.
+
+Every scenario is bounded in time (each wait has its own limit, and `make e2e` adds one over the
+whole run) and runs inside a `Cluster`, whose `close()` removes its containers and its network
+whatever happened. Logs of every container and a copy of the metrics are kept under
+`runs/e2e/<scenario>/` for the person reading a failure.
+
+Pods: release `e2e` in namespace `e2e`, so the master is
+`e2e-maskrcnn-dist-master-0.e2e-maskrcnn-dist-headless.e2e.svc.cluster.local`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import checks
+from .checks import Failed, require
+from .docker import LABEL, Cluster, DockerError, docker
+from .kube import CHART, ROOT, Release, render_release
+
+log = logging.getLogger("e2e")
+
+RELEASE = "e2e"
+NAMESPACE = "e2e"
+RUN_DIR = f"/data/runs/{RELEASE}"  # the chart's --output-dir, /data/runs/{{ .Release.Name }}
+RPC_TIMEOUT = 30  # --rpc-timeout: "seconds before a silent peer counts as lost"
+EXIT_MARGIN = 15  # process teardown on top of it (interpreter exit, torchrun's agent)
+WAIT_TIMEOUT = 240  # MASKRCNN_WAIT_TIMEOUT: how long a worker waits for the master
+
+
+@dataclass
+class Settings:
+    helm: str
+    image: str
+    out: Path  # runs/e2e
+    kubelet_backoff: float = 10.0  # the kubelet's first crash-loop back-off
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def trainer_args(
+    steps: int,
+    checkpoint_period: int,
+    synthetic: bool = True,
+    keep: int = 50,
+    epochs: int = 20,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """Small CPU schedule: R18-FPN at 64-96 px, 8 synthetic images, batch 2, one thread per process."""
+    args = ["--data-path", "/data/synthetic"]
+    if synthetic:
+        args += ["--synthetic-images", "8", "--synthetic-image-size", "96"]
+    args += [
+        "--model", "maskrcnn_resnet18_fpn", "--min-size", "64", "--max-size", "96",
+        "--batch-size", "2", "--workers", "0", "--threads", "1", "--flush-denormal",
+        "--epochs", str(epochs), "--max-steps", str(steps), "--no-eval-every-epoch",
+        "--checkpoint-period", str(checkpoint_period), "--keep-checkpoints", str(keep),
+        "--rpc-timeout", str(RPC_TIMEOUT), "--print-freq", "1",
+        *extra,
+        "--output-dir", "/data/runs/{{ .Release.Name }}", "--resume", "auto",
+    ]  # fmt: skip
+    return args
+
+
+class Deployment:
+    """One scenario's release: rendered pods, their containers, the shared volume on the host."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.run_id = secrets.token_hex(3)
+        self.out = settings.out / name
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.out.mkdir(parents=True)
+        self.cluster = Cluster(self.run_id, settings.out / f".work-{name}-{self.run_id}")
+        self.release: Release | None = None
+        self.names: dict[str, str] = {}  # pod name -> container name
+
+    def __enter__(self) -> Deployment:
+        self.cluster.open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.cluster.save_logs(self.out)
+            self.keep_metrics()
+        finally:
+            self.cluster.close()
+
+    # -- deploying --------------------------------------------------------------------------
+
+    def render(self, values_file: Path, overlay: dict[str, Any]) -> Release:
+        repo, _, tag = self.settings.image.rpartition(":")
+        overlay = {"image": {"repository": repo, "tag": tag, "pullPolicy": "Never"}, **overlay}
+        overlay.setdefault("extraEnv", [{"name": "MASKRCNN_WAIT_TIMEOUT", "value": str(WAIT_TIMEOUT)}])
+        overlay_file = self.cluster.host_dir / "e2e-values.yaml"
+        overlay_file.write_text(yaml.safe_dump(overlay))
+        self.release = render_release(
+            self.settings.helm, RELEASE, NAMESPACE, [values_file, overlay_file], self.cluster.ip_for
+        )
+        for pod in self.release.pods:
+            self.names[pod.name] = self.cluster.create_pod(pod)
+        log.info("%s: pods %s", self.name, ", ".join(f"{p.name} ({p.pod_ip})" for p in self.release.pods))
+        pods = self.release.pods
+        rendered = {p.name: {"env": p.env, "args": p.args, "mounts": [m.path for m in p.mounts]} for p in pods}
+        (self.out / "pods.json").write_text(json.dumps(rendered, indent=1))
+        return self.release
+
+    @property
+    def master(self) -> str:
+        return self.names[self.release.master.name]
+
+    @property
+    def workers(self) -> list[str]:
+        return [self.names[p.name] for p in self.release.workers]
+
+    @property
+    def all(self) -> list[str]:
+        return [self.master, *self.workers]
+
+    @property
+    def volume(self) -> Path:
+        """The host folder standing in for the release's PersistentVolumeClaim."""
+        claim = next(m.claim for m in self.release.master.mounts if m.kind == "pvc")
+        return self.cluster.host_dir / "volumes" / claim
+
+    @property
+    def run_dir(self) -> Path:
+        return self.volume / RUN_DIR.removeprefix("/data/")
+
+    def keep_metrics(self) -> None:
+        if self.release is not None and (self.run_dir / "metrics.jsonl").is_file():
+            shutil.copy(self.run_dir / "metrics.jsonl", self.out / "metrics.jsonl")
+
+    def prepare_dataset(self) -> None:
+        """What a user does before a ddp run: put the dataset on the volume (here: the synthetic set)."""
+        pod = self.release.master
+        name = f"e2e-{self.run_id}-dataset"
+        uid, gid = pod.run_as_user or 0, pod.fs_group or 0
+        self.cluster.adopt(name)
+        docker(
+            "run", "--name", name, "--label", f"{LABEL}=1", "--user", f"{uid}:{gid}", "--network", "none",
+            "--mount", f"type=bind,source={self.volume_for_prepare()},target=/data", self.settings.image,
+            "maskrcnn-dist", "synth-data", "--output", "/data/synthetic", "--train-images", "8",
+            "--val-images", "4", "--image-size", "96",
+            timeout=300,
+        )  # fmt: skip
+
+    def volume_for_prepare(self) -> Path:
+        from .docker import pvc_dir
+
+        pod = self.release.master
+        claim = next(m.claim for m in pod.mounts if m.kind == "pvc")
+        return pvc_dir(self.cluster.host_dir, claim, pod.fs_group or 0)
+
+    # -- watching -----------------------------------------------------------------------------
+
+    def wait_until(self, what: str, condition: Callable[[], bool], timeout: float, poll: float = 0.5) -> float:
+        """Wait for `condition`; fail naming `what` and each container's state at the bound."""
+        started = time.monotonic()
+        while not condition():
+            if time.monotonic() - started > timeout:
+                states = {n: self.cluster.state(n).status for n in self.cluster.containers}
+                raise Failed(f"{what}: not within {timeout:.0f}s (containers: {states})")
+            time.sleep(poll)
+        return time.monotonic() - started
+
+    def exited(self, name: str) -> bool:
+        return self.cluster.state(name).status == "exited"
+
+    def wait_success(self, timeout: float, names: list[str] | None = None) -> dict[str, int]:
+        """Wait for the containers to exit; all must exit 0."""
+        names = names or self.all
+        try:
+            states = self.cluster.wait_exit(names, timeout)
+        except DockerError as exc:
+            raise Failed(str(exc)) from exc
+        codes = {n: s.exit_code for n, s in states.items()}
+        require(all(c == 0 for c in codes.values()), f"exit codes {codes} (logs under {self.out})")
+        return codes
+
+    def log_has(self, name: str, pattern: str) -> bool:
+        return re.search(pattern, self.cluster.logs(name)) is not None
+
+
+class Kubelet:
+    """restartPolicy: Always for a set of containers, with the kubelet's crash-loop back-off
+    (10 s, doubled per restart, capped at 300 s). StatefulSet pods can have no other policy."""
+
+    def __init__(self, cluster: Cluster, names: list[str], base: float) -> None:
+        self.cluster, self.names, self.base = cluster, names, base
+        self.restarts = {n: 0 for n in names}
+        self.exits: dict[str, list[int]] = {n: [] for n in names}
+        self._seen = {n: cluster.state(n).finished_at for n in names}
+        self._due: dict[str, float] = {}
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for name in self.names:
+            state = self.cluster.state(name)
+            if state.status == "exited" and state.finished_at != self._seen[name]:
+                self._seen[name] = state.finished_at
+                self.exits[name].append(state.exit_code)
+                delay = min(self.base * 2 ** self.restarts[name], 300.0)
+                self._due[name] = now + delay
+                log.info("kubelet: %s exited %d; restart in %.0fs", name, state.exit_code, delay)
+            if name in self._due and now >= self._due[name]:
+                del self._due[name]
+                self.restarts[name] += 1
+                self.cluster.start(name)
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+CPU_VALUES = CHART / "ci" / "cpu-values.yaml"
+DDP_VALUES = CHART / "ci" / "ddp-values.yaml"
+# ci/ddp-values.yaml describes GPU machines; the overlay keeps its engine and storage layout but
+# runs two CPU pods (master + 1 worker, gloo) with small requests.
+DDP_CPU_OVERLAY = {
+    "ddp": {"workers": 1},
+    "master": {"gpus": 0, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}},
+    "worker": {"gpus": 0, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}},
+    "shmSize": "512Mi",
+    "scratchSize": "1Gi",
+}
+
+
+POSTURE_PROBE = r"""
+echo "user $(id -u)"; echo "groups $(id -G)"
+grep -E '^(NoNewPrivs|CapEff):' /proc/self/status | tr -s '\t ' ' '
+touch /opt/probe 2>/dev/null && echo root-writable || echo root-read-only
+touch /tmp/probe && echo tmp-writable
+touch "$HOME/probe" && echo home-writable
+df -k /dev/shm | awk 'NR==2 {print "shm-kb", $2}'
+test -r "$MASKRCNN_TOPOLOGY" && ! touch "$MASKRCNN_TOPOLOGY" 2>/dev/null && echo topology-read-only
+"""
+
+
+def check_posture(d: Deployment, container: str, pod) -> dict[str, Any]:
+    """Inside a running pod container: the user, no capabilities, no-new-privileges, a read-only
+    root with writable scratch emptyDirs, /dev/shm at the pod's size, the topology mounted read-only."""
+    out = docker("exec", container, "sh", "-c", POSTURE_PROBE, timeout=60).stdout.splitlines()
+    from .docker import quantity_bytes
+
+    shm = next(m.size_limit for m in pod.mounts if m.path == "/dev/shm")
+    expected = {
+        f"user {pod.run_as_user}",
+        "NoNewPrivs: 1",
+        "CapEff: 0000000000000000",
+        "root-read-only",
+        "tmp-writable",
+        "home-writable",
+        f"shm-kb {quantity_bytes(shm) // 1024}",
+        "topology-read-only",
+    }
+    missing = expected - {line.strip() for line in out}
+    require(not missing, f"{container}: the posture probe lacks {sorted(missing)}; it said {out}")
+    groups = next(line for line in out if line.startswith("groups ")).split()[1:]
+    require(str(pod.fs_group) in groups, f"{container}: groups {groups} lack fsGroup {pod.fs_group}")
+    return {"probe": out}
+
+
+def scenario_pipeline(settings: Settings) -> dict[str, Any]:
+    """Pipeline over three pods (ci/cpu-values.yaml): the workers start 30 s before the master and
+    wait; short schedule, evaluation, checkpoints + metrics on the shared volume. Then the finished
+    pods are started again, as restartPolicy Always does: they exit 0 and train nothing more."""
+    steps, period = 6, 2
+    with Deployment(settings, "pipeline") as d:
+        d.render(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
+        d.cluster.start(*d.workers)
+        time.sleep(30)
+        for w in d.workers:
+            require(d.cluster.state(w).running, f"{w} did not wait for the master: {d.cluster.state(w)}")
+            require(d.log_has(w, r"waiting for master \S+ to resolve"), f"{w}: no 'waiting for master' log line")
+        posture = check_posture(d, d.workers[0], d.release.workers[0])
+        d.cluster.start(d.master)
+        started = time.monotonic()
+        d.wait_success(timeout=600)
+        train_s = time.monotonic() - started
+        final = checks.check_training_complete(d.run_dir, steps)
+        ckpts = checks.check_checkpoints(d.run_dir, expected_steps=[2, 4, 6])
+        for w in d.workers:
+            require(d.log_has(w, r"accepts connections"), f"{w}: never reached the master's port")
+        # A finished group restarted (restartPolicy Always): resume finds the plan done.
+        before = checks.read_records(d.run_dir)
+        d.cluster.start(*d.workers, d.master)
+        d.wait_success(timeout=300)
+        after = checks.read_records(d.run_dir)
+        new = [r for r in after[len(before) :] if r.get("kind") in ("train", "eval")]
+        require(not new, f"restarting the finished job trained or evaluated again: {new[:3]}")
+        require(checks.checkpoint_steps(d.run_dir) == ckpts, "restarting the finished job wrote checkpoints")
+        return {
+            "train_seconds": round(train_s, 1),
+            "eval": {k: final[k] for k in checks.AP_KEYS},
+            "checkpoints": ckpts,
+            "posture": posture,
+        }
+
+
+def scenario_ddp(settings: Settings) -> dict[str, Any]:
+    """ddp over two pods (ci/ddp-values.yaml on CPU): torchrun in each, gloo, dataset prepared on the volume."""
+    steps, period = 4, 2
+    with Deployment(settings, "ddp") as d:
+        d.render(DDP_VALUES, {**DDP_CPU_OVERLAY, "trainer": {"args": trainer_args(steps, period, synthetic=False)}})
+        d.prepare_dataset()
+        d.cluster.start(*d.all)
+        started = time.monotonic()
+        d.wait_success(timeout=600)
+        final = checks.check_training_complete(d.run_dir, steps)
+        ckpts = checks.check_checkpoints(d.run_dir, expected_steps=[2, 4])
+        require(d.log_has(d.master, r"ddp rank 0 of 2"), "master: no 'ddp rank 0 of 2' line")
+        require(d.log_has(d.workers[0], r"ddp rank 1 of 2"), "worker: no 'ddp rank 1 of 2' line")
+        return {
+            "train_seconds": round(time.monotonic() - started, 1),
+            "eval": {k: final[k] for k in checks.AP_KEYS},
+            "checkpoints": ckpts,
+        }
+
+
+def expected_checkpoints(steps: int, period: int, iters_per_epoch: int) -> list[int]:
+    """Periodic checkpoints, one at every epoch end, and the last step."""
+    return sorted({*range(period, steps + 1, period), *range(iters_per_epoch, steps + 1, iters_per_epoch), steps})
+
+
+def _kill_and_recover(d: Deployment, victim: str, steps: int, period: int, resumed_from: int) -> dict[str, Any]:
+    """One fault: wait until training is a checkpoint interval past where it (re)started, SIGKILL
+    `victim`; its peers must exit non-zero within --rpc-timeout (+ teardown); restart every pod;
+    training must go on from the newest complete checkpoint, losing at most one interval.
+
+    `victim` may end in `:pause`: the container is frozen instead (`docker pause`), a peer that stops
+    answering without closing its connections (a hung node, a partition); then only the timeouts
+    can notice. It is killed once its peers have exited, as the kubelet or node loss would."""
+    victim, _, how = victim.partition(":")
+    target = {"master": d.master, "worker-0": d.workers[0], "worker-1": d.workers[-1]}[victim]
+    d.wait_until(
+        f"training past step {resumed_from + period}",
+        lambda: checks.last_train_step(d.run_dir) > resumed_from + period,
+        600,
+    )
+    if how == "pause":
+        docker("pause", target)
+    else:
+        d.cluster.kill(target)
+    killed_at = time.monotonic()
+    at_kill = checks.last_train_step(d.run_dir)
+    require(at_kill < steps, f"training finished (step {at_kill}) before the fault could be injected")
+    peers = [n for n in d.all if n != target]
+    try:
+        states = d.cluster.wait_exit(peers, RPC_TIMEOUT + EXIT_MARGIN, poll=0.25)
+    except DockerError as exc:
+        raise Failed(f"after killing {target}: {exc}") from exc
+    exit_s = time.monotonic() - killed_at
+    if how == "pause":
+        docker("unpause", target)
+        d.cluster.kill(target)
+        d.cluster.wait_exit([target], 30)
+    codes = {n.split(f"{RELEASE}-maskrcnn-dist-")[-1]: s.exit_code for n, s in states.items()}
+    require(all(c != 0 for c in codes.values()), f"peers of the killed {target} exited {codes}, expected non-zero")
+    lost_at = checks.last_train_step(d.run_dir)
+    resume_from = max(checks.checkpoint_steps(d.run_dir), default=0)
+    require(
+        lost_at - resume_from <= period,
+        f"steps {resume_from + 1}..{lost_at} lost: more than one checkpoint interval ({period})",
+    )
+    checks.check_checkpoints(d.run_dir, just_crashed=True)  # what the crash left: every checkpoint loads
+    before = len(checks.read_records(d.run_dir))
+    # The StatefulSet controller / kubelet restarts every pod (same names, same addresses).
+    d.cluster.start(*d.workers, d.master)
+    d.wait_until(
+        f"training to go on after restarting the pods (from step {resume_from})",
+        lambda: bool(checks.train_steps(checks.read_records(d.run_dir)[before:])),
+        600,
+    )
+    first = checks.train_steps(checks.read_records(d.run_dir)[before:])[0]
+    require(
+        first == resume_from + 1,
+        f"after the restart training went on at step {first}, expected {resume_from + 1} "
+        f"(the newest complete checkpoint is step {resume_from})",
+    )
+    log.info("%s: killed %s at step %d; peers exited %s after %.1fs; resumed at %d", d.name, victim, at_kill,
+             codes, exit_s, resume_from)  # fmt: skip
+    return {
+        "killed": victim if how != "pause" else f"{victim} (frozen)",
+        "killed_at_step": at_kill,
+        "peers_exit_codes": codes,
+        "peers_exited_after_s": round(exit_s, 1),
+        "resumed_from_checkpoint": resume_from,
+        "steps_lost": lost_at - resume_from,
+        "_before": before,
+    }
+
+
+def _faults(settings: Settings, name: str, victims: list[str], ddp: bool = False) -> dict[str, Any]:
+    """Kill `victims` one after the other mid-training, each followed by a restart of every pod."""
+    period = 3
+    steps = period * (len(victims) + 1) + 3
+    iters_per_epoch = 8 // (2 * (2 if ddp else 1))  # 8 images, batch 2 per data-parallel rank
+    with Deployment(settings, name) as d:
+        args = trainer_args(steps, period, synthetic=not ddp)
+        if ddp:
+            d.render(DDP_VALUES, {**DDP_CPU_OVERLAY, "trainer": {"args": args}})
+            d.prepare_dataset()
+        else:
+            d.render(CPU_VALUES, {"trainer": {"args": args}})
+        d.cluster.start(*d.all)
+        faults, resumed_from = [], 0
+        for victim in victims:
+            faults.append(_kill_and_recover(d, victim, steps, period, resumed_from))
+            resumed_from = faults[-1]["resumed_from_checkpoint"]
+        d.wait_success(timeout=600)
+        records = checks.read_records(d.run_dir)
+        resumed = checks.train_steps(records[faults[-1].pop("_before") :])
+        require(resumed == list(range(resumed_from + 1, steps + 1)), f"steps after the last restart: {resumed}")
+        checks.check_training_complete(d.run_dir, steps)
+        expected = expected_checkpoints(steps, period, iters_per_epoch)
+        ckpts = checks.check_checkpoints(d.run_dir, expected_steps=expected)
+        for f in faults:
+            f.pop("_before", None)
+        return {"planned_steps": steps, "faults": faults, "checkpoints": ckpts}
+
+
+def scenario_faults(settings: Settings) -> dict[str, Any]:
+    """Pipeline, two faults in one run: worker 2 (stage 2, pod worker-1) killed mid-training, then
+    the master; each time the survivors exit non-zero within --rpc-timeout, every pod is restarted,
+    and training resumes from the newest complete checkpoint; the plan finishes."""
+    return _faults(settings, "faults", ["worker-1", "master"])
+
+
+def scenario_silent_peer(settings: Settings) -> dict[str, Any]:
+    """Pipeline: worker 2 frozen (docker pause: no crash, no closed connection) mid-training; the
+    master and worker 1 exit non-zero within --rpc-timeout; all pods restarted; resume; finish."""
+    return _faults(settings, "silent-peer", ["worker-1:pause"])
+
+
+def scenario_ddp_fault(settings: Settings) -> dict[str, Any]:
+    """ddp: the worker pod killed mid-training; the master exits non-zero; restart; resume; finish."""
+    return _faults(settings, "ddp-fault", ["worker-0"], ddp=True)
+
+
+def scenario_restart_alone(settings: Settings) -> dict[str, Any]:
+    """Pipeline: worker 2's container restarted on its own (peers still running), every pod under
+    restartPolicy Always with the kubelet's back-off. The peers notice the lost member and exit
+    non-zero, their own restarts re-form the group, and it resumes and finishes the plan."""
+    steps, period = 10, 3
+    with Deployment(settings, "restart-alone") as d:
+        d.render(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
+        d.cluster.start(*d.all)
+        kubelet = Kubelet(d.cluster, d.all, settings.kubelet_backoff)
+        d.wait_until("training past the first checkpoint", lambda: checks.last_train_step(d.run_dir) > period, 600)
+        victim = d.workers[-1]
+        at = checks.last_train_step(d.run_dir)
+        docker("restart", "--time", "0", victim)  # killed and started again at once, peers still up
+        log.info("restart-alone: %s restarted at step %d", victim, at)
+
+        def done() -> bool:
+            kubelet.tick()
+            exits = kubelet.exits[d.master]
+            return bool(exits) and exits[-1] == 0 and checks.last_train_step(d.run_dir) >= steps
+
+        took = d.wait_until("the job to re-form and finish", done, 900, poll=1.0)
+        peers = [d.master, d.workers[0]]
+        require(
+            all(any(c != 0 for c in kubelet.exits[p]) for p in peers),
+            f"the peers did not notice the lost pod: exits {kubelet.exits}",
+        )
+        checks.check_training_complete(d.run_dir, steps)
+        checks.check_checkpoints(d.run_dir)
+        return {"restarted_at_step": at, "finished_after_s": round(took, 1), "exits": kubelet.exits}
+
+
+def extract_recipe(readme: Path) -> tuple[str, Path]:
+    """The fenced block after `<!-- e2e: bare-nodes -->` in README.md: the recipe users copy."""
+    m = re.search(r"<!-- e2e: bare-nodes -->\s*```(?:bash|sh)?\n(.*?)```", readme.read_text(), re.S)
+    if not m:
+        raise Failed(f"no '<!-- e2e: bare-nodes -->' recipe block in {readme}")
+    return m.group(1), readme
+
+
+def set_site_variables(recipe: str, site: dict[str, str]) -> str:
+    """What a user edits before running the recipe: the values of its `VAR=...` lines, nothing else."""
+    for key, value in site.items():
+        recipe, count = re.subn(rf"(?m)^{key}=\S*", lambda _m, k=key, v=value: f"{k}={shlex.quote(v)}", recipe)
+        require(count == 1, f"the recipe should set {key} once at the start of a line (found {count})")
+    return recipe
+
+
+def scenario_bare_nodes(settings: Settings) -> dict[str, Any]:
+    """The README's `docker run` recipe for three bare nodes, run as written; the docker network
+    stands in for the hosts' network (NET), container names for host names (MASTER)."""
+    recipe, source = extract_recipe(ROOT / "README.md")
+    names = re.findall(r"--name\s+(\S+)", recipe)
+    require(len(names) == 3, f"the recipe in {source} should start 3 named containers, found {names}")
+    steps = int(re.search(r"--max-steps\s+(\d+)", recipe).group(1))
+    taken = [n for n in names if docker("container", "inspect", n, check=False).returncode == 0]
+    require(not taken, f"containers named {taken} exist already (a killed run's?): docker rm -f {' '.join(taken)}")
+    with Deployment(settings, "bare-nodes") as d:
+        for n in names:
+            d.cluster.adopt(n)
+        data = d.cluster.host_dir / "srv-maskrcnn"
+        site = {"IMAGE": settings.image, "MASTER": names[0], "NET": d.cluster.network, "DATA": str(data)}
+        script = "set -euo pipefail\n" + set_site_variables(recipe, site)
+        (d.out / "recipe.sh").write_text(script)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired as exc:
+            raise Failed("the recipe did not finish within 600 s") from exc
+        (d.out / "recipe.out").write_text(proc.stdout + proc.stderr)
+        require(proc.returncode == 0, f"the recipe exited {proc.returncode}: {proc.stderr[-2000:]}")
+        codes = {n: d.cluster.state(n).exit_code for n in names}
+        try:
+            states = d.cluster.wait_exit(names, 120)
+        except DockerError as exc:
+            raise Failed(str(exc)) from exc
+        codes = {n: s.exit_code for n, s in states.items()}
+        require(all(c == 0 for c in codes.values()), f"exit codes {codes}")
+        run_dir = data / re.search(r"--output-dir\s+/data/(\S+)", recipe).group(1)
+        final = checks.check_training_complete(run_dir, steps)
+        checks.check_checkpoints(run_dir)
+        shutil.copy(run_dir / "metrics.jsonl", d.out / "metrics.jsonl")
+        return {
+            "recipe": str(source.relative_to(ROOT)),
+            "train_seconds": round(time.monotonic() - started, 1),
+            "eval": {k: final[k] for k in checks.AP_KEYS},
+        }
+
+
+SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
+    "pipeline": scenario_pipeline,
+    "ddp": scenario_ddp,
+    "bare-nodes": scenario_bare_nodes,
+    "faults": scenario_faults,
+    "restart-alone": scenario_restart_alone,
+    "silent-peer": scenario_silent_peer,
+    "ddp-fault": scenario_ddp_fault,
+}
+# Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
+DDP_ONLY = ("ddp", "ddp-fault")
