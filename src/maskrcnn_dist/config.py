@@ -17,6 +17,7 @@ from .errors import ConfigError
 
 MODEL_NAMES = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "maskrcnn_resnet18_fpn")
 ENGINES = ("local", "ddp", "pipeline")
+AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
 
 
 @dataclass
@@ -44,6 +45,9 @@ class ModelConfig:
     trainable_backbone_layers: int | None = None
     # "auto": frozen BatchNorm when pretrained weights are given (torchvision's choice), batch stats otherwise.
     backbone_norm: str = "auto"
+    # channels_last (NHWC) weights and activations for the backbone + FPN and the RPN head: oneDNN's
+    # fast bf16 convolutions need it (perf.py; measured by benchmarks/bench_throughput.py).
+    channels_last: bool = True
 
 
 @dataclass
@@ -78,6 +82,8 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None
     amp: bool = False
+    # "auto": bf16 on CPU, fp16 with a gradient scaler on CUDA; or "bfloat16" / "float16".
+    amp_dtype: str = "auto"
     flush_denormal: bool = True
     resume: Path | None = None
     test_only: bool = False
@@ -113,6 +119,7 @@ class TrainConfig:
             (self.pipeline.micro_batches >= 1, "--micro-batches must be >= 1"),
             (self.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
             (self.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
+            (self.amp_dtype in AMP_DTYPES, f"--amp-dtype must be one of {', '.join(AMP_DTYPES)}"),
         ]
         errors = [message for ok, message in checks if not ok]
         if errors:
@@ -130,6 +137,7 @@ FLAGS: dict[str, tuple[str | None, str]] = {
     "device": (None, "device"),
     "threads": (None, "threads"),
     "amp": (None, "amp"),
+    "amp-dtype": (None, "amp_dtype"),
     "flush-denormal": (None, "flush_denormal"),
     "resume": (None, "resume"),
     "test-only": (None, "test_only"),
@@ -152,6 +160,7 @@ FLAGS: dict[str, tuple[str | None, str]] = {
     "weights-backbone": ("model", "weights_backbone"),
     "trainable-backbone-layers": ("model", "trainable_backbone_layers"),
     "backbone-norm": ("model", "backbone_norm"),
+    "channels-last": ("model", "channels_last"),
     "lr": ("optim", "lr"),
     "momentum": ("optim", "momentum"),
     "weight-decay": ("optim", "weight_decay"),

@@ -14,6 +14,7 @@ from torchvision.ops import misc as misc_nn_ops
 
 from .config import ModelConfig
 from .errors import WeightsError
+from .perf import keep_head_outputs_fp32, to_channels_last
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,7 @@ SMALL_VARIANT_SAMPLING = dict(
 
 
 def _norm_layer(cfg: ModelConfig) -> type[nn.Module]:
-    frozen = cfg.backbone_norm == "frozen" or (
-        cfg.backbone_norm == "auto" and (cfg.weights or cfg.weights_backbone)
-    )
+    frozen = cfg.backbone_norm == "frozen" or (cfg.backbone_norm == "auto" and (cfg.weights or cfg.weights_backbone))
     return misc_nn_ops.FrozenBatchNorm2d if frozen else nn.BatchNorm2d
 
 
@@ -48,9 +47,7 @@ def _trainable_layers(cfg: ModelConfig) -> int:
 
 def _read_state_dict(path: Path, what: str) -> dict[str, torch.Tensor]:
     if not Path(path).is_file():
-        raise WeightsError(
-            f"{what} file {path} does not exist (weights are never downloaded; give a local file)"
-        )
+        raise WeightsError(f"{what} file {path} does not exist (weights are never downloaded; give a local file)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file; the user needs the path.
@@ -86,9 +83,11 @@ def _load_into(
         raise WeightsError(f"{what} file {path} does not fit the model: " + "; ".join(details))
     module.load_state_dict({k: v for k, v in state.items() if k not in skipped}, strict=False)
     if skipped:
-        log.info(
-            "%s: re-initialised %d class-dependent tensors (different number of classes)", path, len(skipped)
-        )
+        log.info("%s: re-initialised %d class-dependent tensors (different number of classes)", path, len(skipped))
+
+
+def _load_file(module: nn.Module, path: Path, what: str, skippable: tuple[str, ...]) -> None:
+    _load_into(module, _read_state_dict(path, what), path, what, skippable=skippable)
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
@@ -99,13 +98,7 @@ def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
         # The small CPU-test variant: same heads, ResNet-18 trunk (4x fewer FLOPs than R50).
         trunk = resnet18(weights=None, norm_layer=_norm_layer(cfg))
         if cfg.weights_backbone:
-            _load_into(
-                trunk,
-                _read_state_dict(cfg.weights_backbone, "backbone weights"),
-                cfg.weights_backbone,
-                "backbone weights",
-                skippable=("fc.",),
-            )
+            _load_file(trunk, cfg.weights_backbone, "backbone weights", skippable=("fc.",))
         model = MaskRCNN(_resnet_fpn_extractor(trunk, layers), **common, **SMALL_VARIANT_SAMPLING)
     else:
         builder = maskrcnn_resnet50_fpn if cfg.name == "maskrcnn_resnet50_fpn" else maskrcnn_resnet50_fpn_v2
@@ -115,21 +108,14 @@ def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
             _freeze_backbone_batchnorm(model)
         _freeze_backbone_layers(model, layers)
         if cfg.weights_backbone:
-            _load_into(
-                model.backbone.body,
-                _read_state_dict(cfg.weights_backbone, "backbone weights"),
-                cfg.weights_backbone,
-                "backbone weights",
-                skippable=("fc.",),
-            )
+            _load_file(model.backbone.body, cfg.weights_backbone, "backbone weights", skippable=("fc.",))
     if cfg.weights:
-        _load_into(
-            model,
-            _read_state_dict(cfg.weights, "weights"),
-            cfg.weights,
-            "weights",
-            skippable=CLASS_DEPENDENT_PREFIXES,
-        )
+        _load_file(model, cfg.weights, "weights", skippable=CLASS_DEPENDENT_PREFIXES)
+    # Both are part of the model, not of an engine, so that every engine (and every pipeline stage,
+    # which builds its part from this function) computes the same thing.
+    keep_head_outputs_fp32(model)
+    if cfg.channels_last:
+        to_channels_last(model)
     return model
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ from .config import TrainConfig
 from .data import CocoInstanceDataset, num_train_batches, write_train_val
 from .engines.base import Engine, Position, Trainer
 from .errors import ConfigError, DatasetError
+from .perf import set_flush_denormal
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,9 @@ def setup_process(cfg: TrainConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # A randomly initialised Mask R-CNN produces denormal floats that make some CPU iterations 3-6x
-    # slower; flushing them to zero changes nothing a detector can notice.
-    torch.set_flush_denormal(cfg.flush_denormal)
+    # slower; flushing them to zero changes nothing a detector can notice. Before any computation:
+    # intra-op threads copy the setting when they start (perf.set_flush_denormal checks they did).
+    set_flush_denormal(cfg.flush_denormal)
 
 
 def find_split(data_path: Path, split: str) -> tuple[Path, Path]:
@@ -94,9 +98,7 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
         return train_set, None
     val_set = CocoInstanceDataset(val_images, val_ann, train=False)
     if val_set.label_to_category_id != train_set.label_to_category_id:
-        raise DatasetError(
-            f"{val_ann}: categories differ from {train_ann}; both splits need the same categories"
-        )
+        raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
     return train_set, val_set
 
 
@@ -108,14 +110,19 @@ def build_engine(cfg: TrainConfig, num_classes: int, iters_per_epoch: int) -> En
     return TorchEngine(cfg, num_classes, iters_per_epoch, distributed=cfg.engine == "ddp")
 
 
-def train(cfg: TrainConfig, engine: Engine | None = None) -> TrainResult:
-    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended."""
+# (num_classes, iters_per_epoch) -> Engine: engines need the dataset's class count and schedule length.
+EngineFactory = Callable[[int, int], Engine]
+
+
+def train(cfg: TrainConfig, make_engine: EngineFactory | None = None) -> TrainResult:
+    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended.
+
+    `make_engine` builds the engine once the data is known (default: local or ddp from cfg)."""
     setup_process(cfg)
     train_set, val_set = load_datasets(cfg)
-    if engine is None:
-        world = int(os.environ.get("WORLD_SIZE", "1")) if cfg.engine == "ddp" else 1
-        iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=world)
-        engine = build_engine(cfg, train_set.num_classes, iters)
+    world = int(os.environ.get("WORLD_SIZE", "1")) if cfg.engine == "ddp" else 1
+    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=world)
+    engine = (make_engine or partial(build_engine, cfg))(train_set.num_classes, iters)
     trainer = Trainer(cfg, engine, train_set, val_set)
     try:
         if cfg.test_only:

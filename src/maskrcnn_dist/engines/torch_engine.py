@@ -8,7 +8,6 @@ raising while the others wait in the next all-reduce), and the gathers of evalua
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -23,6 +22,7 @@ from ..config import TrainConfig
 from ..errors import TrainingError
 from ..model import build_model, set_batchnorm_eval
 from ..optim import build_optimizer, build_scheduler
+from ..perf import autocast_context, grad_scaler
 from ..rng import StepSeeder
 from .base import Engine, Images, Targets
 
@@ -39,14 +39,6 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def autocast_context(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
-    """fp16 on CUDA (with a gradient scaler), bf16 on CPU (no scaler needed: bf16 has fp32's range)."""
-    if not enabled:
-        return contextlib.nullcontext()
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    return torch.autocast(device.type, dtype=dtype)
-
-
 def check_finite(step: int, values: dict[str, float]) -> None:
     bad = [name for name, value in values.items() if not math.isfinite(value)]
     if bad:
@@ -61,10 +53,7 @@ def to_device(images: Images, targets: Targets | None, device: torch.device) -> 
     images = [img.to(device, non_blocking=non_blocking) for img in images]
     if targets is not None:
         targets = [
-            {
-                k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-                for k, v in t.items()
-            }
+            {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
             for t in targets
         ]
     return images, targets
@@ -73,9 +62,7 @@ def to_device(images: Images, targets: Targets | None, device: torch.device) -> 
 class TorchEngine(Engine):
     """One model in this process; with `distributed=True`, one DDP replica of a process group."""
 
-    def __init__(
-        self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, distributed: bool = False
-    ) -> None:
+    def __init__(self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, distributed: bool = False) -> None:
         self.cfg = cfg
         self.name = "ddp" if distributed else "local"
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -88,7 +75,7 @@ class TorchEngine(Engine):
         self.seeder.attach(dict(self.model.named_children()))
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, iters_per_epoch)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp and self.device.type == "cuda")
+        self.scaler = grad_scaler(self.device, cfg.amp, cfg.amp_dtype)
         self.trained = self.model
         if distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -98,9 +85,7 @@ class TorchEngine(Engine):
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        dist.init_process_group(
-            backend, init_method="env://", timeout=timedelta(seconds=self.cfg.pipeline.rpc_timeout)
-        )
+        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=self.cfg.pipeline.rpc_timeout))
         self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
         log.info("ddp rank %d of %d on %s (%s)", self.data_rank, self.data_world_size, self.device, backend)
 
@@ -114,7 +99,7 @@ class TorchEngine(Engine):
         images, targets = to_device(images, targets, self.device)
         self.model.train()
         self.seeder.at(step, micro=self.data_rank)
-        with autocast_context(self.device, self.cfg.amp):
+        with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
             loss_dict = self.trained(images, targets)
         logged = self._mean_over_ranks(loss_dict)
         check_finite(step, logged)
@@ -138,12 +123,9 @@ class TorchEngine(Engine):
     def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:
         images, _ = to_device(images, None, self.device)
         self.model.eval()
-        with autocast_context(self.device, self.cfg.amp):
+        with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
             detections = self.model(images)  # the bare module: inference needs no DDP collectives
-        return [
-            {k: v.float().cpu() if v.is_floating_point() else v.cpu() for k, v in d.items()}
-            for d in detections
-        ]
+        return [{k: v.float().cpu() if v.is_floating_point() else v.cpu() for k, v in d.items()} for d in detections]
 
     @torch.no_grad()
     def validation_losses(self, images: Images, targets: Targets) -> dict[str, torch.Tensor]:
@@ -152,7 +134,10 @@ class TorchEngine(Engine):
         switched = set_batchnorm_eval(self.model)  # ... but running statistics must not move
         devices = [self.device] if self.device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices), autocast_context(self.device, self.cfg.amp):
+            with (
+                torch.random.fork_rng(devices=devices),
+                autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype),
+            ):
                 # The bare module, not DDP: DDP's forward may broadcast buffers, a collective that
                 # ranks with fewer validation batches would never reach.
                 losses = self.model(images, targets)
@@ -189,7 +174,7 @@ class TorchEngine(Engine):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        if "optimizer" in state and state.get("engine") in (None, "local", "ddp"):
+        if "optimizer" in state:  # every engine saves the optimizer in the same layout
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             if state.get("scaler"):

@@ -1,0 +1,346 @@
+"""Training images/s of every engine in fp32 and under --amp, and the data loader's images/s alone.
+
+    .venv/bin/python benchmarks/bench_throughput.py [--configs small,r50] [--engines local,ddp,pipeline]
+        [--precisions fp32,amp] [--repeats 1] [--json-out FILE]
+
+Configurations (`CONFIGS`): `r50` is Mask R-CNN R50-FPN at torchvision's default size (short side
+800 px, long side at most 1333) with batch 2; `small` is the test suite's small model
+(ResNet-18 FPN) at 128 px, batch 2. Engines, as users run them:
+- local: `maskrcnn-dist train --engine local --threads 2` (one process, both cores);
+- ddp: torchrun, 2 processes x 1 thread, batch 2 per process;
+- pipeline: `maskrcnn-launch local` (master + 2 stage workers on loopback, 1 thread each) with
+  M = 4 micro-batches; its batch is max(batch, M), so that each micro-batch holds an image.
+Every run is a fresh process tree on the same synthetic data set with the same seed and flags
+(channels_last on: the default). images/s is taken from the trainer's own metrics over the steps
+after the warm-up (bench_engines.measure: data loading and logging included, as in a long run).
+
+The data loader is measured alone on the same data: images/s with 0, 1 and 2 workers (the first
+batch, which includes starting the workers, is reported apart), and per image the cost of decoding
+the JPEG and of building the target (the masks' RLE decoding, mostly).
+
+Runs of one configuration are ordered fp32, amp per engine; with --repeats N the sequence is run
+N times, reversing the order on every other pass, and the median is reported. On a shared machine
+compare ratios from one invocation, not figures across invocations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_engines  # noqa: E402  (a sibling script, not a package)
+
+ENGINES = ("local", "ddp", "pipeline")
+PRECISIONS = ("fp32", "amp")
+MICRO_BATCHES = 4
+CONFIGS = {
+    "small": bench_engines.BenchConfig(
+        model="maskrcnn_resnet18_fpn",
+        image_size=128,
+        batch_size=2,
+        steps=8,
+        warmup=3,
+        workers=1,
+        seed=0,
+        timeout_s=1800.0,
+    ),
+    # ~5-10 s per fp32 step on 2 cores: few steps.
+    "r50": bench_engines.BenchConfig(
+        model="maskrcnn_resnet50_fpn",
+        image_size=800,
+        batch_size=2,
+        steps=4,
+        warmup=2,
+        workers=1,
+        seed=0,
+        timeout_s=3600.0,
+    ),
+}
+# torchvision's default resize: short side 800, long side at most 1333 (synthetic images are 4:3).
+MAX_SIZE = {"small": 128, "r50": 1333}
+
+
+@dataclass(frozen=True)
+class Row:
+    config: str
+    engine: str
+    precision: str
+    batch_size: int
+    processes: int
+    threads_per_process: int
+    images_per_s: float | None
+    median_step_images_per_s: float | None
+    seconds: float | None
+    wall_s: float | None
+    note: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_group(command: list[str], env: dict[str, str], log_file: Path, timeout_s: float) -> None:
+    """Run `command` in its own session and end the whole group afterwards (no stray ranks)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        finally:
+            bench_engines._end_group(proc)
+    if code != 0:
+        tail = "\n".join(log_file.read_text().splitlines()[-30:])
+        raise RuntimeError(f"{command[:4]} exited with {code}; last lines of {log_file}:\n{tail}")
+
+
+def run_engine(
+    name: str, cfg: bench_engines.BenchConfig, engine: str, amp: bool, data: Path, out: Path
+) -> bench_engines.EngineResult:
+    """One training run of `engine` as a fresh process tree; throughput from its metrics file."""
+    if engine == "pipeline":
+        cfg = replace(cfg, batch_size=max(cfg.batch_size, MICRO_BATCHES))
+    flags: dict[str, Any] = {
+        **bench_engines.train_flags(cfg, data, out),
+        "max-size": MAX_SIZE[name],
+        "amp": amp,
+        "flush-denormal": True,
+    }
+    threads = {"local": 2, "ddp": 1, "pipeline": 1}[engine]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    python = sys.executable
+    if engine == "local":
+        command = [python, "-m", "maskrcnn_dist.cli", "train", *bench_engines.cli_args({**flags, "threads": 2})]
+        processes = 1
+    elif engine == "ddp":
+        command = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        command += [
+            "-m",
+            "maskrcnn_dist.cli",
+            "train",
+            *bench_engines.cli_args({**flags, "engine": "ddp", "threads": 1}),
+        ]
+        processes = 2
+    else:
+        flags |= {"threads": 1, "micro-batches": MICRO_BATCHES}
+        command = [python, "-m", "maskrcnn_launcher", "local", "--master-port", str(_free_port()), "--grace", "5"]
+        command += ["--", *bench_engines.cli_args(flags)]
+        processes = 1  # only the master reads data: images per step = its batch
+    started = time.monotonic()
+    _run_group(command, env, out / "run.log", cfg.timeout_s)
+    return bench_engines.measure(out / "metrics.jsonl", cfg, engine, processes, threads, time.monotonic() - started)
+
+
+def pipeline_supports_amp() -> str:
+    """'' when the pipeline's stage hosts run under autocast, else why its amp rows are not measured."""
+    try:
+        from maskrcnn_dist.engines.pipeline import host
+    except ImportError as exc:
+        return f"pipeline engine not importable: {exc}"
+    if "amp" not in {f.name for f in host.StageSpec.__dataclass_fields__.values()}:
+        return "not measured: the pipeline's stage hosts do not run --amp yet"
+    return ""
+
+
+# -- the data loader alone -----------------------------------------------------------------------
+
+
+def bench_loader(data: Path, batch_size: int, workers: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """Images/s of the training loader alone (no model), and the per-image cost of its parts."""
+    from maskrcnn_dist.data import CocoInstanceDataset, build_train_loader
+    from maskrcnn_dist.data.coco import _load_image
+
+    dataset = CocoInstanceDataset(data / "train" / "images", data / "train" / "annotations.json", train=True)
+    result: dict[str, Any] = {"images": len(dataset), "loaders": []}
+    for count in workers:
+        loader = build_train_loader(dataset, batch_size, epoch=0, seed=seed, num_workers=count)
+        started = time.perf_counter()
+        first_s, images = None, 0
+        for batch_images, _ in loader:
+            images += len(batch_images)
+            if first_s is None:
+                first_s, steady_from, steady_images = time.perf_counter() - started, time.perf_counter(), images
+        total = time.perf_counter() - started
+        steady = (images - steady_images) / max(time.perf_counter() - steady_from, 1e-9)
+        result["loaders"].append(
+            {
+                "workers": count,
+                "first_batch_s": round(first_s or 0.0, 4),
+                "images_per_s": round(images / total, 1),
+                "steady_images_per_s": round(steady, 1),
+            }
+        )
+    # Per-image parts, in this process: JPEG decode + float conversion, and the target (RLE -> masks).
+    image_s, target_s, instances = [], [], 0
+    samples = dataset._samples  # noqa: SLF001 (a benchmark may look inside)
+    for sample in samples:
+        t0 = time.perf_counter()
+        _load_image(sample)
+        t1 = time.perf_counter()
+        target = dataset._target(sample)  # noqa: SLF001
+        image_s.append(t1 - t0)
+        target_s.append(time.perf_counter() - t1)
+        instances += len(target["labels"])
+    result["per_image_ms"] = {
+        "image_decode": round(1000 * statistics.mean(image_s), 3),
+        "target_with_mask_decode": round(1000 * statistics.mean(target_s), 3),
+        "instances_per_image": round(instances / len(samples), 2),
+    }
+    return result
+
+
+# -- report ------------------------------------------------------------------------------------------
+
+
+def speedups(rows: list[Row]) -> dict[str, float]:
+    """amp / fp32 images/s for each (config, engine) with both measured."""
+    by_key = {(r.config, r.engine, r.precision): r.images_per_s for r in rows if r.images_per_s}
+    return {
+        f"{config}/{engine}": round(by_key[(config, engine, "amp")] / by_key[(config, engine, "fp32")], 3)
+        for config, engine, precision in by_key
+        if precision == "fp32" and (config, engine, "amp") in by_key
+    }
+
+
+def render(rows: list[Row], loaders: dict[str, Any], gains: dict[str, float]) -> str:
+    header = ("config", "engine", "precision", "batch", "procs x threads", "images/s", "median step img/s", "note")
+    body = [
+        (
+            r.config,
+            r.engine,
+            r.precision,
+            str(r.batch_size),
+            f"{r.processes} x {r.threads_per_process}",
+            "-" if r.images_per_s is None else f"{r.images_per_s:.3f}",
+            "-" if r.median_step_images_per_s is None else f"{r.median_step_images_per_s:.3f}",
+            r.note,
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body]]
+    lines += ["", "amp / fp32: " + (", ".join(f"{k} {v:.2f}x" for k, v in gains.items()) or "-"), ""]
+    for name, loader in loaders.items():
+        parts = loader["per_image_ms"]
+        lines.append(
+            f"data loader ({name}, {loader['images']} images): "
+            + ", ".join(f"{x['workers']} workers {x['images_per_s']:.1f} img/s" for x in loader["loaders"])
+            + f"; per image: decode {parts['image_decode']:.2f} ms, target+masks "
+            f"{parts['target_with_mask_decode']:.2f} ms ({parts['instances_per_image']} instances)"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="small,r50", help=f"comma separated subset of {','.join(CONFIGS)}")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma separated subset of {','.join(ENGINES)}")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help="fp32,amp or one of them")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps (default: per configuration)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: per configuration)")
+    parser.add_argument("--repeats", type=int, default=1, help="run the whole sequence N times (median)")
+    parser.add_argument("--loader-workers", default="0,1,2", help="worker counts for the loader-only figures")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep data and runs here")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    def subset(value: str, known: tuple[str, ...], flag: str) -> list[str]:
+        items = [v for v in value.split(",") if v]
+        if not items or set(items) - set(known):
+            parser.error(f"{flag}: a comma separated subset of {','.join(known)}")
+        return items
+
+    args.configs = subset(args.configs, tuple(CONFIGS), "--configs")
+    args.engines = subset(args.engines, ENGINES, "--engines")
+    args.precisions = subset(args.precisions, PRECISIONS, "--precisions")
+    args.loader_workers = tuple(int(w) for w in args.loader_workers.split(",") if w)
+    if args.repeats < 1 or (args.warmup is not None and args.warmup < 1):
+        parser.error("--repeats and --warmup must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: end run groups
+    torch.set_flush_denormal(True)
+    amp_note = pipeline_supports_amp() if "pipeline" in args.engines else ""
+    rows: list[Row] = []
+    loaders: dict[str, Any] = {}
+    used: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
+        work = args.work_dir or Path(tmp)
+        for name in args.configs:
+            cfg = CONFIGS[name]
+            cfg = replace(cfg, steps=args.steps or cfg.steps, warmup=args.warmup or cfg.warmup)
+            used[name] = {**asdict(cfg), "max_size": MAX_SIZE[name], "micro_batches": MICRO_BATCHES}
+            # Enough images that ddp (2 x batch) and the pipeline (batch >= M) stay inside epoch 0.
+            data = bench_engines.make_dataset(
+                replace(cfg, batch_size=max(cfg.batch_size, MICRO_BATCHES)), work / name / "data", processes=2
+            )
+            loaders[name] = bench_loader(data, cfg.batch_size, args.loader_workers, cfg.seed)
+            print(f"{name}: loader {loaders[name]}", file=sys.stderr, flush=True)
+            plan = [(e, p) for e in args.engines for p in args.precisions]
+            results: dict[tuple[str, str], list[bench_engines.EngineResult]] = {}
+            for repeat in range(args.repeats):
+                for engine, precision in plan if repeat % 2 == 0 else plan[::-1]:
+                    if engine == "pipeline" and precision == "amp" and amp_note:
+                        continue
+                    out = work / name / f"{engine}-{precision}-{repeat}"
+                    result = run_engine(name, cfg, engine, precision == "amp", data, out)
+                    print(f"{name} {engine} {precision}: {result}", file=sys.stderr, flush=True)
+                    results.setdefault((engine, precision), []).append(result)
+            for engine, precision in plan:
+                runs = results.get((engine, precision))
+                batch = max(cfg.batch_size, MICRO_BATCHES) if engine == "pipeline" else cfg.batch_size
+                procs, threads = {"local": (1, 2), "ddp": (2, 1), "pipeline": (3, 1)}[engine]
+                if not runs:
+                    rows.append(Row(name, engine, precision, batch, procs, threads, None, None, None, None, amp_note))
+                    continue
+                rows.append(
+                    Row(
+                        name,
+                        engine,
+                        precision,
+                        batch,
+                        procs,
+                        threads,
+                        round(statistics.median(r.images_per_s for r in runs), 3),
+                        round(statistics.median(r.median_step_images_per_s for r in runs), 3),
+                        round(statistics.median(r.seconds for r in runs), 2),
+                        round(statistics.median(r.wall_s for r in runs), 1),
+                        f"{len(runs)} runs" if len(runs) > 1 else "",
+                    )
+                )
+    gains = speedups(rows)
+    report = {
+        "configs": used,
+        "host": {"cpu_count": os.cpu_count(), "torch": torch.__version__},
+        "rows": [asdict(r) for r in rows],
+        "amp_over_fp32": gains,
+        "data_loader": loaders,
+    }
+    print(render(rows, loaders, gains))
+    print(json.dumps(report, indent=2))
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
