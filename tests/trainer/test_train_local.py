@@ -26,7 +26,8 @@ def train_losses(output_dir) -> dict[int, float]:
 def trained_run(tiny_coco, tmp_path_factory):
     """One short run shared by the tests that only read its outputs (training is the slow part)."""
     out = tmp_path_factory.mktemp("trained")
-    cfg = fast_config(tiny_coco, out, epochs=8, **{"max-steps": 42, "val-period": 20})
+    # lr 0.01: the lr-0.02 run is chaotic enough that small numeric changes (channels_last) move its AP.
+    cfg = fast_config(tiny_coco, out, epochs=8, lr=0.01, **{"max-steps": 42, "val-period": 20})
     return cfg, train(cfg)
 
 

@@ -26,7 +26,7 @@ import torch.distributed.rpc as rpc
 from torch import Tensor
 
 from ...config import TrainConfig
-from ...errors import PeerLostError, TrainingError
+from ...errors import ConfigError, PeerLostError, TrainingError
 from ...sharding import StageState, validate_placement
 from ..base import Engine, Images, Targets
 from ..torch_engine import check_finite
@@ -72,6 +72,11 @@ class PipelineEngine(Engine):
         """`stages`: placements in pipeline order, each with `rpc_name`, `modules` and `devices`
         (maskrcnn_launcher.contract.StagePlacement). RPC must be initialised, as "master"."""
         validate_placement([s.modules for s in stages])
+        if cfg.amp and cfg.amp_dtype == "float16":
+            raise ConfigError(
+                "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
+                "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16"
+            )
         self.cfg = cfg
         self.timeout = cfg.pipeline.rpc_timeout
         self.micro_batches = cfg.pipeline.micro_batches
@@ -88,6 +93,7 @@ class PipelineEngine(Engine):
                 iters_per_epoch=iters_per_epoch,
                 seed=cfg.seed,
                 bf16_features=cfg.pipeline.bf16_transport,
+                amp=cfg.amp,
                 stage_through_cpu=not device_maps,
                 next_rpc_name=stages[i + 1].rpc_name if i + 1 < len(stages) else MASTER,
             )

@@ -31,6 +31,7 @@ from torch.distributed.rpc import PyRRef
 from ...config import ModelConfig, OptimConfig
 from ...model import build_model, set_batchnorm_eval
 from ...optim import build_optimizer, build_scheduler
+from ...perf import autocast_context
 from ...rng import StepSeeder
 from ...sharding import Stage, StageState, build_stage
 from .state import checksum
@@ -57,6 +58,8 @@ class StageSpec:
     # device tensors between workers directly.
     stage_through_cpu: bool = True
     next_rpc_name: str = "master"
+    # Mixed precision inside the stage (bf16 only: dist_autograd has no place for fp16's grad scaler).
+    amp: bool = False
 
 
 class Turnstile:
@@ -188,9 +191,11 @@ class StageHost:
             if isinstance(fetched, BaseException):
                 raise fetched
             started = time.perf_counter()
-            state = from_wire(fetched, replica.device)
+            # Under --amp the stage computes in bf16 anyway: bf16 features stay bf16 on arrival.
+            state = from_wire(fetched, replica.device, keep_bf16=self.spec.amp)
             replica.seeder.at(step, micro)
-            state = self._run(replica.stage, state, mode)
+            with autocast_context(replica.device, self.spec.amp, "bfloat16"):
+                state = self._run(replica.stage, state, mode)
             last = replica.stage.is_last
             state = to_wire(state, self.spec.bf16_features and not last, self.spec.stage_through_cpu or last)
             if mode == "train":

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 from ...config import TrainConfig
+from ...perf import set_flush_denormal
 from .engine import MASTER, PipelineEngine
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def master_session(cfg: TrainConfig, plan: Any) -> Iterator[None]:
 def serve(cfg: TrainConfig, plan: Any) -> None:
     """A stage worker: join RPC, host whatever the master builds here, return when it is done."""
     torch.set_num_threads(cfg.threads or 1)
-    torch.set_flush_denormal(cfg.flush_denormal)
+    set_flush_denormal(cfg.flush_denormal)  # checks that every intra-op thread got it
     rpc.init_rpc(
         plan.rpc_name, rank=plan.rank, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan)
     )

@@ -66,9 +66,10 @@ def to_wire(state: StageState, bf16_features: bool, to_cpu: bool) -> StageState:
     return state
 
 
-def from_wire(state: StageState, device: torch.device) -> StageState:
-    """Undo to_wire on the receiving replica: its device, and fp32 features again."""
+def from_wire(state: StageState, device: torch.device, keep_bf16: bool = False) -> StageState:
+    """Undo to_wire on the receiving replica: its device, and fp32 features again (unless the stage
+    runs under bf16 autocast, which would cast them straight back)."""
     state = map_tensors(state, lambda t: t.to(device))
-    if state.features is not None:
+    if state.features is not None and not keep_bf16:
         state.features = map_tensors(state.features, lambda t: t.float() if t.dtype == torch.bfloat16 else t)
     return state
