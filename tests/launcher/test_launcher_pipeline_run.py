@@ -10,43 +10,39 @@ from pathlib import Path
 import pytest
 from test_launcher_localhost import clean_env, free_port
 
+SMALL_RUN = [
+    "--synthetic-images",
+    "4",
+    "--synthetic-image-size",
+    "64",
+    "--model",
+    "maskrcnn_resnet18_fpn",
+    "--min-size",
+    "64",
+    "--max-size",
+    "64",
+    "--max-steps",
+    "2",
+    "--batch-size",
+    "2",
+    "--micro-batches",
+    "2",
+    "--workers",
+    "0",
+    "--threads",
+    "1",
+    "--device",
+    "cpu",
+    "--print-freq",
+    "1",
+    "--rpc-timeout",
+    "60",
+]
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_launch_local_runs_the_pipeline_trainer(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    trainer_args = [
-        "--synthetic-images",
-        "4",
-        "--synthetic-image-size",
-        "64",
-        "--model",
-        "maskrcnn_resnet18_fpn",
-        "--min-size",
-        "64",
-        "--max-size",
-        "64",
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--micro-batches",
-        "2",
-        "--output-dir",
-        str(out),
-        "--workers",
-        "0",
-        "--threads",
-        "1",
-        "--device",
-        "cpu",
-        "--print-freq",
-        "1",
-        "--lr",
-        "0.01",
-        "--rpc-timeout",
-        "60",
-    ]
+
+def run_pipeline(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`maskrcnn-launch local` over SMALL_RUN + flags; returns the run and its metrics records."""
+    out = tmp_path / name
     argv = [
         sys.executable,
         "-m",
@@ -59,76 +55,32 @@ def test_launch_local_runs_the_pipeline_trainer(tmp_path: Path) -> None:
         "--grace",
         "30",
         "--",
-        *trainer_args,
-    ]
-    result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=280)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    lines = result.stdout.splitlines()
-    # Each pod started the trainer with its own rank, through the launcher.
-    for name, rank in (("master", 0), ("worker1", 1), ("worker2", 2)):
-        assert any(line.startswith(f"[{name}]") and f"(rank {rank}/3) exec:" in line for line in lines), name
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [1, 2]
-    assert train[0]["link/worker1->worker2/bytes"] > 0  # features crossed from stage 1 to stage 2
-    assert any(r["kind"] == "eval" for r in records)
-    assert (out / "checkpoints" / "checkpoint_00000002.pt").is_file()
-    assert any(line.startswith("[worker2]") and "master finished" in line for line in lines)
-
-
-def _pipeline_losses(tmp_path: Path, name: str, *flags: str) -> dict[int, float]:
-    out = tmp_path / name
-    trainer_args = [
-        "--synthetic-images",
-        "4",
-        "--synthetic-image-size",
-        "64",
-        "--model",
-        "maskrcnn_resnet18_fpn",
-        "--min-size",
-        "64",
-        "--max-size",
-        "64",
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--micro-batches",
-        "2",
+        *SMALL_RUN,
         "--output-dir",
         str(out),
-        "--workers",
-        "0",
-        "--threads",
-        "1",
-        "--device",
-        "cpu",
-        "--lr",
-        "0.005",
-        "--rpc-timeout",
-        "60",
         "--data-path",
         str(tmp_path / "data"),
         *flags,
     ]
-    argv = [
-        sys.executable,
-        "-m",
-        "maskrcnn_launcher",
-        "local",
-        "--master-port",
-        str(free_port()),
-        "--wait-timeout",
-        "60",
-        "--grace",
-        "30",
-        "--",
-        *trainer_args,
-    ]
     result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=280)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+    return result, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_launch_local_runs_the_pipeline_trainer(tmp_path: Path) -> None:
+    result, records = run_pipeline(tmp_path, "run", "--lr", "0.01")
+    lines = result.stdout.splitlines()
+    # Each pod started the trainer with its own rank, through the launcher.
+    for name, rank in (("master", 0), ("worker1", 1), ("worker2", 2)):
+        assert any(line.startswith(f"[{name}]") and f"(rank {rank}/3) exec:" in line for line in lines), name
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert train[0]["link/worker1->worker2/bytes"] > 0  # features crossed from stage 1 to stage 2
+    assert any(r["kind"] == "eval" for r in records)
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint_00000002.pt").is_file()
+    assert any(line.startswith("[worker2]") and "master finished" in line for line in lines)
 
 
 @pytest.mark.slow
@@ -136,7 +88,11 @@ def _pipeline_losses(tmp_path: Path, name: str, *flags: str) -> dict[int, float]
 def test_pipeline_amp_composes_with_bf16_transport(tmp_path: Path) -> None:
     """bf16 autocast in every stage plus bf16 features on the wire: the first step's loss stays within
     2% of fp32 (the tolerance test_amp.py states for the local engine), training still runs."""
-    fp32 = _pipeline_losses(tmp_path, "fp32")
-    amp = _pipeline_losses(tmp_path, "amp", "--amp", "--bf16-transport")
+
+    def losses(records: list[dict]) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+    fp32 = losses(run_pipeline(tmp_path, "fp32", "--lr", "0.005")[1])
+    amp = losses(run_pipeline(tmp_path, "amp", "--lr", "0.005", "--amp", "--bf16-transport")[1])
     assert sorted(amp) == [1, 2]
     assert amp[1] == pytest.approx(fp32[1], rel=0.02)
