@@ -154,9 +154,10 @@ def test_flush_denormal_flag_reaches_torch():
     """With one intra-op thread the calling thread does all the arithmetic: the switch shows directly."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    denormal = torch.tensor([1e-39])
     try:
         setup_process(build_config(None, {"flush-denormal": False}))
+        # Made after the switch: with flushing on (as earlier tests leave it) the literal itself is 0.
+        denormal = torch.tensor([1e-39])
         assert (denormal * 1.0).item() != 0.0
         setup_process(build_config(None, {}))  # the default: on
         assert (denormal * 1.0).item() == 0.0
