@@ -37,6 +37,8 @@ class Engine(abc.ABC):
     #: (ddp: its rank; local and the pipeline's master: 0 of 1).
     data_rank: int = 0
     data_world_size: int = 1
+    #: Page-locked batches speed host-to-GPU copies; only an engine that feeds a GPU from this process wants them.
+    pin_memory: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -145,7 +147,7 @@ class Trainer:
             group_factor=data.aspect_ratio_group_factor,
             num_workers=data.workers,
             start_batch=start_batch,
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=self.engine.pin_memory,
         )
 
     # -- hooks --------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class TorchEngine(Engine):
         self.name = "ddp" if distributed else "local"
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = resolve_device(cfg.device, local_rank)
+        self.pin_memory = self.device.type == "cuda"
         if distributed:
             self._init_process_group()
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before DDP's broadcast
