@@ -78,9 +78,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except Exception as exc:  # truncated, foreign or tampered files raise many types
         raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "model" not in state:
-        raise CheckpointError(
-            f"checkpoint {path} is not a maskrcnn-dist checkpoint (format {FORMAT_VERSION})"
-        )
+        raise CheckpointError(f"checkpoint {path} is not a maskrcnn-dist checkpoint (format {FORMAT_VERSION})")
     log.info("loaded checkpoint %s (step %s)", path, state.get("step"))
     return state
 

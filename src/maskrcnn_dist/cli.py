@@ -61,6 +61,7 @@ HELP = {
     "micro-batches": "pipeline: micro-batches per batch",
     "bf16-transport": "pipeline: send features in bfloat16",
     "rpc-timeout": "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
+    "join-timeout": "pipeline: seconds to wait for every process to join RPC before exiting non-zero",
 }
 
 

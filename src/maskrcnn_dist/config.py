@@ -69,6 +69,8 @@ class PipelineConfig:
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
     bf16_transport: bool = False
     rpc_timeout: float = 120.0
+    # Seconds every process waits for the whole group to join RPC (torch's own bound is 30 minutes).
+    join_timeout: float = 600.0
 
 
 @dataclass
@@ -172,6 +174,7 @@ FLAGS: dict[str, tuple[str | None, str]] = {
     "micro-batches": ("pipeline", "micro_batches"),
     "bf16-transport": ("pipeline", "bf16_transport"),
     "rpc-timeout": ("pipeline", "rpc_timeout"),
+    "join-timeout": ("pipeline", "join_timeout"),
 }
 
 

@@ -42,8 +42,7 @@ def detections_to_coco(
     scores = detection["scores"].tolist()
     categories = [label_to_category_id[int(label)] for label in detection["labels"]]
     records = [
-        {"image_id": image_id, "category_id": c, "bbox": b, "score": s}
-        for b, c, s in zip(xywh, categories, scores)
+        {"image_id": image_id, "category_id": c, "bbox": b, "score": s} for b, c, s in zip(xywh, categories, scores)
     ]
     if "masks" in detection:
         binary = (detection["masks"][:, 0] > 0.5).to(torch.uint8).cpu().numpy()
@@ -72,9 +71,7 @@ def coco_ap(coco_gt: COCO, results: list[dict[str, Any]], image_ids: Iterable[in
             evaluator.summarize()
         log.debug("COCOeval %s:\n%s", iou_type, captured.getvalue())
         # COCOeval reports -1 where a category/area range has no ground truth.
-        metrics.update(
-            {f"{iou_type}_{name}": max(0.0, float(v)) for name, v in zip(STAT_NAMES, evaluator.stats)}
-        )
+        metrics.update({f"{iou_type}_{name}": max(0.0, float(v)) for name, v in zip(STAT_NAMES, evaluator.stats)})
     return metrics
 
 
@@ -109,9 +106,7 @@ def validation_loss(engine: Engine, dataset, batch_size: int, workers: int) -> d
     totals = torch.zeros(len(LOSS_NAMES) + 1, dtype=torch.float64)
     for images, targets in loader:
         losses = engine.validation_losses(images, targets)
-        totals[:-1] += torch.tensor(
-            [float(losses[name]) * len(images) for name in LOSS_NAMES], dtype=torch.float64
-        )
+        totals[:-1] += torch.tensor([float(losses[name]) * len(images) for name in LOSS_NAMES], dtype=torch.float64)
         totals[-1] += len(images)
     totals = engine.all_reduce_sum(totals)  # the one collective, reached by every rank once
     count = max(1.0, float(totals[-1]))

@@ -32,6 +32,4 @@ def lr_factor(iteration: int, cfg: OptimConfig, iters_per_epoch: int) -> float:
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, iters_per_epoch: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda it: lr_factor(it, cfg, max(1, iters_per_epoch))
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_factor(it, cfg, max(1, iters_per_epoch)))

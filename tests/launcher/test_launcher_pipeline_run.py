@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,34 @@ def test_pipeline_amp_composes_with_bf16_transport(tmp_path: Path) -> None:
     amp = losses(run_pipeline(tmp_path, "amp", "--lr", "0.005", "--amp", "--bf16-transport")[1])
     assert sorted(amp) == [1, 2]
     assert amp[1] == pytest.approx(fp32[1], rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_master_whose_workers_never_come_exits_within_the_join_timeout(tmp_path: Path) -> None:
+    """Only the master is started: it must not wait torch's 30 minutes for the group to form."""
+    argv = [
+        sys.executable,
+        "-m",
+        "maskrcnn_launcher",
+        "launch",
+        "--role",
+        "master",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--",
+        *SMALL_RUN,
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--data-path",
+        str(tmp_path / "data"),
+        "--join-timeout",
+        "5",
+    ]
+    started = time.monotonic()
+    result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=100)
+    assert result.returncode == 1
+    assert "did not form within --join-timeout 5s" in result.stderr
+    assert time.monotonic() - started < 60

@@ -145,9 +145,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
             masks = torch.zeros((0, h, w), dtype=torch.uint8)
         return {
             "boxes": boxes,
-            "labels": torch.tensor(
-                [self._label_of_category[a["category_id"]] for a in anns], dtype=torch.int64
-            ),
+            "labels": torch.tensor([self._label_of_category[a["category_id"]] for a in anns], dtype=torch.int64),
             "masks": masks,
             "image_id": sample.image_id,
             "area": torch.tensor([a["area"] for a in anns], dtype=torch.float32),

@@ -39,9 +39,7 @@ def aspect_ratio_groups(aspect_ratios: Sequence[float], group_factor: int) -> li
     return [bisect.bisect_right(bins, r) for r in aspect_ratios]
 
 
-def rank_indices(
-    num_samples: int, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int
-) -> list[int]:
+def rank_indices(num_samples: int, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int) -> list[int]:
     """This rank's sample order for the epoch, exactly as `DistributedSampler` gives it.
 
     The list is padded by repeating the first samples so every rank gets ceil(n / world_size).
@@ -76,9 +74,7 @@ def epoch_batches(
     ratio (needs `aspect_ratios`); -1 disables grouping, as in torchvision.
     """
     _check_batch_args(num_samples, batch_size, rank, world_size, aspect_ratios, group_factor)
-    order = rank_indices(
-        num_samples, epoch=epoch, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size
-    )
+    order = rank_indices(num_samples, epoch=epoch, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)
     if group_factor >= 0:
         assert aspect_ratios is not None  # checked above; tells the type checker
         groups = aspect_ratio_groups(aspect_ratios, group_factor)
@@ -198,9 +194,7 @@ def _loader(dataset: Dataset, batches: list[list[int]], *, num_workers: int, pin
     )
 
 
-def num_train_batches(
-    num_samples: int, batch_size: int, *, world_size: int = 1, drop_last: bool = False
-) -> int:
+def num_train_batches(num_samples: int, batch_size: int, *, world_size: int = 1, drop_last: bool = False) -> int:
     """Batches per epoch on every rank, without building the list (for schedules and progress)."""
     per_rank = math.ceil(num_samples / world_size)
     return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)

@@ -134,9 +134,7 @@ def _check_args(
     if num_images < 1:
         raise ValueError(f"num_images must be >= 1, got {num_images}")
     if len(sizes) != 2 or not 32 <= sizes[0] <= sizes[1]:
-        raise ValueError(
-            f"image_size must be >= 32, or a (min, max) range with 32 <= min <= max: {image_size}"
-        )
+        raise ValueError(f"image_size must be >= 32, or a (min, max) range with 32 <= min <= max: {image_size}")
     if not 1 <= num_classes <= len(CLASSES):
         raise ValueError(f"num_classes must be in 1..{len(CLASSES)}, got {num_classes}")
     if max_objects < 1:
@@ -164,9 +162,7 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
-def _place_objects(
-    rng: np.random.Generator, count: int, num_classes: int, width: int, height: int
-) -> list[_Object]:
+def _place_objects(rng: np.random.Generator, count: int, num_classes: int, width: int, height: int) -> list[_Object]:
     """Up to `count` objects whose boxes (plus a 2 px margin) do not overlap."""
     placed: list[tuple[float, float, float, float]] = []
     objects: list[_Object] = []
@@ -186,9 +182,7 @@ def _place_objects(
     return objects
 
 
-def _shape_polygon(
-    shape: str, x: float, y: float, w: float, h: float, rng: np.random.Generator
-) -> list[float]:
+def _shape_polygon(shape: str, x: float, y: float, w: float, h: float, rng: np.random.Generator) -> list[float]:
     cx, cy = x + w / 2, y + h / 2
     if shape == "rectangle":
         points = [(x, y), (x + w, y), (x + w, y + h), (x, y + h)]

@@ -97,10 +97,33 @@ def _shutdown(graceful: bool) -> None:
         log.warning("rpc shutdown: %s", exc)
 
 
+def join_rpc(cfg: TrainConfig, plan: Any, name: str, rank: int) -> None:
+    """rpc.init_rpc, bounded: torch's rendezvous waits up to 30 minutes for a peer that never comes
+    (a pending pod, a wrong address); after --join-timeout this process exits 1 saying so."""
+    timeout = cfg.pipeline.join_timeout
+
+    def give_up() -> None:
+        print(
+            f"error: {name}: the pipeline group ({plan.world_size} processes, master "
+            f"{plan.master_addr}:{plan.master_port}) did not form within --join-timeout {timeout:g}s; exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        rpc.init_rpc(name, rank=rank, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan))
+    finally:
+        timer.cancel()
+
+
 @contextmanager
 def master_session(cfg: TrainConfig, plan: Any) -> Iterator[None]:
     """RPC as "master" (rank 0) for the body; graceful exit tells the workers we are done first."""
-    rpc.init_rpc(MASTER, rank=0, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan))
+    join_rpc(cfg, plan, MASTER, 0)
     try:
         yield
     except BaseException:
@@ -114,9 +137,7 @@ def serve(cfg: TrainConfig, plan: Any) -> None:
     """A stage worker: join RPC, host whatever the master builds here, return when it is done."""
     torch.set_num_threads(cfg.threads or 1)
     set_flush_denormal(cfg.flush_denormal)  # checks that every intra-op thread got it
-    rpc.init_rpc(
-        plan.rpc_name, rank=plan.rank, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan)
-    )
+    join_rpc(cfg, plan, plan.rpc_name, plan.rank)
     period = max(0.2, min(2.0, cfg.pipeline.rpc_timeout / 10))
     watchdog = MasterWatchdog(plan, period, cfg.pipeline.rpc_timeout).start()
     rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
