@@ -15,6 +15,8 @@ E2E_ENGINES ?= pipeline,ddp
 # The image id `e2e-image` last built, so an unchanged tree does not rebuild (the `image` target
 # prunes its builder stage, so a rebuild would re-install every wheel).
 E2E_IMAGE_STAMP := $(WHEELHOUSE)/.e2e-image-id
+# Free disk the image build needs where docker keeps its images (checked first, for a clear error).
+E2E_MIN_FREE_GB ?= 18
 
 .PHONY: e2e e2e-image e2e-list e2e-clean
 
@@ -27,6 +29,12 @@ e2e: install helm e2e-image ## run the chart's pods as containers on a docker ne
 # (machines without a registry, such as this project's build machines); no flag needed.
 e2e-image: $(WHEEL_STAMP)
 	@set -euo pipefail; \
+	root=$$($(DOCKER) info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker); \
+	free=$$(df --output=avail -BG "$$root" 2>/dev/null | tail -n 1 | tr -dc 0-9); \
+	if [[ -n "$$free" && "$$free" -lt $(E2E_MIN_FREE_GB) ]]; then \
+	    echo "e2e: $$root has $${free} GB free; building the image needs about $(E2E_MIN_FREE_GB) GB (a 9 GB builder" \
+	         "stage and the 6 GB image). Free space, e.g. docker image prune" >&2; exit 1; \
+	fi; \
 	if [[ -f $(E2E_IMAGE_STAMP) && $(E2E_IMAGE_STAMP) -nt $(WHEEL_STAMP) && $(E2E_IMAGE_STAMP) -nt Dockerfile \
 	      && $(E2E_IMAGE_STAMP) -nt docker/entrypoint.sh ]] \
 	   && [[ "$$($(DOCKER) image inspect --format '{{.Id}}' $(IMAGE) 2>/dev/null)" == "$$(cat $(E2E_IMAGE_STAMP))" ]]; then \
