@@ -26,7 +26,6 @@ import torch
 from maskrcnn_dist.config import ModelConfig, OptimConfig, PipelineConfig, TrainConfig
 
 NUM_CLASSES = 3
-PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
 
 
 def config(size: int, micro_batches: int, bf16: bool) -> TrainConfig:
@@ -67,27 +66,12 @@ def make_batch(num_images: int, size: int) -> tuple[list[torch.Tensor], list[dic
     return images, targets
 
 
-class Plan:
-    """The few PodPlan fields the pipeline runtime reads, for localhost processes."""
+def localhost_plan(port: int, rank: int):
+    """The launcher's own plan of the default three-machine CPU topology, with every pod on 127.0.0.1."""
+    from maskrcnn_launcher.plan import derive_job
+    from maskrcnn_launcher.topology import load_topology
 
-    def __init__(self, port: int, role: str, rank: int, devices: int = 1) -> None:
-        from maskrcnn_launcher.contract import StagePlacement
-
-        self.master_addr, self.master_port, self.world_size = "127.0.0.1", port, 3
-        self.role, self.rank, self.rpc_name = role, rank, "master" if rank == 0 else f"worker{rank}"
-        self.transport, self.device_maps = "cpu", {}
-        self.stages = tuple(
-            StagePlacement(
-                stage=i + 1,
-                name=f"stage{i + 1}",
-                worker_index=i,
-                rank=i + 1,
-                rpc_name=f"worker{i + 1}",
-                modules=names,
-                devices=("cpu",) * devices,
-            )
-            for i, names in enumerate(PLACEMENT)
-        )
+    return derive_job(load_topology("three-machines"), "127.0.0.1", port).pods[rank]
 
 
 def summarize(name: str, batch: int, step_s: list[float], metrics: list[dict[str, float]]) -> dict:
@@ -140,7 +124,7 @@ def run_master(args: argparse.Namespace) -> list[dict]:
         for rank in (1, 2)
     ]
     try:
-        plan = Plan(port, "master", 0)
+        plan = localhost_plan(port, 0)
         with master_session(config(args.size, max(args.micro), False), plan):
             for m in args.micro:
                 for bf16 in [False, True] if args.bf16 else [False]:
@@ -192,7 +176,7 @@ def main() -> None:
     if args.worker:
         from maskrcnn_dist.engines.pipeline import serve
 
-        serve(config(args.size, max(args.micro), False), Plan(args.port, "worker", args.worker))
+        serve(config(args.size, max(args.micro), False), localhost_plan(args.port, args.worker))
         return
     results = run_master(args)
     print_table(results)

@@ -25,57 +25,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_plans(port: int, placement=PLACEMENT, replicas=(1, 1), micro_batches: int = 1):
-    """The PodPlans the launcher would write for a master and one worker per stage, on localhost."""
-    from maskrcnn_launcher.contract import PodPlan, StagePlacement
+def make_plans(port: int, placement=PLACEMENT, replicas=(1, 1)):
+    """(master, workers): the PodPlans the launcher itself derives for a CPU master and one worker per
+    stage on localhost (CPU replicas when a worker has no devices)."""
+    from maskrcnn_launcher.plan import derive_job
+    from maskrcnn_launcher.topology import parse_topology
 
-    stages = tuple(
-        StagePlacement(
-            stage=i + 1,
-            name=f"stage{i + 1}",
-            worker_index=i,
-            rank=i + 1,
-            rpc_name=f"worker{i + 1}",
-            modules=tuple(names),
-            devices=("cpu",) * r,
-        )
-        for i, (names, r) in enumerate(zip(placement, replicas))
+    topology = parse_topology(
+        {
+            "engine": "pipeline",
+            "workers": [{"devices": 0, "stage": f"stage{i + 1}", "replicas": r} for i, r in enumerate(replicas)],
+            "stages": [{"name": f"stage{i + 1}", "modules": list(names)} for i, names in enumerate(placement)],
+        },
+        "<pipeline tests>",
     )
-    common = dict(
-        engine="pipeline",
-        world_size=len(stages) + 1,
-        master_addr="127.0.0.1",
-        master_port=port,
-        backend="gloo",
-        devices=0,
-        nnodes=len(stages) + 1,
-        nproc_per_node=1,
-        stages=stages,
-        transport="cpu",
-        device_maps={},
-        socket_ifname=None,
-        feature_dtype="float32",
-        micro_batches=micro_batches,
-        links=(),
-    )
-    master = PodPlan(
-        role="master", index=0, rank=0, rpc_name="master", node_rank=0, stage=None, modules=(), replicas=(), **common
-    )
-    workers = [
-        PodPlan(
-            role="worker",
-            index=s.worker_index,
-            rank=s.rank,
-            rpc_name=s.rpc_name,
-            node_rank=s.rank,
-            stage=s.stage,
-            modules=s.modules,
-            replicas=s.devices,
-            **common,
-        )
-        for s in stages
-    ]
-    return master, workers
+    job = derive_job(topology, "127.0.0.1", port)
+    return job.pods[0], list(job.pods[1:])
 
 
 def spawn(role: str, args: dict, log_dir: Path) -> subprocess.Popen:
