@@ -289,12 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         by_engine = {r.engine: r for r in results}
         if len(by_engine) == 2:
             report["ddp_over_local"] = round(by_engine["ddp"].images_per_s / by_engine["local"].images_per_s, 3)
-    print(render_table(cfg, results))
-    print(json.dumps(report, indent=2))
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    emit(render_table(cfg, results), report, args.json_out)
     return 0
+
+
+def emit(table: str, report: dict[str, Any], json_out: Path | None) -> None:
+    """Every benchmark's output: the table, the JSON on stdout, and the JSON in a file if asked."""
+    print(table)
+    print(json.dumps(report, indent=2))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ compare ratios from one invocation, not figures across invocations.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -334,11 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "amp_over_fp32": gains,
         "data_loader": loaders,
     }
-    print(render(rows, loaders, gains))
-    print(json.dumps(report, indent=2))
-    if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    bench_engines.emit(render(rows, loaders, gains), report, args.json_out)
     return 0
 
 
