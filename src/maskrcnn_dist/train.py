@@ -114,12 +114,17 @@ def build_engine(cfg: TrainConfig, num_classes: int, iters_per_epoch: int) -> En
 EngineFactory = Callable[[int, int], Engine]
 
 
-def train(cfg: TrainConfig, make_engine: EngineFactory | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    make_engine: EngineFactory | None = None,
+    datasets: tuple[CocoInstanceDataset, CocoInstanceDataset | None] | None = None,
+) -> TrainResult:
     """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended.
 
-    `make_engine` builds the engine once the data is known (default: local or ddp from cfg)."""
+    `make_engine` builds the engine once the data is known (default: local or ddp from cfg).
+    `datasets` are `load_datasets(cfg)`'s result when the caller loaded them already."""
     setup_process(cfg)
-    train_set, val_set = load_datasets(cfg)
+    train_set, val_set = datasets or load_datasets(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1")) if cfg.engine == "ddp" else 1
     iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=world)
     engine = (make_engine or partial(build_engine, cfg))(train_set.num_classes, iters)

@@ -6,6 +6,7 @@ import copy
 import threading
 from collections import OrderedDict
 
+import pytest
 import torch
 from torch import nn
 
@@ -80,3 +81,23 @@ def test_turnstile_lets_calls_through_in_order() -> None:
         for t in threads:
             t.join(timeout=10)
     assert seen == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
+
+
+def test_master_with_a_bad_data_path_fails_before_any_worker_joins(tmp_path, monkeypatch) -> None:
+    """The data is loaded before RPC: the master's own error names the path, and no worker is ever
+    drawn into a session that would end for them as "master lost"."""
+    from pipeline_procs import make_plans
+
+    from maskrcnn_dist.config import TrainConfig
+    from maskrcnn_dist.engines.pipeline import runtime
+    from maskrcnn_dist.errors import DatasetError
+
+    def no_rpc(*args, **kwargs):
+        raise AssertionError("the master joined RPC before its data was known to load")
+
+    monkeypatch.setattr(runtime, "join_rpc", no_rpc)
+    master, _ = make_plans(port=29999)
+    cfg = TrainConfig(engine="pipeline", output_dir=tmp_path / "out")
+    cfg.data.data_path = tmp_path / "no-such-data"
+    with pytest.raises(DatasetError, match="no-such-data"):
+        runtime.run_pipeline(cfg, master)

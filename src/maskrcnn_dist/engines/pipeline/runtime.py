@@ -150,14 +150,19 @@ def run_pipeline(cfg: TrainConfig, plan: Any):
     if plan.role != "master":
         serve(cfg, plan)
         return None
-    from ...train import train
+    from ...train import load_datasets, setup_process, train
 
+    # The data first: a wrong --data-path or a broken annotation file then stops the master with its
+    # own error before any worker has joined, instead of surfacing mid-session as "master lost".
+    setup_process(cfg)
+    datasets = load_datasets(cfg)
     with master_session(cfg, plan):
         return train(
             cfg,
             make_engine=lambda num_classes, iters: PipelineEngine(
                 cfg, plan.stages, num_classes, iters, device_maps=plan.transport == "device_maps"
             ),
+            datasets=datasets,
         )
 
 
