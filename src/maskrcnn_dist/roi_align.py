@@ -36,17 +36,36 @@ from torchvision.ops.poolers import _convert_to_roi_format, _setup_scales
 ROI_POOLERS = ("box_roi_pool", "mask_roi_pool", "keypoint_roi_pool")
 
 
+def _csr(crow: Tensor, columns: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        # Built here with sorted rows and in-range columns: no need to pay for torch's checks.
+        return torch.sparse_csr_tensor(crow, columns, values, shape, check_invariants=False)
+
+
+def transpose_csr(matrix: Tensor) -> Tensor:
+    """The transpose of a CSR matrix, as CSR (what the backward multiplies by)."""
+    n_rows, n_columns = matrix.shape
+    crow, columns, values = matrix.crow_indices(), matrix.col_indices(), matrix.values()
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow.diff())
+    order = torch.argsort(columns, stable=True)
+    crow_t = torch.zeros(n_columns + 1, dtype=crow.dtype, device=crow.device)
+    crow_t[1:] = torch.cumsum(torch.bincount(columns, minlength=n_columns), 0)
+    return _csr(crow_t, rows[order], values[order], (n_columns, n_rows))
+
+
 class _SparseRowsProduct(torch.autograd.Function):
-    """`matrix @ rows`, whose backward multiplies by the transposed matrix (built once, in CSR)."""
+    """`matrix @ rows`; the backward multiplies by the transpose, built only when a gradient is
+    asked for (evaluation never pays for it)."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, rows: Tensor, matrix: Tensor, transposed: Tensor) -> Tensor:
-        ctx.transposed = transposed  # a constant of the graph, not an input needing a gradient
+    def forward(ctx: torch.autograd.function.FunctionCtx, rows: Tensor, matrix: Tensor) -> Tensor:
+        ctx.matrix = matrix  # a constant of the graph, not an input needing a gradient
         return matrix @ rows
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.transposed @ grad.contiguous(), None, None
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
+        return transpose_csr(ctx.matrix) @ grad.contiguous(), None
 
 
 def _axis_corners(coord: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -72,14 +91,14 @@ def _sample_coords(start: Tensor, end: Tensor, pooled: int, sampling_ratio: int)
     return start[:, None, None] + cell[None, :, None] * bin_size + sample[None, None, :] * bin_size / sampling_ratio
 
 
-def sampling_matrices(
+def sampling_matrix(
     rois: Tensor,
     feature_shape: tuple[int, int, int],
     output_size: tuple[int, int],
     spatial_scale: float,
     sampling_ratio: int,
-) -> tuple[Tensor, Tensor]:
-    """The sparse RoIAlign matrix S (K*ph*pw, N*H*W) and its transpose, both CSR.
+) -> Tensor:
+    """The sparse RoIAlign matrix S (K*ph*pw, N*H*W), in CSR.
 
     `rois` is (K, 5): image index, then x1, y1, x2, y2 in input pixels. Row k*ph*pw + i*pw + j of S
     holds the weights that make output cell (i, j) of RoI k from the rows of the (N*H*W, C) features.
@@ -116,17 +135,7 @@ def sampling_matrices(
     n_rows, n_pixels = n_rois * pooled_h * pooled_w, n_images * height * width
     per_row = 4 * samples
     crow = torch.arange(0, n_rows * per_row + 1, per_row, device=rois.device)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-        matrix = torch.sparse_csr_tensor(crow, columns_t, weights_t, (n_rows, n_pixels), check_invariants=False)
-        order = torch.argsort(columns_t, stable=True)
-        crow_t = torch.zeros(n_pixels + 1, dtype=torch.long, device=rois.device)
-        crow_t[1:] = torch.cumsum(torch.bincount(columns_t, minlength=n_pixels), 0)
-        rows_t = torch.arange(n_rows, device=rois.device).repeat_interleave(per_row)[order]
-        transposed = torch.sparse_csr_tensor(
-            crow_t, rows_t, weights_t[order], (n_pixels, n_rows), check_invariants=False
-        )
-    return matrix, transposed
+    return _csr(crow, columns_t, weights_t, (n_rows, n_pixels))
 
 
 def sparse_roi_align(
@@ -137,13 +146,11 @@ def sparse_roi_align(
     if sampling_ratio <= 0:
         raise ValueError(f"sparse_roi_align needs a fixed sampling_ratio > 0, got {sampling_ratio}")
     n_images, channels, height, width = features.shape
-    matrix, transposed = sampling_matrices(
-        rois.detach(), (n_images, height, width), output_size, spatial_scale, sampling_ratio
-    )
+    matrix = sampling_matrix(rois.detach(), (n_images, height, width), output_size, spatial_scale, sampling_ratio)
     with torch.autocast("cpu", enabled=False):
         # A view for channels_last features; one copy for NCHW ones (or the fp32 cast under amp).
         rows = features.permute(0, 2, 3, 1).reshape(n_images * height * width, channels).float()
-        pooled = _SparseRowsProduct.apply(rows, matrix, transposed)
+        pooled = _SparseRowsProduct.apply(rows, matrix)
     pooled = pooled.view(rois.shape[0], output_size[0], output_size[1], channels).permute(0, 3, 1, 2)
     return pooled.contiguous().to(features.dtype)
 

@@ -13,7 +13,13 @@ from torchvision.ops import MultiScaleRoIAlign, roi_align
 from maskrcnn_dist.config import ModelConfig
 from maskrcnn_dist.model import build_model
 from maskrcnn_dist.perf import set_flush_denormal
-from maskrcnn_dist.roi_align import SparseMultiScaleRoIAlign, sparse_roi_align, use_sparse_roi_align
+from maskrcnn_dist.roi_align import (
+    SparseMultiScaleRoIAlign,
+    sampling_matrix,
+    sparse_roi_align,
+    transpose_csr,
+    use_sparse_roi_align,
+)
 
 # Hand-picked RoIs (image, x1, y1, x2, y2) on a 17 x 13 map at scale 1: the whole map, one poking out
 # top-left, one past the bottom-right edge, a sub-pixel one, one at the far corner, a zero-size one,
@@ -67,6 +73,20 @@ def test_many_random_rois_on_a_large_map_match_torchvision() -> None:
     ours, ref, grad, ref_grad = both(features.contiguous(memory_format=torch.channels_last), rois, (7, 7), 0.25, 2)
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-4)
+
+
+def test_the_transpose_the_backward_uses_is_the_matrix_transposed() -> None:
+    matrix = sampling_matrix(torch.tensor(EDGE_ROIS), (2, 13, 17), (3, 4), 1.0, 2)
+    assert matrix.shape == (len(EDGE_ROIS) * 12, 2 * 13 * 17)
+    torch.testing.assert_close(transpose_csr(matrix).to_dense(), matrix.to_dense().t(), rtol=0, atol=0)
+
+
+def test_evaluation_pools_without_building_the_backward() -> None:
+    features = torch.randn(2, 8, 13, 17, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pooled = sparse_roi_align(features, torch.tensor(EDGE_ROIS), (7, 7), 1.0, 2)
+    assert pooled.grad_fn is None
+    torch.testing.assert_close(pooled, roi_align(features, torch.tensor(EDGE_ROIS), (7, 7), 1.0, 2), rtol=0, atol=1e-5)
 
 
 def test_no_rois_gives_an_empty_result() -> None:
