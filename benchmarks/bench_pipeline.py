@@ -1,6 +1,6 @@
 """Single process vs the pipeline engine (M = 1, 2, 4 micro-batches) on CPU, one thread per process.
 
-    python benchmarks/bench_pipeline.py [--steps 4] [--batch 4] [--size 128] [--json out.json]
+    python benchmarks/bench_pipeline.py [--steps 4] [--batch 4] [--size 128] [--json-out out.json]
 
 Starts two stage workers on localhost (stage 1 = transform + backbone, stage 2 = RPN + RoI heads)
 and drives them from this process (the master). Per configuration it prints images/s, each stage's
@@ -13,7 +13,6 @@ filled pipeline) with the measured/ideal ratio. Numbers depend on what else the 
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import subprocess
 import sys
@@ -24,6 +23,9 @@ from pathlib import Path
 import torch
 
 from maskrcnn_dist.config import ModelConfig, OptimConfig, PipelineConfig, TrainConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_engines  # noqa: E402  (a sibling script, not a package)
 
 NUM_CLASSES = 3
 
@@ -138,12 +140,12 @@ def run_master(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def print_table(results: list[dict]) -> None:
+def render_table(results: list[dict]) -> str:
     header = (
         f"{'config':<20}{'img/s':>8}{'step s':>8}{'busy s (per stage)':>22}{'bubble':>8}"
         f"{'ideal img/s':>12}{'ratio':>7}  bytes/step (w1->w2 fwd, bwd)"
     )
-    print(header)
+    lines = [header]
     for r in results:
         busy = " / ".join(f"{b:.2f}" for b in r["stage_busy_s"]) or "-"
         links = r["bytes_per_link"]
@@ -155,10 +157,11 @@ def print_table(results: list[dict]) -> None:
             if links
             else "-"
         )
-        print(
+        lines.append(
             f"{r['config']:<20}{r['images_per_s']:>8.2f}{r['step_s']:>8.2f}{busy:>22}"
             f"{r['bubble_fraction']:>8.2f}{r['ideal_images_per_s']:>12.2f}{r['ratio_to_ideal']:>7.2f}  {traffic}"
         )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -169,7 +172,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--bf16", action="store_true", help="also measure bf16 feature transport")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -179,11 +182,7 @@ def main() -> None:
         serve(config(args.size, max(args.micro), False), localhost_plan(args.port, args.worker))
         return
     results = run_master(args)
-    print_table(results)
-    text = json.dumps(results, indent=2)
-    if args.json:
-        args.json.write_text(text)
-    print(text)
+    bench_engines.emit(render_table(results), {"runs": results}, args.json_out)
 
 
 if __name__ == "__main__":
