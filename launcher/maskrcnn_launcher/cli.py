@@ -174,7 +174,8 @@ def launch(
     type=float,
     default=60.0,
     show_default=True,
-    help="After one pod fails, seconds the others get to stop on their own before being terminated.",
+    help="After one pod fails, seconds the others get to stop on their own before being terminated "
+    "(pods whose trainer has not started yet are stopped at once).",
 )
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 @_reports_errors

@@ -27,6 +27,9 @@ from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
 PIPELINE_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "pipeline")
 DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
 
+# Printed just before the launcher hands its process to the trainer (`local` watches for it).
+EXEC_MARK = " exec: "
+
 
 def trainer_command(
     plan: PodPlan, args: Sequence[str], trainer_cmd: Sequence[str] | None = None, python: str = sys.executable
@@ -84,7 +87,7 @@ def launch(
         wait_for_master(plan.master_addr, plan.master_port, policy, log)
     argv = trainer_command(plan, args, trainer_cmd)
     env = trainer_environment(plan, base_env)
-    log(f"maskrcnn-launch: {plan.rpc_name} (rank {plan.rank}/{plan.world_size}) exec: {shlex.join(argv)}")
+    log(f"maskrcnn-launch: {plan.rpc_name} (rank {plan.rank}/{plan.world_size}){EXEC_MARK}{shlex.join(argv)}")
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -3,8 +3,9 @@
 Each pod is a real `maskrcnn-launch launch` process with an explicit identity (`--role`,
 `--index`, `--master-addr 127.0.0.1`), exactly what a bare node would run, so the demo and the
 tests exercise the same start-up path as a cluster. Output lines are prefixed with the pod's RPC
-name. When one pod fails, the others get `grace_s` seconds to notice on their own (the trainer
-exits when it loses a peer) before they are terminated: the group never hangs.
+name. When one pod fails, pods still waiting for their peers (their trainer not started: nothing
+to lose) are stopped at once, and the others get `grace_s` seconds to notice on their own (the
+trainer exits when it loses a peer) before they are terminated: the group never hangs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from maskrcnn_launcher.launch import EXEC_MARK
 from maskrcnn_launcher.plan import derive_job
 from maskrcnn_launcher.topology import load_topology
 
@@ -81,7 +83,11 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
         )
         for pod in pods
     }
-    pumps = [threading.Thread(target=_pump, args=(name, proc, echo), daemon=True) for name, proc in procs.items()]
+    trainer_started = {name: threading.Event() for name in procs}
+    pumps = [
+        threading.Thread(target=_pump, args=(name, proc, echo, trainer_started[name]), daemon=True)
+        for name, proc in procs.items()
+    ]
     for pump in pumps:
         pump.start()
     first_failure: int | None = None
@@ -93,6 +99,10 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
                 first_failure = failed[0][1]
                 deadline = time.monotonic() + grace_s
                 echo(f"[local] {failed[0][0]} exited with {failed[0][1]}; others get {grace_s:g}s to stop")
+                waiting = [n for n, p in procs.items() if p.poll() is None and not trainer_started[n].is_set()]
+                if waiting:
+                    echo(f"[local] {', '.join(waiting)}: still waiting for peers, stopping now")
+                    _stop_all(procs[n] for n in waiting)
             if deadline is not None and time.monotonic() > deadline:
                 echo("[local] grace period over: terminating the remaining pods")
                 break
@@ -117,9 +127,11 @@ def _die_with_parent() -> None:
         pass  # not Linux/glibc: the SIGTERM handler above is the only safety net
 
 
-def _pump(name: str, proc: subprocess.Popen, echo: Callable[[str], None]) -> None:
+def _pump(name: str, proc: subprocess.Popen, echo: Callable[[str], None], trainer_started: threading.Event) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
+        if line.startswith("maskrcnn-launch: ") and EXEC_MARK in line:
+            trainer_started.set()
         echo(f"[{name}] {line.rstrip()}")
 
 

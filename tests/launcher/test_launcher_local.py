@@ -64,3 +64,22 @@ def test_a_failed_pod_stops_the_group_within_the_grace_period(tmp_path: Path) ->
     assert result.returncode == 5, result.stdout + result.stderr
     assert "worker2 exited with 5" in result.stdout
     assert time.monotonic() - started < 60  # worker1 (sleeping 600 s) and the master were terminated
+
+
+MASTER_FAILS_AT_ONCE = STAND_IN.replace(
+    "import json, os, socket, sys",
+    "import json, os, socket, sys\nif os.environ['RANK'] == '0': sys.exit(2)",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_pods_still_waiting_for_peers_are_stopped_at_once(tmp_path: Path) -> None:
+    """A master that fails before opening its port (a bad --data-path): the workers, still waiting
+    for it in their launchers, have nothing to lose and are stopped without the grace period."""
+    started = time.monotonic()
+    result = run_local(tmp_path, MASTER_FAILS_AT_ONCE, "--grace", "60")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "master exited with 2" in result.stdout
+    assert "worker1, worker2: still waiting for peers, stopping now" in result.stdout
+    assert time.monotonic() - started < 25  # neither the 60 s grace nor the 30 s port wait
