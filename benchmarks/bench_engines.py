@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -155,35 +156,40 @@ def cli_args(flags: dict[str, Any]) -> list[str]:
     return args
 
 
-def run_ddp(cfg: BenchConfig, data_path: Path, output_dir: Path, processes: int = 2, threads: int = 1) -> EngineResult:
-    """The ddp engine under torchrun on this host, as `maskrcnn-dist train --engine ddp` runs it."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    flags = {**train_flags(cfg, data_path, output_dir), "engine": "ddp", "threads": threads}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(processes),
-        "-m",
-        "maskrcnn_dist.cli",
-        "train",
-        *cli_args(flags),
-    ]
-    log_file = output_dir / "torchrun.log"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    started = time.monotonic()
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(processes: int, flags: dict[str, Any]) -> list[str]:
+    """`maskrcnn-dist train` under torchrun with `processes` ranks on this host."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    return [*torchrun, "-m", "maskrcnn_dist.cli", "train", *cli_args(flags)]
+
+
+def run_group(command: list[str], env: dict[str, str], log_file: Path, timeout_s: float) -> None:
+    """Run `command` in its own session, logging to `log_file`, and end its whole process group
+    afterwards; a non-zero exit raises with the log's last lines."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
-        # Its own session: torchrun and its ranks form one process group we can end together.
+        # Its own session: torchrun (or the launcher) and its ranks form one group we can end together.
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            code = proc.wait(timeout=cfg.timeout_s)
+            code = proc.wait(timeout=timeout_s)
         finally:  # Ctrl-C, timeout, a clean exit: never leave ranks behind
             _end_group(proc)
     if code != 0:
         tail = "\n".join(log_file.read_text().splitlines()[-30:])
-        raise RuntimeError(f"torchrun exited with {code}; last lines of {log_file}:\n{tail}")
+        raise RuntimeError(f"{command[:4]} exited with {code}; last lines of {log_file}:\n{tail}")
+
+
+def run_ddp(cfg: BenchConfig, data_path: Path, output_dir: Path, processes: int = 2, threads: int = 1) -> EngineResult:
+    """The ddp engine under torchrun on this host, as `maskrcnn-dist train --engine ddp` runs it."""
+    flags = {**train_flags(cfg, data_path, output_dir), "engine": "ddp", "threads": threads}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    run_group(torchrun_command(processes, flags), env, output_dir / "torchrun.log", cfg.timeout_s)
     return measure(output_dir / "metrics.jsonl", cfg, "ddp", processes, threads, time.monotonic() - started)
 
 

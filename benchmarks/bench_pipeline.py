@@ -13,7 +13,6 @@ filled pipeline) with the measured/ideal ratio. Numbers depend on what else the 
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -116,9 +115,7 @@ def run_master(args: argparse.Namespace) -> list[dict]:
     times, _ = timed_steps(local, batch, args.steps, args.warmup)
     results.append(summarize("single process", args.batch, times, []))
     del local
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = bench_engines.free_port()
     workers = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", str(rank), "--port", str(port), "--size", str(args.size)]

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,8 @@ import bench_engines  # noqa: E402  (a sibling script, not a package)
 ENGINES = ("local", "ddp", "pipeline")
 PRECISIONS = ("fp32", "amp")
 MICRO_BATCHES = 4
+# (processes, intra-op threads per process) of each engine's run.
+LAYOUT = {"local": (1, 2), "ddp": (2, 1), "pipeline": (3, 1)}
 CONFIGS = {
     "small": bench_engines.BenchConfig(
         model="maskrcnn_resnet18_fpn",
@@ -81,31 +81,11 @@ class Row:
     batch_size: int
     processes: int
     threads_per_process: int
-    images_per_s: float | None
-    median_step_images_per_s: float | None
-    seconds: float | None
-    wall_s: float | None
+    images_per_s: float
+    median_step_images_per_s: float
+    seconds: float
+    wall_s: float
     note: str = ""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _run_group(command: list[str], env: dict[str, str], log_file: Path, timeout_s: float) -> None:
-    """Run `command` in its own session and end the whole group afterwards (no stray ranks)."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        finally:
-            bench_engines._end_group(proc)
-    if code != 0:
-        tail = "\n".join(log_file.read_text().splitlines()[-30:])
-        raise RuntimeError(f"{command[:4]} exited with {code}; last lines of {log_file}:\n{tail}")
 
 
 def run_engine(
@@ -114,46 +94,27 @@ def run_engine(
     """One training run of `engine` as a fresh process tree; throughput from its metrics file."""
     if engine == "pipeline":
         cfg = replace(cfg, batch_size=max(cfg.batch_size, MICRO_BATCHES))
+    processes, threads = LAYOUT[engine]
     flags: dict[str, Any] = {
         **bench_engines.train_flags(cfg, data, out),
         "max-size": MAX_SIZE[name],
         "amp": amp,
         "flush-denormal": True,
+        "threads": threads,
     }
-    threads = {"local": 2, "ddp": 1, "pipeline": 1}[engine]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    python = sys.executable
     if engine == "local":
-        command = [python, "-m", "maskrcnn_dist.cli", "train", *bench_engines.cli_args({**flags, "threads": 2})]
-        processes = 1
+        command = [sys.executable, "-m", "maskrcnn_dist.cli", "train", *bench_engines.cli_args(flags)]
     elif engine == "ddp":
-        command = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        command += [
-            "-m",
-            "maskrcnn_dist.cli",
-            "train",
-            *bench_engines.cli_args({**flags, "engine": "ddp", "threads": 1}),
-        ]
-        processes = 2
+        command = bench_engines.torchrun_command(processes, {**flags, "engine": "ddp"})
     else:
-        flags |= {"threads": 1, "micro-batches": MICRO_BATCHES}
-        command = [python, "-m", "maskrcnn_launcher", "local", "--master-port", str(_free_port()), "--grace", "5"]
-        command += ["--", *bench_engines.cli_args(flags)]
+        port = str(bench_engines.free_port())
+        command = [sys.executable, "-m", "maskrcnn_launcher", "local", "--master-port", port, "--grace", "5"]
+        command += ["--", *bench_engines.cli_args({**flags, "micro-batches": MICRO_BATCHES})]
         processes = 1  # only the master reads data: images per step = its batch
     started = time.monotonic()
-    _run_group(command, env, out / "run.log", cfg.timeout_s)
+    bench_engines.run_group(command, env, out / "run.log", cfg.timeout_s)
     return bench_engines.measure(out / "metrics.jsonl", cfg, engine, processes, threads, time.monotonic() - started)
-
-
-def pipeline_supports_amp() -> str:
-    """'' when the pipeline's stage hosts run under autocast, else why its amp rows are not measured."""
-    try:
-        from maskrcnn_dist.engines.pipeline import host
-    except ImportError as exc:
-        return f"pipeline engine not importable: {exc}"
-    if "amp" not in {f.name for f in host.StageSpec.__dataclass_fields__.values()}:
-        return "not measured: the pipeline's stage hosts do not run --amp yet"
-    return ""
 
 
 # -- the data loader alone -----------------------------------------------------------------------
@@ -271,8 +232,8 @@ def render(rows: list[Row], loaders: dict[str, Any], gains: dict[str, float], ho
             r.precision,
             str(r.batch_size),
             f"{r.processes} x {r.threads_per_process}",
-            "-" if r.images_per_s is None else f"{r.images_per_s:.3f}",
-            "-" if r.median_step_images_per_s is None else f"{r.median_step_images_per_s:.3f}",
+            f"{r.images_per_s:.3f}",
+            f"{r.median_step_images_per_s:.3f}",
             r.note,
         )
         for r in rows
@@ -330,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: end run groups
     torch.set_flush_denormal(True)
-    amp_note = pipeline_supports_amp() if "pipeline" in args.engines else ""
     host = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_isa(), "conv_probe": conv_probe()}
     print(f"host: {host}", file=sys.stderr, flush=True)
     rows: list[Row] = []
@@ -352,27 +312,20 @@ def main(argv: list[str] | None = None) -> int:
             results: dict[tuple[str, str], list[bench_engines.EngineResult]] = {}
             for repeat in range(args.repeats):
                 for engine, precision in plan if repeat % 2 == 0 else plan[::-1]:
-                    if engine == "pipeline" and precision == "amp" and amp_note:
-                        continue
                     out = work / name / f"{engine}-{precision}-{repeat}"
                     result = run_engine(name, cfg, engine, precision == "amp", data, out)
                     print(f"{name} {engine} {precision}: {result}", file=sys.stderr, flush=True)
                     results.setdefault((engine, precision), []).append(result)
             for engine, precision in plan:
-                runs = results.get((engine, precision))
+                runs = results[(engine, precision)]
                 batch = max(cfg.batch_size, MICRO_BATCHES) if engine == "pipeline" else cfg.batch_size
-                procs, threads = {"local": (1, 2), "ddp": (2, 1), "pipeline": (3, 1)}[engine]
-                if not runs:
-                    rows.append(Row(name, engine, precision, batch, procs, threads, None, None, None, None, amp_note))
-                    continue
                 rows.append(
                     Row(
                         name,
                         engine,
                         precision,
                         batch,
-                        procs,
-                        threads,
+                        *LAYOUT[engine],
                         round(statistics.median(r.images_per_s for r in runs), 3),
                         round(statistics.median(r.median_step_images_per_s for r in runs), 3),
                         round(statistics.median(r.seconds for r in runs), 2),
