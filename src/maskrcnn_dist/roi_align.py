@@ -1,8 +1,8 @@
-"""RoIAlign on CPU as a sparse matrix product: the same numbers as torchvision's kernel, 5-12x faster.
+"""RoIAlign on CPU as a sparse matrix product: the same numbers as torchvision's kernel, 5-7x faster.
 
 Why. torchvision's CPU RoIAlign is a scalar loop on one thread; its backward scatters every
 sample into an NCHW gradient. For Mask R-CNN R50-FPN at 800 px it took ~15% of a bf16 training
-step on 2 cores (benchmarks/bench_roi_align.py has the per-level figures).
+step on 2 cores (benchmarks/bench_roi_align.py has the figures per head).
 
 How. Each output cell of RoIAlign (aligned=False, a fixed sampling ratio) is a weighted sum of
 4 * sampling_ratio**2 feature-map pixels: the bilinear corners of its sample points, each weight
@@ -15,7 +15,7 @@ cell and one column per feature pixel, so with the features as rows of channels
 Both products run in MKL's sparse kernels on every intra-op thread, with C contiguous channels
 per row. The weights follow torchvision's kernel exactly (coordinates, clamping at the border,
 samples beyond one pixel outside the map contributing zero); only the order of the additions
-differs, so results agree to float rounding (tests/test_roi_align.py).
+differs, so results agree to float rounding (tests/trainer/test_roi_align.py).
 
 The computation is in fp32 whatever the features' dtype (under --amp the features are bf16):
 RoI ops are on the list of what keeps full precision. The result returns in the features' dtype,
@@ -30,7 +30,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 from torchvision.ops import MultiScaleRoIAlign
-from torchvision.ops.poolers import _convert_to_roi_format, _setup_scales
+from torchvision.ops.poolers import _convert_to_roi_format, _filter_input, _setup_scales
 
 # The poolers of torchvision's RoIHeads that are swapped for the sparse kind.
 ROI_POOLERS = ("box_roi_pool", "mask_roi_pool", "keypoint_roi_pool")
@@ -160,8 +160,8 @@ class SparseMultiScaleRoIAlign(MultiScaleRoIAlign):
     `sparse_roi_align` on CPU. Elsewhere, or with an adaptive sampling ratio, it is torchvision's."""
 
     def forward(self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]) -> Tensor:
-        features = [v for k, v in x.items() if k in self.featmap_names]
-        if features[0].device.type != "cpu" or self.sampling_ratio <= 0 or torch.jit.is_scripting():
+        features = _filter_input(x, self.featmap_names)
+        if features[0].device.type != "cpu" or self.sampling_ratio <= 0:
             return super().forward(x, boxes, image_shapes)
         if self.scales is None or self.map_levels is None:
             self.scales, self.map_levels = _setup_scales(
