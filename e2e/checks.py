@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
+
+from maskrcnn_dist.metrics import METRICS_FILE, read_metrics
 
 CHECKPOINT = re.compile(r"^checkpoint_(\d{8})\.pt$")
 # Anything a checkpoint writer could leave behind: the atomic writer's `.checkpoint_<step>.pt.tmp-<pid>`,
@@ -29,16 +30,9 @@ def require(ok: bool, message: str) -> None:
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed writer
-            continue
-    return records
+    """The run's metrics records so far (none before the trainer starts writing)."""
+    path = run_dir / METRICS_FILE
+    return read_metrics(path) if path.is_file() else []
 
 
 def train_steps(records: list[dict[str, Any]]) -> list[int]:
