@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from maskrcnn_dist.config import small_cpu_run, to_argv
 
 ENGINES = ("local", "ddp")
 
@@ -61,16 +62,13 @@ class EngineResult:
 
 
 def train_flags(cfg: BenchConfig, data_path: Path, output_dir: Path) -> dict[str, Any]:
-    """The flags both engines share (CLI names, as in config.FLAGS)."""
-    return {
-        "model": cfg.model,
-        "min-size": cfg.image_size,
-        "max-size": cfg.image_size,
+    """The flags both engines share: the small CPU run (config.small_cpu_run) with this benchmark's model,
+    size and schedule."""
+    return small_cpu_run(cfg.image_size, model=cfg.model) | {
         "data-path": data_path,
         "output-dir": output_dir,
         "batch-size": cfg.batch_size,
         "workers": cfg.workers,
-        "device": "cpu",
         "seed": cfg.seed,
         "max-steps": cfg.warmup + cfg.steps,
         # One epoch is at least as long as the run (see make_dataset), so no epoch end falls inside
@@ -81,10 +79,8 @@ def train_flags(cfg: BenchConfig, data_path: Path, output_dir: Path) -> dict[str
         "checkpoint-period": 0,
         "keep-checkpoints": 1,
         "print-freq": cfg.warmup + cfg.steps,
-        # Fixed order (no aspect-ratio grouping), and a clipped gradient: a from-scratch model must
-        # not stop the benchmark with a non-finite loss.
+        # Fixed order (no aspect-ratio grouping).
         "aspect-ratio-group-factor": -1,
-        "clip-grad-norm": 10.0,
     }
 
 
@@ -145,27 +141,10 @@ def run_local(cfg: BenchConfig, data_path: Path, output_dir: Path, threads: int 
     return measure(output_dir / "metrics.jsonl", cfg, "local", 1, threads, time.monotonic() - started)
 
 
-def cli_args(flags: dict[str, Any]) -> list[str]:
-    """`--name value` for each flag; booleans as `--name` / `--no-name`, as the CLI defines them."""
-    args: list[str] = []
-    for name, value in flags.items():
-        if isinstance(value, bool):
-            args.append(f"--{name}" if value else f"--no-{name}")
-        else:
-            args += [f"--{name}", str(value)]
-    return args
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun_command(processes: int, flags: dict[str, Any]) -> list[str]:
     """`maskrcnn-dist train` under torchrun with `processes` ranks on this host."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    return [*torchrun, "-m", "maskrcnn_dist.cli", "train", *cli_args(flags)]
+    return [*torchrun, "-m", "maskrcnn_dist.cli", "train", *to_argv(flags)]
 
 
 def run_group(command: list[str], env: dict[str, str], log_file: Path, timeout_s: float) -> None:

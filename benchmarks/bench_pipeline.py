@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from maskrcnn_dist.config import ModelConfig, OptimConfig, PipelineConfig, TrainConfig
+from maskrcnn_dist.config import ModelConfig, OptimConfig, PeersConfig, PipelineConfig, TrainConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)
@@ -37,7 +37,8 @@ def config(size: int, micro_batches: int, bf16: bool) -> TrainConfig:
         seed=0,
         model=ModelConfig(name="maskrcnn_resnet18_fpn", min_size=size, max_size=size),
         optim=OptimConfig(lr=0.005, warmup_iters=0, lr_steps=(1000,), clip_grad_norm=5.0),
-        pipeline=PipelineConfig(micro_batches=micro_batches, bf16_transport=bf16, rpc_timeout=120.0),
+        peers=PeersConfig(timeout=120.0),
+        pipeline=PipelineConfig(micro_batches=micro_batches, bf16_transport=bf16),
     )
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from maskrcnn_dist.config import to_argv
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)
 
@@ -104,13 +106,13 @@ def run_engine(
     }
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     if engine == "local":
-        command = [sys.executable, "-m", "maskrcnn_dist.cli", "train", *bench_engines.cli_args(flags)]
+        command = [sys.executable, "-m", "maskrcnn_dist.cli", "train", *to_argv(flags)]
     elif engine == "ddp":
         command = bench_engines.torchrun_command(processes, {**flags, "engine": "ddp"})
     else:
         port = str(bench_engines.free_port())
         command = [sys.executable, "-m", "maskrcnn_launcher", "local", "--master-port", port, "--grace", "5"]
-        command += ["--", *bench_engines.cli_args({**flags, "micro-batches": MICRO_BATCHES})]
+        command += ["--", *to_argv({**flags, "micro-batches": MICRO_BATCHES})]
         processes = 1  # only the master reads data: images per step = its batch
     started = time.monotonic()
     bench_engines.run_group(command, env, out / "run.log", cfg.timeout_s)

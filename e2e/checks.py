@@ -10,13 +10,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from maskrcnn_dist.metrics import METRICS_FILE, read_metrics
+from maskrcnn_dist.metrics import read_metrics
+from maskrcnn_dist.run_dir import CHECKPOINT_NAME as CHECKPOINT
+from maskrcnn_dist.run_dir import CHECKPOINT_TMP_NAME as TMP
+from maskrcnn_dist.run_dir import METRICS_FILE, checkpoint_dir
 
-CHECKPOINT = re.compile(r"^checkpoint_(\d{8})\.pt$")
-# Anything a checkpoint writer could leave behind: the atomic writer's `.checkpoint_<step>.pt.tmp-<pid>`,
-# or any other partial name that mentions a checkpoint.
+# Anything a checkpoint writer could leave behind: the atomic writer's temporary file (TMP), or any
+# other partial name that mentions a checkpoint.
 CHECKPOINT_LIKE = re.compile(r"checkpoint", re.IGNORECASE)
-TMP = re.compile(r"^\.checkpoint_\d{8}\.pt\.tmp-\d+$")  # checkpoint.save_checkpoint's temporary file
 AP_KEYS = ("bbox_AP", "segm_AP")
 
 
@@ -44,7 +45,7 @@ def last_train_step(run_dir: Path) -> int:
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
-    folder = run_dir / "checkpoints"
+    folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
         return []
     return sorted(int(m[1]) for p in folder.iterdir() if (m := CHECKPOINT.match(p.name)))
@@ -81,7 +82,7 @@ def check_checkpoints(run_dir: Path, expected_steps: list[int] | None = None, ju
     `just_crashed`: right after a writer was killed its temporary file may still be there (the next
     save removes it); it must be the atomic writer's `.checkpoint_<step>.pt.tmp-<pid>`, never a
     file under a checkpoint's own name."""
-    folder = run_dir / "checkpoints"
+    folder = checkpoint_dir(run_dir)
     require(folder.is_dir(), f"{folder}: no checkpoint folder")
     strays = [p.name for p in folder.iterdir() if CHECKPOINT_LIKE.search(p.name) and not CHECKPOINT.match(p.name)]
     if just_crashed:

@@ -26,6 +26,9 @@ from typing import Any
 
 import yaml
 
+from maskrcnn_dist.config import small_cpu_run, to_argv
+from maskrcnn_dist.run_dir import METRICS_FILE
+
 from . import checks
 from .checks import Failed, require
 from .docker import LABEL, Cluster, DockerError, docker
@@ -66,20 +69,26 @@ def trainer_args(
     epochs: int = 20,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """Small CPU schedule: R18-FPN at 64-96 px, 8 synthetic images, batch 2, one thread per process."""
-    args = ["--data-path", "/data/synthetic"]
-    if synthetic:
-        args += ["--synthetic-images", "8", "--synthetic-image-size", "96"]
-    args += [
-        "--model", "maskrcnn_resnet18_fpn", "--min-size", "64", "--max-size", "96",
-        "--batch-size", "2", "--workers", "0", "--threads", "1", "--flush-denormal",
-        "--epochs", str(epochs), "--max-steps", str(steps), "--no-eval-every-epoch",
-        "--checkpoint-period", str(checkpoint_period), "--keep-checkpoints", str(keep),
-        "--rpc-timeout", str(RPC_TIMEOUT), "--print-freq", "1",
-        *extra,
-        "--output-dir", "/data/runs/{{ .Release.Name }}", "--resume", "auto",
-    ]  # fmt: skip
-    return args
+    """The small CPU run (config.small_cpu_run): R18-FPN at 64-96 px, 8 synthetic images, batch 2, one
+    thread per process."""
+    flags = small_cpu_run(
+        96,
+        min_size=64,
+        data_path="/data/synthetic",
+        **({"synthetic_images": 8, "synthetic_image_size": 96} if synthetic else {}),
+        batch_size=2,
+        workers=0,
+        threads=1,
+        flush_denormal=True,
+        epochs=epochs,
+        max_steps=steps,
+        eval_every_epoch=False,
+        checkpoint_period=checkpoint_period,
+        keep_checkpoints=keep,
+        rpc_timeout=RPC_TIMEOUT,
+        print_freq=1,
+    )
+    return [*to_argv(flags), *extra, "--output-dir", "/data/runs/{{ .Release.Name }}", "--resume", "auto"]
 
 
 class Deployment:
@@ -149,8 +158,8 @@ class Deployment:
         return self.volume / RUN_DIR.removeprefix("/data/")
 
     def keep_metrics(self) -> None:
-        if self.release is not None and (self.run_dir / "metrics.jsonl").is_file():
-            shutil.copy(self.run_dir / "metrics.jsonl", self.out / "metrics.jsonl")
+        if self.release is not None and (self.run_dir / METRICS_FILE).is_file():
+            shutil.copy(self.run_dir / METRICS_FILE, self.out / METRICS_FILE)
 
     def prepare_dataset(self) -> None:
         """What a user does before a ddp run: put the dataset on the volume (here: the synthetic set)."""
@@ -537,7 +546,7 @@ def scenario_bare_nodes(settings: Settings) -> dict[str, Any]:
         run_dir = data / re.search(r"--output-dir\s+/data/(\S+)", recipe).group(1)
         final = checks.check_training_complete(run_dir, steps)
         checks.check_checkpoints(run_dir)
-        shutil.copy(run_dir / "metrics.jsonl", d.out / "metrics.jsonl")
+        shutil.copy(run_dir / METRICS_FILE, d.out / METRICS_FILE)
         return {
             "recipe": str(source.relative_to(ROOT)),
             "train_seconds": round(time.monotonic() - started, 1),

@@ -1,5 +1,5 @@
-"""`maskrcnn-launch`: plan, validate, launch. Thin over the library; exit 2 on bad input, 3 on an
-unreachable master."""
+"""`maskrcnn-launch`: plan, validate, launch, local, status. Thin over the library; exit 2 on bad
+input (or a cluster that cannot answer `status`), 3 on an unreachable master."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -17,7 +18,7 @@ from maskrcnn_launcher.errors import LauncherError, PeerTimeout
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
 from maskrcnn_launcher.launch import must_wait, parse_trainer_cmd, trainer_command
-from maskrcnn_launcher.peers import WaitPolicy
+from maskrcnn_launcher.peers import WaitPolicy, free_port
 from maskrcnn_launcher.plan import derive_job, derive_pod
 from maskrcnn_launcher.render import plan_json, plan_table
 from maskrcnn_launcher.topology import builtin_topologies, load_topology
@@ -62,7 +63,9 @@ def main() -> None:
 
 @main.command()
 @_topology_option
-@click.option("--json", "as_json", is_flag=True, help="Print the job plan as JSON (one MASKRCNN_POD_PLAN per pod).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the job plan as JSON (each pod's `plan` is its MASKRCNN_POD_PLAN)."
+)
 @click.option("--prefix", default="maskrcnn", show_default=True, help="StatefulSet name prefix (the release).")
 @click.option("--service", default=None, help="Headless Service name [default: <prefix>-headless].")
 @click.option("--namespace", default="default", show_default=True)
@@ -138,13 +141,15 @@ def launch(
     topology = load_topology(topology_ref)
     identity = resolve_identity(IdentityInputs(role, index, master_addr, master_port), env, topology)
     pod = derive_pod(topology, identity)
+    plan = pod.plan
     command = parse_trainer_cmd(trainer_cmd, env)
     if dry_run:
         doc = {
             "identity_source": identity.source,
-            "waits_for": f"{pod.master_addr}:{pod.master_port}" if must_wait(pod) else None,
+            "waits_for": f"{plan.master_addr}:{plan.master_port}" if must_wait(pod) else None,
             "argv": trainer_command(pod, trainer_args, command),
-            "env": contract.exported_env(pod),
+            "env": pod.exported_env(),
+            "pod": pod.to_dict(),
         }
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -153,7 +158,7 @@ def launch(
     def log(message: str) -> None:
         click.echo(message, err=True)
 
-    log(f"maskrcnn-launch: {pod.role} {pod.index} ({identity.source}); master {pod.master_addr}:{pod.master_port}")
+    log(f"maskrcnn-launch: {plan.role} {plan.index} ({identity.source}); master {plan.master_addr}:{plan.master_port}")
     run_launch(pod, trainer_args, command, policy, env, log)
 
 
@@ -161,10 +166,9 @@ def launch(
 @_topology_option
 @click.option(
     "--master-port",
-    type=int,
-    default=contract.DEFAULT_MASTER_PORT,
-    show_default=True,
-    help="Loopback port of the master.",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Loopback port of the master [default: a free one, picked by binding port 0].",
 )
 @click.option(
     "--wait-timeout", type=float, default=120.0, show_default=True, help="Seconds each worker waits for the master."
@@ -180,17 +184,56 @@ def launch(
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 @_reports_errors
 def local(
-    topology_ref: str | None, master_port: int, wait_timeout: float, grace: float, trainer_args: tuple[str, ...]
+    topology_ref: str | None,
+    master_port: int | None,
+    wait_timeout: float,
+    grace: float,
+    trainer_args: tuple[str, ...],
 ) -> None:
     """Run every pod of the topology as a local process on loopback (the multi-machine job on one host).
 
     Each pod is a real `launch` with an explicit identity, as on bare nodes. Exits with the first
-    failing pod's status.
+    failing pod's status. Without --master-port the master gets a free loopback port: the port is
+    released again before the master binds it, so another program may take it in between (rare; the
+    master then fails to bind and the group stops).
     """
     from maskrcnn_launcher.local import local_pods, run_local
 
-    pods = local_pods(topology_ref, master_port, trainer_args, wait_timeout)
+    port = master_port if master_port is not None else free_port()
+    pods = local_pods(topology_ref, port, trainer_args, wait_timeout)
     sys.exit(run_local(pods, grace, echo=lambda line: click.echo(line)))
+
+
+@main.command()
+@click.option("--release", required=True, help="Helm release name (the pods' app.kubernetes.io/instance label).")
+@click.option(
+    "-n",
+    "--namespace",
+    default=None,
+    help="Namespace [default: the kubeconfig context's; in a pod, its own; else default].",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_reports_errors
+def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json: bool) -> None:
+    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress.
+
+    Needs the kubernetes client (pip install 'maskrcnn-launcher[k8s]'); every request is bounded by
+    a timeout and not retried, so an unreachable cluster is one error line within seconds.
+    """
+    from maskrcnn_launcher.status import connect, release_status, render_status
+
+    connection = connect(kubeconfig)
+    try:
+        result = release_status(release, namespace or connection.namespace, api=connection.api)
+    finally:
+        connection.close()
+    click.echo(render_status(result, as_json=as_json))
 
 
 def _wait_timeout(flag: float | None, env: dict[str, str]) -> float:

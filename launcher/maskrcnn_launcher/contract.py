@@ -1,4 +1,4 @@
-"""The environment contract between pod spec, launcher and trainer: the one file that owns it.
+"""The contract between pod spec, launcher, trainer and status reader: the one file that owns it.
 
 Like Kubeflow's `envvar.go`: every variable the launcher reads or exports is named here once, and
 the record it hands the trainer (`PodPlan`, serialised into `MASKRCNN_POD_PLAN`) is defined here.
@@ -6,6 +6,13 @@ The Helm chart's test compares the rendered pod specs against `POD_ENV_VARS`; th
 
     from maskrcnn_launcher.contract import PodPlan
     plan = PodPlan.from_env()
+
+Besides the variables and the record, every decision two sides must take the same way lives here,
+once: the StatefulSet pod name (`pod_name`, `parse_pod_name`: the launcher derives ranks from it,
+`status` reads pods back with it), the module order and placement rule (`MODULES`,
+`placement_problems`, `validate_placement`: the topology check and the trainer's stage split), the
+process-group backend (`process_group_backend`) and the trainer's console progress line
+(`format_progress_line`, `parse_progress_line`: the trainer writes it, `status` reads it back).
 
 Only the standard library is imported: the trainer imports this module next to torch, the launcher
 without it.
@@ -15,7 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -97,15 +105,179 @@ DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_WAIT_TIMEOUT_S = 300.0
 
+#: Version of the `MASKRCNN_POD_PLAN` record; a launcher and a trainer that disagree fail at start-up
+#: with a clear message instead of misreading each other. 2: the launcher-only fields left the record.
+PLAN_VERSION = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Pod names: the launcher derives a pod's rank from its name, `status` reads pods back with it.
+# ---------------------------------------------------------------------------------------------
+
+ROLES = ("master", "worker")
+
+# DNS-1123 label prefix, then the StatefulSet suffix. The prefix match is greedy, so a release
+# called `a-worker-1` still parses as `a-worker-1-worker-<i>`.
+_POD_NAME = re.compile(r"^(?P<prefix>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)-(?P<role>master|worker)-(?P<ordinal>[0-9]+)$")
+
+
+def pod_name(prefix: str, role: str, index: int) -> str:
+    """The StatefulSet pod name `<prefix>-<role>-<index>` (the chart's StatefulSets are `<prefix>-<role>`)."""
+    return f"{prefix}-{role}-{index}"
+
+
+def node_rank(role: str, index: int) -> int:
+    """A pod's position in the job: the master 0, worker ordinal i -> i + 1. It is the pipeline rank
+    and torchrun's --node-rank, and what `status` shows as a pod's rank."""
+    return 0 if role == "master" else index + 1
+
+
+def parse_pod_name(name: str) -> tuple[str, str, int] | None:
+    """(prefix, role, ordinal) of a StatefulSet pod name, or None when it is not one of ours."""
+    match = _POD_NAME.match(name)
+    if not match:
+        return None
+    return match["prefix"], match["role"], int(match["ordinal"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Module placement: the topology check and the trainer's stage split apply the same rule.
+# ---------------------------------------------------------------------------------------------
+
 #: The parts of torchvision's GeneralizedRCNN, in forward order. A stage is a contiguous run of
 #: them; post-processing belongs to `roi_heads`' stage.
 MODULES = ("transform", "backbone", "rpn", "roi_heads")
 
-PLAN_VERSION = 1
+_PLACEMENT_RULE = f"a placement splits {', '.join(MODULES)} into non-empty contiguous runs, in this order"
+
+
+def placement_problems(placement: Sequence[Sequence[str]]) -> list[str]:
+    """Every reason `placement` (module names per stage, in pipeline order) is not a split of `MODULES`
+    into non-empty contiguous runs in forward order; empty when it is one.
+
+    The stages hand each other GeneralizedRCNN.forward's local variables in its own order, so a stage
+    can only be a contiguous run and the runs can only come in forward order. Stages are numbered from
+    1 in the messages; unknown names are reported once each, and left out of the order check so one
+    typo does not also read as "missing" and "out of order".
+    """
+    if not placement:
+        return ["no stages: the placement needs at least one"]
+    problems = []
+    stages: list[tuple[str, ...]] = []
+    for i, names in enumerate(placement, start=1):
+        if isinstance(names, str):  # ["transform", ...] instead of [["transform", ...]]
+            problems.append(f"stage {i} is the string {names!r}, not a list of module names")
+            names = ()
+        elif not names:
+            problems.append(f"stage {i} is empty")
+        stages.append(tuple(names))
+    flat = [name for names in stages for name in names]
+    unknown = list(dict.fromkeys(name for name in flat if name not in MODULES))
+    problems += [f"unknown module {name!r} (the modules are {', '.join(MODULES)})" for name in unknown]
+    placed = [name for name in flat if name in MODULES]
+    counts_ok = True
+    for module in MODULES:
+        holders = [i for i, names in enumerate(stages, start=1) if module in names]
+        if not holders:
+            problems.append(f"module {module!r} is placed in no stage")
+            counts_ok = False
+        elif len(holders) > 1:
+            problems.append(f"module {module!r} is placed in {len(holders)} stages")
+            counts_ok = False
+        elif placed.count(module) > 1:
+            problems.append(f"module {module!r} is listed {placed.count(module)} times in stage {holders[0]}")
+            counts_ok = False
+    # Each module placed once: the stages are contiguous runs in forward order iff the concatenation
+    # is the forward order itself (a gap in one stage or a swapped pair both break it).
+    if counts_ok and tuple(placed) != MODULES:
+        problems.append(
+            f"modules out of order: {', '.join(placed)}; stages must be contiguous runs of the forward order "
+            f"{', '.join(MODULES)}"
+        )
+    return problems
+
+
+def validate_placement(placement: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
+    """The placement as tuples, or ValueError naming every problem (joined by "; ") and the rule."""
+    problems = placement_problems(placement)
+    if problems:
+        shown = [[names] if isinstance(names, str) else list(names) for names in placement]
+        raise ValueError(f"placement {shown}: {'; '.join(problems)} ({_PLACEMENT_RULE})")
+    return tuple(tuple(names) for names in placement)
 
 
 # ---------------------------------------------------------------------------------------------
-# The pod plan record.
+# Process-group backend: the plan records it, the trainer's ddp engine uses it.
+# ---------------------------------------------------------------------------------------------
+
+
+def process_group_backend(uses_gpu: bool) -> str:
+    """nccl for processes that hold GPUs (it moves CUDA tensors without host copies), gloo otherwise
+    (nccl cannot run without a GPU). The launcher records it in the plan, the ddp engine calls it, so
+    both always agree."""
+    return "nccl" if uses_gpu else "gloo"
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer's console progress line: the trainer writes it, `status` reads it from the pod's log.
+# ---------------------------------------------------------------------------------------------
+
+# Plain `<kind> step <step>/<total> <name> <value> ...`, or the terminal bar `[###...] <step>/<total> ...`
+# (a bar is always a train step). Searched, not anchored: log collectors may prefix the line.
+PROGRESS_KINDS = ("train", "val", "eval")
+PROGRESS_BAR_WIDTH = 30
+_PROGRESS_LINE = re.compile(
+    rf"(?:\b(?P<kind>{'|'.join(PROGRESS_KINDS)}) step |\[[#.]+\] )(?P<step>\d+)/(?P<total>\d+)(?P<rest>.*)"
+)
+
+
+def progress_values(values: Mapping[str, Any]) -> str:
+    """`name value` pairs of the float values shown on the console, each value `.4g`.
+
+    Names with a "/" are engine extras ("link/...", "stage1/..."): they go to the metrics file and
+    TensorBoard, not the console. Ints (epoch) and lists are left out too."""
+    return " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float) and "/" not in k)
+
+
+def format_progress_line(kind: str, step: int, total: int, values: Mapping[str, Any]) -> str:
+    """One plain progress line (no newline), what pods and CI logs show: `train step 20/150 loss 1.2 ...`."""
+    shown = progress_values(values)
+    return f"{kind} step {step}/{total}" + (f" {shown}" if shown else "")
+
+
+def format_progress_bar(step: int, total: int, values: Mapping[str, Any], width: int = PROGRESS_BAR_WIDTH) -> str:
+    """The terminal's one-line train progress bar (no carriage return): `[#####.....] 20/150 loss 1.2 ...`."""
+    done = int(width * step / max(1, total))
+    shown = progress_values(values)
+    return f"[{'#' * done}{'.' * (width - done)}] {step}/{total}" + (f" {shown}" if shown else "")
+
+
+def parse_progress_line(line: str) -> dict[str, Any] | None:
+    """Read back one console line of the trainer: {"kind", "step", "total", <name>: float, ...}.
+
+    None when the line is not one (log lines of other modules, tracebacks). Values printed with
+    `.4g` ("1e-05", "nan", "inf") read back as floats; a token that is not a number is skipped
+    rather than failing the line, so a `kubectl logs` tail with a torn line still parses.
+    """
+    match = _PROGRESS_LINE.search(line)
+    if match is None:
+        return None
+    parsed: dict[str, Any] = {
+        "kind": match["kind"] or "train",
+        "step": int(match["step"]),
+        "total": int(match["total"]),
+    }
+    tokens = match["rest"].split()
+    for name, value in zip(tokens[::2], tokens[1::2]):
+        try:
+            parsed[name] = float(value)
+        except ValueError:
+            continue
+    return parsed
+
+
+# ---------------------------------------------------------------------------------------------
+# The pod plan record: only what a pod's trainer processes read.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -127,20 +299,11 @@ class StagePlacement:
 
 
 @dataclass(frozen=True)
-class LinkEstimate:
-    """Estimated traffic of one directed link per optimizer step (a formula, not a measurement)."""
-
-    src: str  # rpc name of the sender
-    dst: str  # rpc name of the receiver ("ring" for ddp's all-reduce)
-    carries: str  # what travels, e.g. "features + targets"
-    phase: str  # "forward" or "backward"
-    messages_per_step: int
-    bytes_per_step: int
-
-
-@dataclass(frozen=True)
 class PodPlan:
-    """Everything one pod's trainer needs to join the job. `to_json`/`from_json` round-trip it."""
+    """What one pod's trainer processes need to join the job, and nothing else: the launcher-only
+    facts (GPU count, torchrun's node layout, DNS name, socket interface, byte estimates) stay in the
+    launcher's `plan.PodLaunch`, so the trainer cannot come to depend on them. `to_json`/`from_json`
+    round-trip it."""
 
     engine: str  # "pipeline" or "ddp"
     role: str  # "master" or "worker"
@@ -150,25 +313,12 @@ class PodPlan:
     rpc_name: str  # "master" or "worker<index+1>"
     master_addr: str
     master_port: int
-    backend: str  # process-group backend: "nccl" when this pod has GPUs, else "gloo"
-    devices: int  # GPUs this pod has (0: CPU only)
-    nnodes: int  # pods in the job
-    node_rank: int  # pipeline: == rank; ddp: master 0, worker i -> i + 1
-    nproc_per_node: int  # pipeline: 1; ddp: devices, or 1 on CPU
+    backend: str  # process-group backend, `process_group_backend(pod has GPUs)`: "nccl" or "gloo"
     stages: tuple[StagePlacement, ...]  # global placement, in pipeline order (ddp: empty)
-    stage: int | None  # this pod's stage (1-based), None for the master and for ddp
-    modules: tuple[str, ...]  # this pod's modules, in order
-    replicas: tuple[str, ...]  # this pod's replica devices, e.g. ("cuda:0", "cuda:1") or ("cpu",)
     transport: str  # "cpu" (tensors staged through host memory) or "device_maps"
     # TensorPipe device maps this pod sets as CALLER: {callee rpc name: {local device: remote device}}.
     # Responses come back through the inverse map. Empty on CPU and with transport "cpu".
     device_maps: dict[str, dict[str, str]]
-    socket_ifname: str | None  # exported as TP_/GLOO_/NCCL_SOCKET_IFNAME when set
-    feature_dtype: str  # dtype of features on the wire: "float32" or "bfloat16"
-    micro_batches: int
-    links: tuple[LinkEstimate, ...]  # every link of the job, estimated bytes per step
-    dns_name: str | None = None  # this pod's stable DNS name when known (Kubernetes)
-    pod_ip: str | None = None
     version: int = field(default=PLAN_VERSION)
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,24 +329,24 @@ class PodPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PodPlan:
+        if data.get("version", PLAN_VERSION) != PLAN_VERSION:
+            raise PlanFormatError(
+                f"{POD_PLAN}: version {data.get('version')!r}, expected {PLAN_VERSION} "
+                "(launcher and trainer versions differ?)"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise PlanFormatError(f"{POD_PLAN}: unknown fields {unknown} (launcher and trainer versions differ?)")
-        if data.get("version", PLAN_VERSION) != PLAN_VERSION:
-            raise PlanFormatError(f"{POD_PLAN}: version {data.get('version')!r}, expected {PLAN_VERSION}")
         values = dict(data)
         try:
             values["stages"] = tuple(
                 StagePlacement(**{**s, "modules": tuple(s["modules"]), "devices": tuple(s["devices"])})
                 for s in data["stages"]
             )
-            values["links"] = tuple(LinkEstimate(**link) for link in data["links"])
-            values["modules"] = tuple(data["modules"])
-            values["replicas"] = tuple(data["replicas"])
             values["device_maps"] = {k: dict(v) for k, v in data["device_maps"].items()}
             return cls(**values)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise PlanFormatError(f"{POD_PLAN}: malformed plan record: {exc}") from exc
 
     @classmethod
@@ -218,8 +368,10 @@ class PodPlan:
         return cls.from_json(text)
 
 
-def exported_env(plan: PodPlan) -> dict[str, str]:
-    """The variables `launch` adds to the trainer's environment for this pod's plan."""
+def exported_env(plan: PodPlan, socket_ifname: str | None = None) -> dict[str, str]:
+    """The variables `launch` adds to the trainer's environment: MASTER_ADDR/PORT and the plan; for
+    the pipeline also RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; the socket interface variables
+    when the topology names an interface (`socket_ifname`)."""
     env = {
         MASTER_ADDR: plan.master_addr,
         MASTER_PORT: str(plan.master_port),
@@ -229,6 +381,6 @@ def exported_env(plan: PodPlan) -> dict[str, str]:
         # For ddp, torch.distributed.run sets these per process; exporting node-level values would
         # only mislead anyone reading the pod's environment.
         env.update({RANK: str(plan.rank), WORLD_SIZE: str(plan.world_size), LOCAL_RANK: "0", LOCAL_WORLD_SIZE: "1"})
-    if plan.socket_ifname:
-        env.update({name: plan.socket_ifname for name in SOCKET_IFNAME_VARS})
+    if socket_ifname:
+        env.update({name: socket_ifname for name in SOCKET_IFNAME_VARS})
     return env

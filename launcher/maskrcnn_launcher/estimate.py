@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from maskrcnn_launcher.contract import LinkEstimate, StagePlacement
+from maskrcnn_launcher.contract import StagePlacement
 from maskrcnn_launcher.topology import Estimate, Topology
 
 FPN_CHANNELS = 256
@@ -34,6 +35,21 @@ PROPOSALS_PER_IMAGE = 2000
 LOSSES = 5
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """Estimated traffic of one directed link per optimizer step (a formula, not a measurement).
+
+    Launcher-only: `plan` prints it for the job before anything is deployed; the trainer counts
+    the real bytes and never reads this."""
+
+    src: str  # rpc name of the sender
+    dst: str  # rpc name of the receiver ("ring" for ddp's all-reduce)
+    carries: str  # what travels, e.g. "features + targets"
+    phase: str  # "forward" or "backward"
+    messages_per_step: int
+    bytes_per_step: int
 
 
 def padded_size(estimate: Estimate) -> tuple[int, int]:

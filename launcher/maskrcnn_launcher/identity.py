@@ -6,27 +6,23 @@ Order (first that answers wins):
 2. Kubernetes: the StatefulSet pod name (POD_NAME, else HOSTNAME) `<prefix>-master-0` or
    `<prefix>-worker-<i>`; with POD_NAMESPACE, MASKRCNN_HEADLESS_SERVICE and MASKRCNN_CLUSTER_DOMAIN
    the master's address is `<prefix>-master-0.<service>.<namespace>.svc.<domain>`.
-The master port defaults to the topology's `network.master_port`.
+The master port defaults to the topology's `network.master_port`. The pod name's format is the
+contract's (`contract.pod_name` / `contract.parse_pod_name`), shared with `status`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from maskrcnn_launcher import contract
+from maskrcnn_launcher.contract import ROLES, parse_pod_name, pod_name
 from maskrcnn_launcher.errors import IdentityError
 from maskrcnn_launcher.topology import Topology
 
-ROLES = ("master", "worker")
 # The master needs no address for itself: rank 0 hosts the store and listens on every interface,
 # so on a bare node without --master-addr it records loopback.
 SELF_ADDR = "127.0.0.1"
-
-# DNS-1123 label prefix, then the StatefulSet suffix. The prefix match is greedy, so a release
-# called `a-worker-1` still parses as `a-worker-1-worker-<i>`.
-_POD_NAME = re.compile(r"^(?P<prefix>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)-(?P<role>master|worker)-(?P<ordinal>[0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -65,18 +61,6 @@ class Identity:
     @property
     def dns_name(self) -> str | None:
         return self.cluster.dns_name(self.role, self.index) if self.cluster else None
-
-
-def pod_name(prefix: str, role: str, index: int) -> str:
-    return f"{prefix}-{role}-{index}"
-
-
-def parse_pod_name(name: str) -> tuple[str, str, int] | None:
-    """(prefix, role, ordinal) of a StatefulSet pod name, or None when it is not one of ours."""
-    match = _POD_NAME.match(name)
-    if not match:
-        return None
-    return match["prefix"], match["role"], int(match["ordinal"])
 
 
 def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: Topology) -> Identity:

@@ -20,9 +20,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.contract import PodPlan
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
+from maskrcnn_launcher.plan import PodLaunch
 
 PIPELINE_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "pipeline")
 DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
@@ -32,9 +32,10 @@ EXEC_MARK = " exec: "
 
 
 def trainer_command(
-    plan: PodPlan, args: Sequence[str], trainer_cmd: Sequence[str] | None = None, python: str = sys.executable
+    pod: PodLaunch, args: Sequence[str], trainer_cmd: Sequence[str] | None = None, python: str = sys.executable
 ) -> list[str]:
     """The argv to exec. `trainer_cmd` replaces the trainer (not torchrun) for tests and custom images."""
+    plan = pod.plan
     if plan.engine == "pipeline":
         return [*(trainer_cmd or (python, *PIPELINE_TRAINER_MODULE)), *args]
     torchrun = [
@@ -42,11 +43,11 @@ def trainer_command(
         "-m",
         "torch.distributed.run",
         "--nnodes",
-        str(plan.nnodes),
+        str(pod.nnodes),
         "--node-rank",
-        str(plan.node_rank),
+        str(pod.node_rank),
         "--nproc-per-node",
-        str(plan.nproc_per_node),
+        str(pod.nproc_per_node),
         "--master-addr",
         plan.master_addr,
         "--master-port",
@@ -58,9 +59,10 @@ def trainer_command(
     return [*torchrun, *DDP_TRAINER_MODULE, *args]
 
 
-def trainer_environment(plan: PodPlan, base: Mapping[str, str]) -> dict[str, str]:
+def trainer_environment(pod: PodLaunch, base: Mapping[str, str]) -> dict[str, str]:
+    """`base` (the launcher's own environment) plus what the launcher exports for this pod."""
     env = dict(base)
-    env.update(contract.exported_env(plan))
+    env.update(pod.exported_env())
     return env
 
 
@@ -69,13 +71,13 @@ def parse_trainer_cmd(flag: str | None, env: Mapping[str, str]) -> list[str] | N
     return shlex.split(text) if text else None
 
 
-def must_wait(plan: PodPlan) -> bool:
+def must_wait(pod: PodLaunch) -> bool:
     """Workers wait for the master's name and port; the master opens that port itself."""
-    return plan.role != "master"
+    return pod.plan.role != "master"
 
 
 def launch(
-    plan: PodPlan,
+    pod: PodLaunch,
     args: Sequence[str],
     trainer_cmd: Sequence[str] | None,
     policy: WaitPolicy,
@@ -83,10 +85,12 @@ def launch(
     log: Callable[[str], None],
     execvpe: Callable[[str, list[str], dict[str, str]], object] = os.execvpe,
 ) -> None:
-    if must_wait(plan):
+    """Wait for the master (workers only), then replace this process by the trainer."""
+    plan = pod.plan
+    if must_wait(pod):
         wait_for_master(plan.master_addr, plan.master_port, policy, log)
-    argv = trainer_command(plan, args, trainer_cmd)
-    env = trainer_environment(plan, base_env)
+    argv = trainer_command(pod, args, trainer_cmd)
+    env = trainer_environment(pod, base_env)
     log(f"maskrcnn-launch: {plan.rpc_name} (rank {plan.rank}/{plan.world_size}){EXEC_MARK}{shlex.join(argv)}")
     sys.stdout.flush()
     sys.stderr.flush()

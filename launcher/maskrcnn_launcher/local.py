@@ -3,9 +3,11 @@
 Each pod is a real `maskrcnn-launch launch` process with an explicit identity (`--role`,
 `--index`, `--master-addr 127.0.0.1`), exactly what a bare node would run, so the demo and the
 tests exercise the same start-up path as a cluster. Output lines are prefixed with the pod's RPC
-name. When one pod fails, pods still waiting for their peers (their trainer not started: nothing
-to lose) are stopped at once, and the others get `grace_s` seconds to notice on their own (the
-trainer exits when it loses a peer) before they are terminated: the group never hangs.
+name. Without an explicit `--master-port` the master gets a free loopback port (`peers.free_port`),
+so two local jobs, or a test next to one, do not collide over the topology's fixed port. When one
+pod fails, pods still waiting for their peers (their trainer not started: nothing to lose) are
+stopped at once, and the others get `grace_s` seconds to notice on their own (the trainer exits
+when it loses a peer) before they are terminated: the group never hangs.
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from maskrcnn_launcher.launch import EXEC_MARK
+from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
 from maskrcnn_launcher.topology import load_topology
-
-LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,22 @@ class WaitPolicy:
     connect_timeout_s: float = 2.0
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on `host` right now: the kernel's pick for a bind to port 0.
+
+    The socket is closed before the port is returned, so another process may take it before the
+    caller binds it (a small race; the kernel hands out ephemeral ports round-robin, so a port just
+    picked is rarely picked again at once). Good enough for `local` and tests on one machine; a
+    collision shows as the master failing to bind, never as two jobs silently sharing a port.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def wait_for_master(host: str, port: int, policy: WaitPolicy, log: Callable[[str], None] = print) -> None:
     """Resolve `host`, then connect to `host:port`, within `policy.timeout_s` in all."""
     deadline = time.monotonic() + policy.timeout_s

@@ -1,33 +1,88 @@
-"""Derivation: a validated topology + addressing -> one `PodPlan` per pod (the job plan)."""
+"""Derivation: a validated topology + addressing -> one `PodLaunch` per pod (the job plan).
+
+Two records per pod, on purpose: the `contract.PodPlan` the trainer reads (exported as
+`MASKRCNN_POD_PLAN`), and around it the launcher's own `PodLaunch` with what only starting the pod
+needs (GPU count and torchrun's node layout, the socket interface, the pod's DNS name and IP). The
+byte estimate's inputs and results belong to the job (`JobPlan.links`, the topology's `estimate:`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from maskrcnn_launcher.contract import LinkEstimate, PodPlan, StagePlacement
+from maskrcnn_launcher import contract
+from maskrcnn_launcher.contract import PodPlan, StagePlacement, node_rank, process_group_backend
 from maskrcnn_launcher.devicemaps import pipeline_device_maps, replica_devices
-from maskrcnn_launcher.estimate import ddp_links, pipeline_links
+from maskrcnn_launcher.estimate import LinkEstimate, ddp_links, pipeline_links
 from maskrcnn_launcher.identity import Cluster, Identity
 from maskrcnn_launcher.topology import Topology
 
 
 @dataclass(frozen=True)
+class PodLaunch:
+    """How the launcher starts one pod: the trainer's `plan` and the facts only the launcher uses."""
+
+    plan: PodPlan
+    devices: int  # GPUs this pod has (0: CPU only)
+    nnodes: int  # pods in the job (torchrun --nnodes)
+    node_rank: int  # master 0, worker i -> i + 1 (torchrun --node-rank; the pipeline rank)
+    nproc_per_node: int  # pipeline: 1; ddp: devices, or 1 on CPU (torchrun --nproc-per-node)
+    socket_ifname: str | None = None  # exported as TP_/GLOO_/NCCL_SOCKET_IFNAME when set
+    dns_name: str | None = None  # this pod's stable DNS name when known (Kubernetes)
+    pod_ip: str | None = None  # from the downward API, for logs
+
+    @property
+    def own_stage(self) -> StagePlacement | None:
+        """This pod's stage in the plan's placement; None for the master and under ddp."""
+        return next((s for s in self.plan.stages if s.rpc_name == self.plan.rpc_name), None)
+
+    @property
+    def stage(self) -> int | None:
+        """This pod's 1-based stage position, or None."""
+        own = self.own_stage
+        return own.stage if own else None
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        own = self.own_stage
+        return own.modules if own else ()
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """This pod's replica devices, e.g. ("cuda:0", "cuda:1") or ("cpu",); () without a stage."""
+        own = self.own_stage
+        return own.devices if own else ()
+
+    def exported_env(self) -> dict[str, str]:
+        """What `launch` adds to the trainer's environment (see `contract.exported_env`)."""
+        return contract.exported_env(self.plan, self.socket_ifname)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class JobPlan:
     topology: Topology
-    pods: tuple[PodPlan, ...]  # node-rank order: master, worker 0, worker 1, ...
-    links: tuple[LinkEstimate, ...]
+    launches: tuple[PodLaunch, ...]  # node-rank order: master, worker 0, worker 1, ...
+    links: tuple[LinkEstimate, ...]  # every link of the job, estimated bytes per step
+
+    @property
+    def pods(self) -> tuple[PodPlan, ...]:
+        """The trainer's records, node-rank order."""
+        return tuple(launch.plan for launch in self.launches)
+
+    def launch(self, role: str, index: int) -> PodLaunch:
+        return next(p for p in self.launches if p.plan.role == role and p.plan.index == index)
 
     def pod(self, role: str, index: int) -> PodPlan:
-        return next(p for p in self.pods if p.role == role and p.index == index)
+        return self.launch(role, index).plan
 
 
 def rpc_name(role: str, index: int) -> str:
     """`master`, or `worker<i+1>` for worker ordinal i (so the name matches the rank)."""
     return "master" if role == "master" else f"worker{index + 1}"
-
-
-def backend(devices: int) -> str:
-    return "nccl" if devices > 0 else "gloo"
 
 
 def stage_placements(topology: Topology) -> tuple[StagePlacement, ...]:
@@ -39,7 +94,7 @@ def stage_placements(topology: Topology) -> tuple[StagePlacement, ...]:
                 stage=position,
                 name=stage.name,
                 worker_index=worker.index,
-                rank=worker.index + 1,
+                rank=node_rank("worker", worker.index),
                 rpc_name=rpc_name("worker", worker.index),
                 modules=stage.modules,
                 devices=replica_devices(worker),
@@ -54,46 +109,43 @@ def derive_job(topology: Topology, master_addr: str, master_port: int, cluster: 
     stages = stage_placements(topology) if topology.engine == "pipeline" else ()
     maps = pipeline_device_maps(stages, topology.network.transport)
     links = pipeline_links(topology, stages) if topology.engine == "pipeline" else ddp_links(topology, names)
-    pods = []
+    launches = []
     first_rank = 0
-    for node_rank, (role, index, devices) in enumerate(roles):
+    for role, index, devices in roles:
         name = rpc_name(role, index)
-        own = next((s for s in stages if s.rpc_name == name), None)
+        node = node_rank(role, index)
         nproc = max(devices, 1) if topology.engine == "ddp" else 1
-        pods.append(
-            PodPlan(
-                engine=topology.engine,
-                role=role,
-                index=index,
-                # ddp: torchrun gives node n the global ranks after those of nodes 0..n-1.
-                rank=first_rank if topology.engine == "ddp" else node_rank,
-                world_size=topology.world_size,
-                rpc_name=name,
-                master_addr=master_addr,
-                master_port=master_port,
-                backend=backend(devices),
+        plan = PodPlan(
+            engine=topology.engine,
+            role=role,
+            index=index,
+            # ddp: torchrun gives node n the global ranks after those of nodes 0..n-1.
+            rank=first_rank if topology.engine == "ddp" else node,
+            world_size=topology.world_size,
+            rpc_name=name,
+            master_addr=master_addr,
+            master_port=master_port,
+            backend=process_group_backend(uses_gpu=devices > 0),
+            stages=stages,
+            transport=topology.network.transport,
+            device_maps=maps.get(name, {}),
+        )
+        launches.append(
+            PodLaunch(
+                plan=plan,
                 devices=devices,
                 nnodes=topology.nnodes,
-                node_rank=node_rank,
+                node_rank=node,
                 nproc_per_node=nproc,
-                stages=stages,
-                stage=own.stage if own else None,
-                modules=own.modules if own else (),
-                replicas=own.devices if own else (),
-                transport=topology.network.transport,
-                device_maps=maps.get(name, {}),
                 socket_ifname=topology.network.interface,
-                feature_dtype=topology.estimate.feature_dtype,
-                micro_batches=topology.estimate.micro_batches,
-                links=tuple(links),
                 dns_name=cluster.dns_name(role, index) if cluster else None,
             )
         )
         first_rank += nproc
-    return JobPlan(topology, tuple(pods), tuple(links))
+    return JobPlan(topology, tuple(launches), tuple(links))
 
 
-def derive_pod(topology: Topology, identity: Identity) -> PodPlan:
-    """This pod's record, with the addressing the identity found."""
+def derive_pod(topology: Topology, identity: Identity) -> PodLaunch:
+    """This pod's records, with the addressing the identity found."""
     job = derive_job(topology, identity.master_addr, identity.master_port, identity.cluster)
-    return replace(job.pod(identity.role, identity.index), pod_ip=identity.pod_ip)
+    return replace(job.launch(identity.role, identity.index), pod_ip=identity.pod_ip)

@@ -1,4 +1,9 @@
-"""The job plan as a table for people or JSON for programs (the pods' JSON is `MASKRCNN_POD_PLAN`)."""
+"""The job plan as a table for people or JSON for programs.
+
+JSON: `{"topology", "engine", "world_size", "estimate", "links", "pods"}`; each pod is a `PodLaunch`
+whose `plan` is exactly the `MASKRCNN_POD_PLAN` that pod's trainer gets. The byte estimate's inputs
+and the links are the job's, printed once.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from maskrcnn_launcher.contract import PodPlan
 from maskrcnn_launcher.estimate import padded_size
-from maskrcnn_launcher.plan import JobPlan
+from maskrcnn_launcher.plan import JobPlan, PodLaunch
 
 
 def plan_json(job: JobPlan) -> str:
@@ -17,15 +21,16 @@ def plan_json(job: JobPlan) -> str:
         "topology": topo.source,
         "engine": topo.engine,
         "world_size": topo.world_size,
+        "estimate": asdict(topo.estimate),
         "links": [asdict(link) for link in job.links],
-        "pods": [pod.to_dict() for pod in job.pods],
+        "pods": [pod.to_dict() for pod in job.launches],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 def plan_table(job: JobPlan) -> str:
     topo = job.topology
-    master = job.pods[0]
+    master = job.pods[0]  # every pod records the same master address and port
     est = topo.estimate
     h, w = padded_size(est)
     head = f"topology {topo.source}: engine {topo.engine}, world size {topo.world_size}, "
@@ -47,7 +52,7 @@ def plan_table(job: JobPlan) -> str:
         "replicas",
         "device maps",
     )
-    rows = [_pod_row(pod) for pod in job.pods]
+    rows = [_pod_row(pod) for pod in job.launches]
     lines += _table(header, rows)
     if topo.engine == "pipeline":
         basis = (
@@ -72,30 +77,32 @@ def plan_table(job: JobPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pod_row(pod: PodPlan) -> tuple[str, ...]:
-    last = pod.rank + pod.nproc_per_node - 1
-    ranks = str(pod.rank) if last == pod.rank else f"{pod.rank}-{last}"
-    role = "master" if pod.role == "master" else f"worker {pod.index}"
-    if pod.engine == "ddp":
+def _pod_row(pod: PodLaunch) -> tuple[str, ...]:
+    plan = pod.plan
+    last = plan.rank + pod.nproc_per_node - 1
+    ranks = str(plan.rank) if last == plan.rank else f"{plan.rank}-{last}"
+    role = "master" if plan.role == "master" else f"worker {plan.index}"
+    if plan.engine == "ddp":
         stage, modules = "-", "all"
         replicas = ", ".join([f"cuda:{i}" for i in range(pod.devices)] or ["cpu"])
     else:
-        stage = next((s.name for s in pod.stages if s.stage == pod.stage), "-")
+        own = pod.own_stage
+        stage = own.name if own else "-"
         modules = ", ".join(pod.modules) or "-"
         replicas = ", ".join(pod.replicas) or "-"
     maps = (
         "; ".join(
             f"{callee}: " + ", ".join(f"{a}->{b}" for a, b in sorted(mapping.items()))
-            for callee, mapping in sorted(pod.device_maps.items())
+            for callee, mapping in sorted(plan.device_maps.items())
         )
         or "-"
     )
     return (
         ranks,
         role,
-        pod.rpc_name,
+        plan.rpc_name,
         pod.dns_name or "-",
-        pod.backend,
+        plan.backend,
         str(pod.nproc_per_node),
         stage,
         modules,

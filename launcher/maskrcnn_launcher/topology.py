@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from maskrcnn_launcher.contract import DEFAULT_MASTER_PORT, MODULES
+from maskrcnn_launcher.contract import DEFAULT_MASTER_PORT, MODULES, placement_problems
 from maskrcnn_launcher.errors import TopologyError
 
 ENGINES = ("pipeline", "ddp")
@@ -47,7 +47,7 @@ class Worker:
 
 
 @dataclass(frozen=True)
-class Stage:
+class TopologyStage:
     name: str
     modules: tuple[str, ...]
 
@@ -77,7 +77,7 @@ class Topology:
     engine: str
     master_devices: int
     workers: tuple[Worker, ...]
-    stages: tuple[Stage, ...]
+    stages: tuple[TopologyStage, ...]
     network: Network
     estimate: Estimate
 
@@ -206,7 +206,7 @@ def _workers(raw: Any, engine: str, errs: _Errors) -> list[Worker]:
     return workers
 
 
-def _stages(raw: Any, engine: str, errs: _Errors) -> list[Stage]:
+def _stages(raw: Any, engine: str, errs: _Errors) -> list[TopologyStage]:
     if engine == "ddp":
         if raw:
             errs.add("stages", "the ddp engine has no stage placements (every pod holds the model)")
@@ -233,7 +233,7 @@ def _stages(raw: Any, engine: str, errs: _Errors) -> list[Stage]:
         for m in modules:
             if m not in MODULES:
                 errs.add(f"{where}.modules", f"unknown module{_suggest(str(m), MODULES)}")
-        stages.append(Stage(name, tuple(str(m) for m in modules)))
+        stages.append(TopologyStage(name, tuple(str(m) for m in modules)))
     names = [s.name for s in stages]
     for name in sorted({n for n in names if names.count(n) > 1}):
         errs.add("stages", f"stage name {name!r} is defined more than once")
@@ -241,16 +241,15 @@ def _stages(raw: Any, engine: str, errs: _Errors) -> list[Stage]:
     return stages
 
 
-def _check_module_order(stages: list[Stage], errs: _Errors) -> None:
-    placed = [m for s in stages for m in s.modules if m in MODULES]
-    for m in MODULES:
-        count = placed.count(m)
-        if count == 0:
-            errs.add("stages", f"module {m!r} is placed in no stage")
-        elif count > 1:
-            errs.add("stages", f"module {m!r} is placed in {count} stages")
-    if sorted(set(placed)) == sorted(MODULES) and len(placed) == len(MODULES) and tuple(placed) != MODULES:
-        errs.add("stages", f"modules out of order: {', '.join(placed)}; the forward order is {', '.join(MODULES)}")
+def _check_module_order(stages: list[TopologyStage], errs: _Errors) -> None:
+    """The contract's placement rule, reported under `stages`. Unknown names were reported above with
+    a suggestion, and stages left without a known module as non-empty-list errors: neither is
+    reported twice."""
+    placement = [known for s in stages if (known := [m for m in s.modules if m in MODULES])]
+    if not placement:
+        return  # every stage is already an error of its own
+    for problem in placement_problems(placement):
+        errs.add("stages", problem)
 
 
 def _check_placement(topology: Topology, errs: _Errors) -> None:

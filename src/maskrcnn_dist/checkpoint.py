@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import CheckpointError
+from .run_dir import CHECKPOINT_NAME, CHECKPOINT_TMP_GLOB, checkpoint_name, checkpoint_tmp_name
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^checkpoint_(\d{8})\.pt$")
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
-    return Path(directory) / f"checkpoint_{step:08d}.pt"
+    return Path(directory) / checkpoint_name(step)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -31,7 +30,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+    return sorted(p for p in directory.iterdir() if CHECKPOINT_NAME.match(p.name))
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -45,10 +44,10 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     directory.mkdir(parents=True, exist_ok=True)
     # A writer killed mid-write (SIGKILL, OOM, node loss) leaves its temporary file; only the main
     # process writes here, so any such file is a dead writer's: remove it before writing anew.
-    for stale in directory.glob(".checkpoint_*.pt.tmp-*"):
+    for stale in directory.glob(CHECKPOINT_TMP_GLOB):
         stale.unlink(missing_ok=True)
     final = checkpoint_path(directory, step)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = final.with_name(checkpoint_tmp_name(step, os.getpid()))
     try:
         with open(tmp, "wb") as handle:
             torch.save({"format_version": FORMAT_VERSION, **state}, handle)

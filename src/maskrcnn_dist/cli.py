@@ -1,8 +1,7 @@
-"""`maskrcnn-dist`: a thin click layer over the library (train.py, data, report)."""
+"""`maskrcnn-dist`: a thin click layer over the library (config.py, train.py, data, report)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -15,95 +14,28 @@ import click
 from . import config as config_mod
 from .errors import TrainingError, UserError
 
-HELP = {
-    "engine": "local (one process), ddp (DistributedDataParallel, under torchrun or the launcher), "
-    "pipeline (model parallel over RPC, under the launcher)",
-    "epochs": "number of epochs",
-    "max-steps": "stop after this many optimizer steps in total",
-    "seed": "seed for weights, data order, flips and sampling",
-    "output-dir": "metrics, checkpoints, report",
-    "device": "auto, cpu or cuda",
-    "threads": "CPU threads per process (torch.set_num_threads)",
-    "amp": "mixed precision: bf16 autocast on CPU, fp16 + grad scaler on CUDA (see --amp-dtype); "
-    "losses, RoI ops, box decoding and the optimizer stay fp32",
-    "amp-dtype": "autocast dtype under --amp: auto (bf16 on CPU, fp16 on CUDA), bfloat16 or float16",
-    "flush-denormal": "flush denormal floats to zero on CPU (3-6x slower iterations without it)",
-    "resume": "checkpoint file, directory, or 'auto' (newest in OUTPUT_DIR/checkpoints, if any)",
-    "test-only": "only evaluate (with --resume or --weights)",
-    "print-freq": "log every N steps",
-    "val-period": "validation loss every N steps (0: at epoch ends only)",
-    "checkpoint-period": "checkpoint every N steps (0: at epoch ends only)",
-    "keep-checkpoints": "keep the newest K checkpoints",
-    "eval-every-epoch": "COCO AP at every epoch end",
-    "data-path": "COCO root: {train,val}/annotations.json + images/, or annotations/instances_*2017.json",
-    "synthetic-images": "generate a synthetic COCO set of N training images (at --data-path or OUTPUT_DIR/data)",
-    "synthetic-image-size": "largest side of the synthetic images, pixels",
-    "batch-size": "images per step per process",
-    "val-batch-size": "images per evaluation batch",
-    "workers": "DataLoader worker processes",
-    "aspect-ratio-group-factor": "group images by aspect ratio into batches (-1: off)",
-    "model": "maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2 or maskrcnn_resnet18_fpn (small, for CPU)",
-    "min-size": "resize so the short side is this many pixels",
-    "max-size": "... and the long side at most this",
-    "weights": "local file of Mask R-CNN weights (class-dependent layers re-initialised if the class count differs)",
-    "weights-backbone": "local file of ResNet (ImageNet) weights",
-    "trainable-backbone-layers": "0-5 backbone stages to train (default 3 with weights, else 5)",
-    "backbone-norm": "auto, frozen or batch BatchNorm in the backbone",
-    "channels-last": "channels_last (NHWC) memory format for the backbone, FPN and RPN head (fast bf16 convolutions)",
-    "lr": "base learning rate",
-    "momentum": "SGD momentum",
-    "weight-decay": "SGD weight decay",
-    "lr-steps": "epochs at which the rate is multiplied by --lr-gamma, comma separated",
-    "lr-gamma": "decay factor at each of --lr-steps",
-    "warmup-iters": "linear warm-up steps",
-    "warmup-factor": "starting fraction of the rate during warm-up",
-    "clip-grad-norm": "clip the global gradient norm to this value",
-    "micro-batches": "pipeline: micro-batches per batch",
-    "bf16-transport": "pipeline: send features in bfloat16",
-    "rpc-timeout": "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
-    "join-timeout": "pipeline: seconds to wait for every process to join RPC before exiting non-zero",
-}
 
+class _FieldType(click.ParamType):
+    """A config field's one converter (config.FieldSpec.parse), so the CLI and YAML files agree."""
 
-def _click_type(section: str | None, name: str) -> tuple[Any, bool]:
-    """(click type, is_flag) of a config field, from its dataclass annotation."""
-    owner = (
-        config_mod.TrainConfig
-        if section is None
-        else {
-            "data": config_mod.DataConfig,
-            "model": config_mod.ModelConfig,
-            "optim": config_mod.OptimConfig,
-            "pipeline": config_mod.PipelineConfig,
-        }[section]
-    )
-    hint = str({f.name: f.type for f in dataclasses.fields(owner)}[name])
-    if hint == "bool":
-        return None, True
-    if "Path" in hint and name != "resume":
-        return click.Path(path_type=Path), False
-    if "tuple" in hint:
-        return str, False
-    if "float" in hint:
-        return float, False
-    if "int" in hint:
-        return int, False
-    return str, False
+    def __init__(self, spec: config_mod.FieldSpec) -> None:
+        self.spec = spec
+        self.name = spec.type_name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self.spec.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def train_options(func):
-    """Every train flag, generated from config.FLAGS so flags and YAML keys can never drift apart."""
-    for flag, (section, name) in reversed(list(config_mod.FLAGS.items())):
-        kind, is_flag = _click_type(section, name)
-        if is_flag:
-            func = click.option(
-                f"--{flag}/--no-{flag}",
-                name.replace("-", "_") + "__" + (section or ""),
-                default=None,
-                help=HELP[flag],
-            )(func)
+    """Every train flag, generated from config.FIELDS so flags and YAML keys can never drift apart."""
+    for spec in reversed(config_mod.FIELDS):
+        if spec.kind is bool:
+            func = click.option(f"--{spec.flag}/--no-{spec.flag}", _param(spec), default=None, help=spec.help)(func)
         else:
-            func = click.option(f"--{flag}", name + "__" + (section or ""), type=kind, default=None, help=HELP[flag])(
+            func = click.option(f"--{spec.flag}", _param(spec), type=_FieldType(spec), default=None, help=spec.help)(
                 func
             )
     return click.option(
@@ -114,13 +46,13 @@ def train_options(func):
     )(func)
 
 
+def _param(spec: config_mod.FieldSpec) -> str:
+    return spec.flag.replace("-", "_")
+
+
 def _collect(kwargs: dict[str, Any]) -> dict[str, Any]:
-    by_field = {(section or "", name): flag for flag, (section, name) in config_mod.FLAGS.items()}
-    values = {}
-    for key, value in kwargs.items():
-        name, _, section = key.rpartition("__")
-        values[by_field[(section, name)]] = value
-    return values
+    """click's keyword arguments back to flag names."""
+    return {key.replace("_", "-"): value for key, value in kwargs.items()}
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -159,12 +91,7 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
     from .train import train as run_train
 
     cfg = _run(config_mod.build_config, config_file, _collect(kwargs))
-    if cfg.engine == "pipeline":
-        from .engines.pipeline import run_pipeline_from_env
-
-        result = _run(run_pipeline_from_env, cfg)
-    else:
-        result = _run(run_train, cfg)
+    result = _run(run_train, cfg)  # None on a pipeline stage worker
     if result is not None and result.eval:
         click.echo(json.dumps({"step": result.position.step, **result.eval}))
 
@@ -239,57 +166,14 @@ def report(metrics_file: Path, out_png: Path | None) -> None:
     click.echo(str(path))
 
 
-@main.command()
-@click.option("--release", required=True, help="Helm release name (the pods' app.kubernetes.io/instance label)")
-@click.option(
-    "-n",
-    "--namespace",
-    default=None,
-    help="namespace (default: the kubeconfig context's; in a pod, its own; else default)",
-)
-@click.option(
-    "--kubeconfig",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)",
-)
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
-def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json: bool) -> None:
-    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress."""
-    from .status import connect, release_status, render_status
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def status(args: tuple[str, ...]) -> None:
+    """Pods of a deployed release and the master's progress: runs `maskrcnn-launch status ARGS`.
 
-    connection = _run(connect, kubeconfig)
-    try:
-        result = _run(lambda: release_status(release, namespace or connection.namespace, api=connection.api))
-    finally:
-        connection.close()
-    click.echo(render_status(result, as_json=as_json))
-
-
-def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
-    """The embedded default job: a synthetic COCO set, the small model at 128 px, CPU, a short schedule."""
-    return {
-        "engine": engine,
-        "model": "maskrcnn_resnet18_fpn",
-        "min-size": 128,
-        "max-size": 128,
-        "synthetic-images": 64,
-        "synthetic-image-size": 128,
-        "batch-size": 4,
-        "workers": 1,
-        "lr": 0.02,
-        "clip-grad-norm": 10.0,
-        "warmup-iters": 50,
-        "max-steps": steps,
-        "epochs": 100,
-        "lr-steps": "1000",
-        "eval-every-epoch": False,  # COCO AP once, at the end; validation loss at every epoch end
-        "output-dir": output_dir,
-        "device": "cpu",
-        "print-freq": 10,
-        # pipeline: three processes share this machine's cores
-        **({"threads": 1, "micro-batches": 2, "rpc-timeout": 60} if engine == "pipeline" else {}),
-    }
+    The Kubernetes client lives on the launcher's side (no torch); this keeps the command where
+    trainer users look for it without importing the launcher."""
+    os.execv(sys.executable, [sys.executable, "-m", "maskrcnn_launcher", "status", *args])
 
 
 @main.command()
@@ -311,31 +195,19 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
     from .report import draw_report
     from .train import train as run_train
 
-    flags = demo_flags(output_dir, steps, engine)
+    flags = config_mod.demo_flags(output_dir, steps, engine)
     if engine == "pipeline":
         import subprocess
 
-        argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--master-port", str(_free_port()), "--"]
-        for flag, value in flags.items():
-            if flag != "engine":
-                argv += (
-                    [f"--{flag}", str(value)] if not isinstance(value, bool) else [f"--{'' if value else 'no-'}{flag}"]
-                )
-        code = subprocess.call(argv)
+        # The launcher picks a free loopback port and gives every pod its identity and the engine.
+        del flags["engine"]
+        code = subprocess.call([sys.executable, "-m", "maskrcnn_launcher", "local", "--", *config_mod.to_argv(flags)])
         if code:
             sys.exit(code)
     else:
         _run(run_train, _run(config_mod.build_config, None, flags))
     png = _run(draw_report, output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""Training configuration: dataclasses with the defaults detection users know from torchvision's
-references, and an optional YAML file whose keys are the CLI's flag names.
+"""Training configuration: the one table of every setting.
+
+Each field of the dataclasses below declares, once, its default, its flag name (the CLI's `--flag` and
+the YAML key), its help text and its allowed values. Everything else is derived from that: the click
+options (cli.py), the YAML keys, the one type converter both use (`FieldSpec.parse`), validation, and
+the argv of the demo's launcher processes (`to_argv`).
 
 Precedence: dataclass defaults < YAML file < flags given on the command line.
 """
@@ -7,6 +11,10 @@ Precedence: dataclass defaults < YAML file < flags given on the command line.
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,204 +26,303 @@ from .errors import ConfigError
 MODEL_NAMES = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "maskrcnn_resnet18_fpn")
 ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
+DEVICES = ("auto", "cpu", "cuda")
+BACKBONE_NORMS = ("auto", "frozen", "batch")
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+) -> Any:
+    """A config field with its CLI/YAML description. `flag` defaults to the field name with dashes;
+    `minimum` bounds numbers (inclusive); non-finite floats are always refused."""
+    meta = {"help": help, "flag": flag, "choices": choices, "minimum": minimum}
+    return field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------------------------
+# The settings.
+# ----------------------------------------------------------------------------------------------
 
 
 @dataclass
 class DataConfig:
-    # A COCO root: annotations/instances_{train,val}[2017].json next to {train,val}[2017]/.
-    data_path: Path | None = None
-    # Generate a synthetic COCO set of this many training images under data_path (or the output dir).
-    synthetic_images: int = 0
-    synthetic_image_size: int = 128
-    batch_size: int = 2
-    workers: int = 2
+    # Layouts tried under it are data/layout.py's LAYOUTS: ours (what synth-data writes), then COCO 2017's.
+    data_path: Path | None = option(
+        None, "COCO root: {train,val}/annotations.json + images/, or annotations/instances_*2017.json"
+    )
+    synthetic_images: int = option(
+        0, "generate a synthetic COCO set of N training images (at --data-path or OUTPUT_DIR/data)", minimum=0
+    )
+    synthetic_image_size: int = option(128, "largest side of the synthetic images, pixels")
+    batch_size: int = option(2, "images per step per process", minimum=1)
+    workers: int = option(2, "DataLoader worker processes", minimum=0)
     # torchvision's default: group images of similar aspect ratio into batches (less padding).
-    aspect_ratio_group_factor: int = 3
-    val_batch_size: int = 2
+    aspect_ratio_group_factor: int = option(3, "group images by aspect ratio into batches (-1: off)")
+    val_batch_size: int = option(2, "images per evaluation batch", minimum=1)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "maskrcnn_resnet50_fpn"
-    min_size: int = 800
-    max_size: int = 1333
+    name: str = option(
+        "maskrcnn_resnet50_fpn",
+        "maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2 or maskrcnn_resnet18_fpn (small, for CPU)",
+        flag="model",
+        choices=MODEL_NAMES,
+    )
+    min_size: int = option(800, "resize so the short side is this many pixels", minimum=32)
+    max_size: int = option(1333, "... and the long side at most this", minimum=32)
     # Local files only: nothing is downloaded at run time.
-    weights: Path | None = None
-    weights_backbone: Path | None = None
-    trainable_backbone_layers: int | None = None
+    weights: Path | None = option(
+        None, "local file of Mask R-CNN weights (class-dependent layers re-initialised if the class count differs)"
+    )
+    weights_backbone: Path | None = option(None, "local file of ResNet (ImageNet) weights")
+    trainable_backbone_layers: int | None = option(
+        None, "0-5 backbone stages to train (default 3 with weights, else 5)"
+    )
     # "auto": frozen BatchNorm when pretrained weights are given (torchvision's choice), batch stats otherwise.
-    backbone_norm: str = "auto"
+    backbone_norm: str = option("auto", "auto, frozen or batch BatchNorm in the backbone", choices=BACKBONE_NORMS)
     # channels_last (NHWC) weights and activations for the backbone + FPN and the RPN head: oneDNN's
     # fast bf16 convolutions need it (perf.py; measured by benchmarks/bench_throughput.py).
-    channels_last: bool = True
+    channels_last: bool = option(
+        True, "channels_last (NHWC) memory format for the backbone, FPN and RPN head (fast bf16 convolutions)"
+    )
 
 
 @dataclass
 class OptimConfig:
     # torchvision's 0.02 is for 16 images per step; it diverges from scratch on small batches.
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    lr_steps: tuple[int, ...] = (16, 22)
-    lr_gamma: float = 0.1
-    warmup_iters: int = 1000
-    warmup_factor: float = 1e-3
-    clip_grad_norm: float | None = None
+    lr: float = option(0.01, "base learning rate")
+    momentum: float = option(0.9, "SGD momentum")
+    weight_decay: float = option(1e-4, "SGD weight decay")
+    lr_steps: tuple[int, ...] = option(
+        (16, 22), "epochs at which the rate is multiplied by --lr-gamma, comma separated"
+    )
+    lr_gamma: float = option(0.1, "decay factor at each of --lr-steps")
+    warmup_iters: int = option(1000, "linear warm-up steps", minimum=0)
+    warmup_factor: float = option(1e-3, "starting fraction of the rate during warm-up")
+    clip_grad_norm: float | None = option(None, "clip the global gradient norm to this value")
+
+
+@dataclass
+class PeersConfig:
+    """How long this process waits for the others: shared by the ddp process group and the pipeline's RPC."""
+
+    timeout: float = option(
+        120.0, "seconds before a silent peer counts as lost (RPC and process-group timeouts)", flag="rpc-timeout"
+    )
+    # torch's own bound on forming the group is 30 minutes.
+    join_timeout: float = option(
+        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero"
+    )
 
 
 @dataclass
 class PipelineConfig:
-    micro_batches: int = 2
+    micro_batches: int = option(2, "pipeline: micro-batches per batch", minimum=1)
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
-    bf16_transport: bool = False
-    rpc_timeout: float = 120.0
-    # Seconds every process waits for the whole group to join RPC (torch's own bound is 30 minutes).
-    join_timeout: float = 600.0
+    bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
 
 
 @dataclass
 class TrainConfig:
-    engine: str = "local"
-    epochs: int = 26
-    # Stop after this many optimizer steps in total (short schedules, smoke tests); None = whole schedule.
-    max_steps: int | None = None
-    seed: int = 0
-    output_dir: Path = Path("runs/train")
-    device: str = "auto"
-    threads: int | None = None
-    amp: bool = False
-    # "auto": bf16 on CPU, fp16 with a gradient scaler on CUDA; or "bfloat16" / "float16".
-    amp_dtype: str = "auto"
-    flush_denormal: bool = True
-    resume: Path | None = None
-    test_only: bool = False
-    print_freq: int = 20
+    engine: str = option(
+        "local",
+        "local (one process), ddp (DistributedDataParallel, under torchrun or the launcher), "
+        "pipeline (model parallel over RPC, under the launcher)",
+        choices=ENGINES,
+    )
+    epochs: int = option(26, "number of epochs", minimum=1)
+    # Short schedules and smoke tests; None runs the whole schedule.
+    max_steps: int | None = option(None, "stop after this many optimizer steps in total", minimum=1)
+    seed: int = option(0, "seed for weights, data order, flips and sampling")
+    output_dir: Path = option(Path("runs/train"), "metrics, checkpoints, report")
+    device: str = option("auto", "auto, cpu or cuda", choices=DEVICES)
+    threads: int | None = option(None, "CPU threads per process (torch.set_num_threads)")
+    amp: bool = option(
+        False,
+        "mixed precision: bf16 autocast on CPU, fp16 + grad scaler on CUDA (see --amp-dtype); "
+        "losses, RoI ops, box decoding and the optimizer stay fp32",
+    )
+    amp_dtype: str = option(
+        "auto", "autocast dtype under --amp: auto (bf16 on CPU, fp16 on CUDA), bfloat16 or float16", choices=AMP_DTYPES
+    )
+    flush_denormal: bool = option(True, "flush denormal floats to zero on CPU (3-6x slower iterations without it)")
+    resume: Path | None = option(
+        None, "checkpoint file, directory, or 'auto' (newest in OUTPUT_DIR/checkpoints, if any)"
+    )
+    test_only: bool = option(False, "only evaluate (with --resume or --weights)")
+    print_freq: int = option(20, "log every N steps")
     # Periods in optimizer steps; 0 disables the periodic run (epoch ends always run both).
-    val_period: int = 0
-    checkpoint_period: int = 0
-    keep_checkpoints: int = 3
-    eval_every_epoch: bool = True
+    val_period: int = option(0, "validation loss every N steps (0: at epoch ends only)")
+    checkpoint_period: int = option(0, "checkpoint every N steps (0: at epoch ends only)")
+    keep_checkpoints: int = option(3, "keep the newest K checkpoints", minimum=1)
+    eval_every_epoch: bool = option(True, "COCO AP at every epoch end")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def validate(self) -> None:
         """Reject values that would fail later, deep inside torch, with a message naming the flag."""
+        errors = [problem for spec in FIELDS if (problem := spec.problem(spec.get(self)))]
         checks = [
-            (self.engine in ENGINES, f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}"),
-            (self.model.name in MODEL_NAMES, f"--model must be one of {', '.join(MODEL_NAMES)}"),
-            (self.model.backbone_norm in ("auto", "frozen", "batch"), "--backbone-norm: auto|frozen|batch"),
-            (self.epochs >= 1, "--epochs must be >= 1"),
-            (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
-            (self.data.batch_size >= 1, "--batch-size must be >= 1"),
-            (self.data.val_batch_size >= 1, "--val-batch-size must be >= 1"),
-            (self.data.workers >= 0, "--workers must be >= 0"),
-            (self.optim.lr > 0, "--lr must be > 0"),
-            (self.optim.warmup_iters >= 0, "--warmup-iters must be >= 0"),
             (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
-            (
-                self.model.min_size >= 32 and self.model.max_size >= self.model.min_size,
-                "--min-size must be >= 32 and <= --max-size",
-            ),
-            (self.pipeline.micro_batches >= 1, "--micro-batches must be >= 1"),
-            (self.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
-            (self.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
-            (self.amp_dtype in AMP_DTYPES, f"--amp-dtype must be one of {', '.join(AMP_DTYPES)}"),
+            (self.optim.lr > 0, "--lr must be > 0"),
+            (self.model.max_size >= self.model.min_size, "--min-size must be >= 32 and <= --max-size"),
         ]
-        errors = [message for ok, message in checks if not ok]
+        errors += [message for ok, message in checks if not ok]
         if errors:
             raise ConfigError("invalid configuration: " + "; ".join(errors))
 
 
-# Flag name (as on the CLI and in YAML files) -> (section, field). The CLI is built from this table,
-# so a flag and its YAML key can never disagree.
-FLAGS: dict[str, tuple[str | None, str]] = {
-    "engine": (None, "engine"),
-    "epochs": (None, "epochs"),
-    "max-steps": (None, "max_steps"),
-    "seed": (None, "seed"),
-    "output-dir": (None, "output_dir"),
-    "device": (None, "device"),
-    "threads": (None, "threads"),
-    "amp": (None, "amp"),
-    "amp-dtype": (None, "amp_dtype"),
-    "flush-denormal": (None, "flush_denormal"),
-    "resume": (None, "resume"),
-    "test-only": (None, "test_only"),
-    "print-freq": (None, "print_freq"),
-    "val-period": (None, "val_period"),
-    "checkpoint-period": (None, "checkpoint_period"),
-    "keep-checkpoints": (None, "keep_checkpoints"),
-    "eval-every-epoch": (None, "eval_every_epoch"),
-    "data-path": ("data", "data_path"),
-    "synthetic-images": ("data", "synthetic_images"),
-    "synthetic-image-size": ("data", "synthetic_image_size"),
-    "batch-size": ("data", "batch_size"),
-    "val-batch-size": ("data", "val_batch_size"),
-    "workers": ("data", "workers"),
-    "aspect-ratio-group-factor": ("data", "aspect_ratio_group_factor"),
-    "model": ("model", "name"),
-    "min-size": ("model", "min_size"),
-    "max-size": ("model", "max_size"),
-    "weights": ("model", "weights"),
-    "weights-backbone": ("model", "weights_backbone"),
-    "trainable-backbone-layers": ("model", "trainable_backbone_layers"),
-    "backbone-norm": ("model", "backbone_norm"),
-    "channels-last": ("model", "channels_last"),
-    "lr": ("optim", "lr"),
-    "momentum": ("optim", "momentum"),
-    "weight-decay": ("optim", "weight_decay"),
-    "lr-steps": ("optim", "lr_steps"),
-    "lr-gamma": ("optim", "lr_gamma"),
-    "warmup-iters": ("optim", "warmup_iters"),
-    "warmup-factor": ("optim", "warmup_factor"),
-    "clip-grad-norm": ("optim", "clip_grad_norm"),
-    "micro-batches": ("pipeline", "micro_batches"),
-    "bf16-transport": ("pipeline", "bf16_transport"),
-    "rpc-timeout": ("pipeline", "rpc_timeout"),
-    "join-timeout": ("pipeline", "join_timeout"),
-}
+# ----------------------------------------------------------------------------------------------
+# The table derived from the dataclasses.
+# ----------------------------------------------------------------------------------------------
 
 
-def _coerce(section_obj: Any, name: str, value: Any, source: str) -> Any:
-    """Convert a YAML or CLI value to the field's type, naming the key when it does not fit."""
-    current = getattr(section_obj, name)
-    hint = {f.name: f.type for f in dataclasses.fields(section_obj)}[name]
-    if value is None:
-        return None
-    try:
-        if "Path" in str(hint):
-            return Path(value)
-        if "tuple" in str(hint):
+@dataclass(frozen=True)
+class FieldSpec:
+    """One setting: where it lives (`section` of TrainConfig, None for the top level), its flag and type."""
+
+    section: str | None
+    name: str
+    flag: str
+    help: str
+    kind: type  # bool, int, float, str, Path, or tuple (of ints)
+    optional: bool  # None is a valid value
+    default: Any
+    choices: tuple[str, ...] | None
+    minimum: float | None
+
+    def get(self, cfg: TrainConfig) -> Any:
+        return getattr(self._owner(cfg), self.name)
+
+    def set(self, cfg: TrainConfig, value: Any) -> None:
+        setattr(self._owner(cfg), self.name, value)
+
+    def _owner(self, cfg: TrainConfig) -> Any:
+        return cfg if self.section is None else getattr(cfg, self.section)
+
+    def parse(self, value: Any) -> Any:
+        """A YAML or command-line value as this field's type; ValueError says what was expected."""
+        if value is None:
+            if self.optional:
+                return None
+            raise ValueError(f"a value is required (expected {self.type_name})")
+        if self.kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"{value!r} is not a boolean (true/false)")
+            return text in ("true", "1", "yes")
+        if self.kind is tuple:
             items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-            return tuple(int(v) for v in items if str(v).strip() != "")
-        if isinstance(current, bool) or hint == "bool":
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(value)
-                return value.lower() in ("true", "1", "yes")
-            return bool(value)
-        if "float" in str(hint):
-            return float(value)
-        if "int" in str(hint):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
+            return tuple(_to_int(item) for item in items if str(item).strip() != "")
+        if self.kind is Path:
+            return Path(value)
+        if self.kind is int:
+            return _to_int(value)
+        if self.kind is float:
+            if isinstance(value, bool):
+                raise ValueError(f"{value!r} is not a number")
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{value!r} is not a number") from None
         return str(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: value {value!r} does not fit (expected {hint})") from exc
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with an already parsed value, naming the flag; None when it is fine."""
+        if value is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"--{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
+        if self.kind is float and not math.isfinite(value):
+            return f"--{self.flag} must be a finite number, got {value}"
+        if self.minimum is not None and value < self.minimum:
+            return f"--{self.flag} must be >= {self.minimum:g}"
+        return None
+
+    @property
+    def type_name(self) -> str:
+        return {tuple: "comma-separated integers", Path: "a path"}.get(self.kind, self.kind.__name__)
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value!r} is not an integer")
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not an integer") from None
+
+
+def _kind(hint: Any) -> tuple[type, bool]:
+    """(base type, optional) of an annotation such as `int | None`, `Path`, `tuple[int, ...]`."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        base = [a for a in args if a is not type(None)]
+        return _kind(base[0])[0], True
+    if typing.get_origin(hint) is tuple:
+        return tuple, False
+    return hint, False
+
+
+def _specs(cls: type, section: str | None) -> Iterator[FieldSpec]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _specs(hints[f.name], f.name)
+            continue
+        kind, optional = _kind(hints[f.name])
+        meta = f.metadata
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        yield FieldSpec(
+            section=section,
+            name=f.name,
+            flag=meta.get("flag") or f.name.replace("_", "-"),
+            help=meta["help"],
+            kind=kind,
+            optional=optional,
+            default=default,
+            choices=meta.get("choices"),
+            minimum=meta.get("minimum"),
+        )
+
+
+#: Every setting, in declaration order.
+FIELDS: tuple[FieldSpec, ...] = tuple(_specs(TrainConfig, None))
+#: Flag name (as on the CLI and in YAML files) -> its field.
+BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
+
+
+# ----------------------------------------------------------------------------------------------
+# Building a config.
+# ----------------------------------------------------------------------------------------------
 
 
 def apply_overrides(cfg: TrainConfig, values: dict[str, Any], source: str) -> TrainConfig:
     """Set fields from a flag-name -> value mapping; unknown names are an error that names them."""
-    unknown = sorted(set(values) - set(FLAGS))
+    unknown = sorted(set(values) - set(BY_FLAG))
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys are the train flags")
     for flag, value in values.items():
-        section, name = FLAGS[flag]
-        target = cfg if section is None else getattr(cfg, section)
-        setattr(target, name, _coerce(target, name, value, f"{source}: {flag}"))
+        spec = BY_FLAG[flag]
+        try:
+            spec.set(cfg, spec.parse(value))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {flag}: value {value!r} does not fit ({exc})") from exc
     return cfg
 
 
@@ -257,3 +364,59 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
         return value
 
     return plain(dataclasses.asdict(cfg))
+
+
+def to_argv(values: dict[str, Any]) -> list[str]:
+    """Flag-name -> value as command-line words (`--flag value`, `--flag`/`--no-flag` for booleans)."""
+    argv: list[str] = []
+    for flag, value in values.items():
+        spec = BY_FLAG[flag]
+        if spec.kind is bool:
+            argv.append(f"--{'' if spec.parse(value) else 'no-'}{flag}")
+        elif spec.kind is tuple and isinstance(value, (list, tuple)):
+            argv += [f"--{flag}", ",".join(str(v) for v in value)]
+        else:
+            argv += [f"--{flag}", str(value)]
+    return argv
+
+
+# ----------------------------------------------------------------------------------------------
+# Presets: the small CPU run (demo, tests, e2e, benchmarks) and the embedded demo job.
+# ----------------------------------------------------------------------------------------------
+
+
+def small_cpu_run(image_size: int, **flags: Any) -> dict[str, Any]:
+    """The small model on small images on CPU, flag-name -> value, plus `flags` (underscores or dashes).
+
+    From scratch the mask head's loss can run away in the first steps (as torchvision's reference
+    does at lr 0.02); clipping the gradient norm keeps these short runs stable."""
+    return {
+        "model": "maskrcnn_resnet18_fpn",
+        "min-size": image_size,
+        "max-size": image_size,
+        "device": "cpu",
+        "lr": 0.02,
+        "clip-grad-norm": 10.0,
+        **{name.replace("_", "-"): value for name, value in flags.items()},
+    }
+
+
+def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
+    """The embedded default job: a synthetic COCO set, the small model at 128 px, CPU, a short schedule."""
+    return small_cpu_run(
+        128,
+        engine=engine,
+        synthetic_images=64,
+        synthetic_image_size=128,
+        batch_size=4,
+        workers=1,
+        warmup_iters=50,
+        max_steps=steps,
+        epochs=100,
+        lr_steps="1000",
+        eval_every_epoch=False,  # COCO AP once, at the end; validation loss at every epoch end
+        output_dir=output_dir,
+        print_freq=10,
+        # pipeline: three processes share this machine's cores
+        **({"threads": 1, "micro_batches": 2, "rpc_timeout": 60} if engine == "pipeline" else {}),
+    )

@@ -11,7 +11,7 @@ import contextlib
 import io
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pycocotools.mask as mask_util
@@ -21,14 +21,26 @@ from pycocotools.cocoeval import COCOeval
 
 from .data import build_eval_loader
 
-if TYPE_CHECKING:
-    from .engines.base import Engine
-
 log = logging.getLogger(__name__)
 
 # Mask R-CNN's loss terms: fixed, so a rank with an empty shard still contributes a full vector.
 LOSS_NAMES = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+
+
+class Evaluated(Protocol):
+    """What evaluation needs of an engine (engines/base.py's Engine has all of it)."""
+
+    data_rank: int
+    data_world_size: int
+
+    def predict(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]: ...
+
+    def validation_losses(self, images: list[torch.Tensor], targets: list[dict]) -> dict[str, torch.Tensor]: ...
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def gather_objects(self, obj: Any) -> list[Any] | None: ...
 
 
 def detections_to_coco(
@@ -75,7 +87,7 @@ def coco_ap(coco_gt: COCO, results: list[dict[str, Any]], image_ids: Iterable[in
     return metrics
 
 
-def evaluate(engine: Engine, dataset, batch_size: int, workers: int) -> dict[str, float] | None:
+def evaluate(engine: Evaluated, dataset, batch_size: int, workers: int) -> dict[str, float] | None:
     """COCO AP of the engine's model on `dataset`. Rank 0 gets the metrics, other ranks None."""
     loader = build_eval_loader(
         dataset, batch_size, rank=engine.data_rank, world_size=engine.data_world_size, num_workers=workers
@@ -98,7 +110,7 @@ def evaluate(engine: Engine, dataset, batch_size: int, workers: int) -> dict[str
     return metrics
 
 
-def validation_loss(engine: Engine, dataset, batch_size: int, workers: int) -> dict[str, float]:
+def validation_loss(engine: Evaluated, dataset, batch_size: int, workers: int) -> dict[str, float]:
     """Mean validation losses per image over the whole set, identical on every rank."""
     loader = build_eval_loader(
         dataset, batch_size, rank=engine.data_rank, world_size=engine.data_world_size, num_workers=workers

@@ -8,18 +8,17 @@ Only the main process writes. On a terminal the console shows a one-line progres
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-METRICS_FILE = "metrics.jsonl"
+# The console line's format is the pod contract's: `maskrcnn-launch status` reads it back from a
+# pod's log. `parse_progress_line` is re-exported for the trainer's own readers.
+from maskrcnn_launcher.contract import format_progress_bar, format_progress_line
+from maskrcnn_launcher.contract import parse_progress_line as parse_progress_line
 
-# The console line `MetricsWriter._console` writes, as `parse_progress_line` reads it back: plain
-# `<kind> step <step>/<total> <name> <value> ...`, or the terminal bar `[###...] <step>/<total> ...`
-# (a bar is always a train step). Searched, not anchored: log collectors may prefix the line.
-_PROGRESS_LINE = re.compile(r"(?:\b(?P<kind>train|val|eval) step |\[[#.]+\] )(?P<step>\d+)/(?P<total>\d+)(?P<rest>.*)")
+from .run_dir import METRICS_FILE
 
 
 class MetricsWriter:
@@ -61,19 +60,17 @@ class MetricsWriter:
         self._console(kind, step, values)
 
     def _console(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        # Engine extras ("link/...", "stage1/...") go to the JSON lines and TensorBoard, not the console.
-        shown = " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float) and "/" not in k)
+        # Engine extras ("link/...", "stage1/...") go to the JSON lines and TensorBoard, not the console
+        # (the contract's formatters leave them out).
         if kind == "train":
             if self.interactive:
-                done = int(30 * step / max(1, self.total_steps))
-                bar = "#" * done + "." * (30 - done)
-                self.stream.write(f"\r[{bar}] {step}/{self.total_steps} {shown}")
+                self.stream.write("\r" + format_progress_bar(step, self.total_steps, values))
                 self.stream.flush()
                 return
             if step % self.print_freq and step != self.total_steps:
                 return
         prefix = "\n" if self.interactive else ""
-        self.stream.write(f"{prefix}{kind} step {step}/{self.total_steps} {shown}\n")
+        self.stream.write(f"{prefix}{format_progress_line(kind, step, self.total_steps, values)}\n")
         self.stream.flush()
 
     def close(self) -> None:
@@ -92,27 +89,3 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
-
-
-def parse_progress_line(line: str) -> dict[str, Any] | None:
-    """Read back one console line of `MetricsWriter`: {"kind", "step", "total", <name>: float, ...}.
-
-    None when the line is not one (log lines of other modules, tracebacks). Values printed with
-    `.4g` ("1e-05", "nan", "inf") read back as floats; a token that is not a number is skipped
-    rather than failing the line, so a `kubectl logs` tail with a torn line still parses.
-    """
-    match = _PROGRESS_LINE.search(line)
-    if match is None:
-        return None
-    parsed: dict[str, Any] = {
-        "kind": match["kind"] or "train",
-        "step": int(match["step"]),
-        "total": int(match["total"]),
-    }
-    tokens = match["rest"].split()
-    for name, value in zip(tokens[::2], tokens[1::2]):
-        try:
-            parsed[name] = float(value)
-        except ValueError:
-            continue
-    return parsed

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -145,3 +147,21 @@ def set_batchnorm_eval(model: nn.Module) -> list[nn.Module]:
     for m in switched:
         m.eval()
     return switched
+
+
+@contextlib.contextmanager
+def side_effect_free_losses(model: nn.Module, cuda_devices: Sequence[torch.device] = ()) -> Iterator[None]:
+    """Run `model` (or a stage of it) for training-mode losses that change nothing.
+
+    torchvision returns losses only in training mode, but the validation loss must not move BatchNorm's
+    running statistics, build an autograd graph, or consume the global RNG (the training run after it
+    must draw the same numbers as without it): BatchNorm uses, never updates, its statistics, no
+    gradient is recorded, and the generators of the CPU and of `cuda_devices` are restored after."""
+    model.train()
+    switched = set_batchnorm_eval(model)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=list(cuda_devices)):
+            yield
+    finally:
+        for module in switched:
+            module.train()

@@ -17,7 +17,7 @@ units) and in fp16 (with a gradient scaler) or bf16 on CUDA. What needs fp32 sta
 - the optimizer: parameters and gradients stay fp32 (autocast casts copies, never the weights).
 
 Memory format. channels_last (NHWC) lets oneDNN use its fast bf16 convolution kernels on CPU (and
-tensor-core kernels on CUDA); see `channels_last_modules` for which parts get it.
+tensor-core kernels on CUDA); `CHANNELS_LAST_MODULES` says which parts get it, and why.
 """
 
 from __future__ import annotations

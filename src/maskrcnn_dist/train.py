@@ -1,134 +1,98 @@
-"""The library behind `maskrcnn-dist train` and `eval`: data, engine and Trainer put together."""
+"""The composition root: the one place that turns a TrainConfig into a running job.
+
+`train(cfg)` is what `maskrcnn-dist train` and `eval` run, for every engine:
+
+    set up the process once (threads, denormal flushing)
+    pipeline stage worker?  -> serve the master's stages until it is done
+    load the data once (the pipeline master before joining RPC: a bad --data-path stops it alone)
+    open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
+    build the engine and the Trainer with the same iterations per epoch, then fit or evaluate
+
+Engines never import this module; the CLI calls nothing else to train.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
+from maskrcnn_launcher.contract import PodPlan
 
 from .config import TrainConfig
-from .data import CocoInstanceDataset, num_train_batches, write_train_val
-from .engines.base import Engine, Position, Trainer
+from .data import CocoInstanceDataset, load_datasets, num_train_batches
+from .engines.base import Engine
 from .errors import ConfigError, DatasetError
+from .loop import Trainer, TrainResult
 from .perf import set_flush_denormal
 
 log = logging.getLogger(__name__)
 
-# Dataset layouts under --data-path, tried in order: ours (what synth-data writes), then COCO 2017's.
-LAYOUTS = (
-    ("{split}/annotations.json", "{split}/images"),
-    ("annotations/instances_{split}2017.json", "{split}2017"),
-    ("annotations/instances_{split}.json", "{split}"),
-)
+Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
+# (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
+EngineFactory = Callable[[int, int], Engine]
 
 
-@dataclass
-class TrainResult:
-    position: Position
-    val: dict[str, float] | None
-    eval: dict[str, float] | None
-    output_dir: Path
-
-
-def setup_process(cfg: TrainConfig) -> None:
-    """Per-process numeric settings that must precede any model code."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:
+    """Per-process numeric settings that must precede any model code. `default_threads` applies when
+    --threads is not given (a pipeline stage worker shares its machine: 1)."""
+    threads = cfg.threads or default_threads
+    if threads:
+        torch.set_num_threads(threads)
     # A randomly initialised Mask R-CNN produces denormal floats that make some CPU iterations 3-6x
     # slower; flushing them to zero changes nothing a detector can notice. Before any computation:
     # intra-op threads copy the setting when they start (perf.set_flush_denormal checks they did).
     set_flush_denormal(cfg.flush_denormal)
 
 
-def find_split(data_path: Path, split: str) -> tuple[Path, Path]:
-    """(image_dir, annotation_file) of `split` under `data_path`, or an error listing what was tried."""
-    tried = []
-    for ann_pattern, img_pattern in LAYOUTS:
-        ann, images = data_path / ann_pattern.format(split=split), data_path / img_pattern.format(split=split)
-        if ann.is_file() and images.is_dir():
-            return images, ann
-        tried.append(f"{ann} + {images}/")
-    raise DatasetError(f"--data-path {data_path}: no {split} split found; looked for " + "; ".join(tried))
-
-
-def ensure_synthetic(cfg: TrainConfig) -> Path:
-    """Generate the synthetic set once. Every rank may call this: the set is written to a private
-    temporary folder and renamed into place, so concurrent ranks never see half a dataset."""
-    root = cfg.data.data_path or (cfg.output_dir / "data")
-    if (root / "train" / "annotations.json").is_file():
-        return root
-    tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    n = cfg.data.synthetic_images
-    write_train_val(
-        tmp,
-        num_train=n,
-        num_val=max(4, n // 4),
-        seed=cfg.seed,
-        image_size=(int(cfg.data.synthetic_image_size * 0.75), cfg.data.synthetic_image_size),
-    )
-    root.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(tmp, root)
-    except OSError:  # another rank won the race; its copy is byte-identical
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (root / "train" / "annotations.json").is_file():
-            raise
-    log.info("synthetic COCO set with %d training images at %s", n, root)
-    return root
-
-
-def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDataset | None]:
-    if cfg.data.synthetic_images:
-        cfg.data.data_path = ensure_synthetic(cfg)
-    if cfg.data.data_path is None:
-        raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
-    train_images, train_ann = find_split(cfg.data.data_path, "train")
-    train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed)
-    try:
-        val_images, val_ann = find_split(cfg.data.data_path, "val")
-    except DatasetError:
-        log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
-        return train_set, None
-    val_set = CocoInstanceDataset(val_images, val_ann, train=False)
-    if val_set.label_to_category_id != train_set.label_to_category_id:
-        raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
-    return train_set, val_set
-
-
-def build_engine(cfg: TrainConfig, num_classes: int, iters_per_epoch: int) -> Engine:
+def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:
+    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
+    None on a pipeline stage worker. `plan`: the pipeline's pod plan (default: from the launcher's
+    MASKRCNN_POD_PLAN)."""
     if cfg.engine == "pipeline":
-        raise ConfigError("--engine pipeline runs under the launcher (maskrcnn-launch) or run_pipeline()")
-    from .engines.torch_engine import TorchEngine
+        plan = plan or PodPlan.from_env()
+        if plan.role != "master":
+            from .engines.pipeline import serve
 
-    return TorchEngine(cfg, num_classes, iters_per_epoch, distributed=cfg.engine == "ddp")
-
-
-# (num_classes, iters_per_epoch) -> Engine: engines need the dataset's class count and schedule length.
-EngineFactory = Callable[[int, int], Engine]
-
-
-def train(
-    cfg: TrainConfig,
-    make_engine: EngineFactory | None = None,
-    datasets: tuple[CocoInstanceDataset, CocoInstanceDataset | None] | None = None,
-) -> TrainResult:
-    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended.
-
-    `make_engine` builds the engine once the data is known (default: local or ddp from cfg).
-    `datasets` are `load_datasets(cfg)`'s result when the caller loaded them already."""
+            setup_process(cfg, default_threads=1)
+            serve(cfg, plan)
+            return None
     setup_process(cfg)
-    train_set, val_set = datasets or load_datasets(cfg)
-    world = int(os.environ.get("WORLD_SIZE", "1")) if cfg.engine == "ddp" else 1
-    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=world)
-    engine = (make_engine or partial(build_engine, cfg))(train_set.num_classes, iters)
-    trainer = Trainer(cfg, engine, train_set, val_set)
+    datasets = load_datasets(cfg)
+    with _engine_session(cfg, plan) as (make_engine, data_world_size):
+        return _run(cfg, datasets, make_engine, data_world_size)
+
+
+@contextmanager
+def _engine_session(cfg: TrainConfig, plan: PodPlan | None) -> Iterator[tuple[EngineFactory, int]]:
+    """The engine's process-level session, with its engine factory and how many processes share the data."""
+    if cfg.engine == "pipeline":
+        from .engines.pipeline import PipelineEngine, master_session
+
+        assert plan is not None
+        with master_session(cfg, plan):
+            yield (
+                lambda num_classes, iters: PipelineEngine(
+                    cfg, plan.stages, num_classes, iters, device_maps=plan.transport == "device_maps"
+                ),
+                1,  # the master reads every batch
+            )
+        return
+    from .engines.torch_engine import TorchEngine, process_group
+
+    distributed = cfg.engine == "ddp"
+    with process_group(cfg) if distributed else contextlib.nullcontext(1) as world_size:
+        yield (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed)), world_size
+
+
+def _run(cfg: TrainConfig, datasets: Datasets, make_engine: EngineFactory, data_world_size: int) -> TrainResult:
+    train_set, val_set = datasets
+    # One number for the engine's schedule and the Trainer's epochs.
+    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
+    engine = make_engine(train_set.num_classes, iters)
+    trainer = Trainer(cfg, engine, train_set, val_set, iters)
     try:
         if cfg.test_only:
             if cfg.resume is None and cfg.model.weights is None:

@@ -177,7 +177,7 @@ def test_statefulsets_and_headless_service(render, scenario: str) -> None:
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 def test_container_runs_the_launcher_with_known_trainer_flags(render, scenario: str) -> None:
     # The trainer's flags are generated from this table; a renamed flag breaks the chart's values.
-    from maskrcnn_dist.config import FLAGS
+    from maskrcnn_dist.config import BY_FLAG
 
     for role, sts in statefulsets(render(scenario)).items():
         container = trainer(sts)
@@ -187,7 +187,7 @@ def test_container_runs_the_launcher_with_known_trainer_flags(render, scenario: 
         for arg in args[4:]:
             if arg.startswith("--"):
                 flag = arg[2:]
-                assert flag in FLAGS or (flag.startswith("no-") and flag[3:] in FLAGS), f"unknown flag {arg}"
+                assert flag in BY_FLAG or (flag.startswith("no-") and flag[3:] in BY_FLAG), f"unknown flag {arg}"
 
 
 def pod_environment(container: dict[str, Any], pod_name: str, pod_ip: str, topology_file: Path) -> dict[str, str]:
@@ -231,9 +231,11 @@ def test_every_pod_spec_launches_as_its_rank(render, scenario: str, tmp_path: Pa
             out = json.loads(proc.stdout)
             plan = PodPlan.from_json(out["env"]["MASKRCNN_POD_PLAN"])
             assert (plan.role, plan.index) == (role, ordinal), pod
-            assert plan.node_rank == (0 if role == "master" else ordinal + 1), pod
+            # Launcher-only facts (node layout, GPU count) are in the dry run's `pod`, not the trainer's plan.
+            assert out["pod"]["node_rank"] == (0 if role == "master" else ordinal + 1), pod
             assert (plan.master_addr, plan.master_port) == (master_addr, topology.network.master_port), pod
-            assert plan.devices == gpus, f"{pod}: the launcher plans {plan.devices} GPUs, the pod gets {gpus}"
+            devices = out["pod"]["devices"]
+            assert devices == gpus, f"{pod}: the launcher plans {devices} GPUs, the pod gets {gpus}"
             trainer_args = args[args.index("--") + 1 :]
             assert out["argv"][len(out["argv"]) - len(trainer_args) :] == trainer_args, pod
 

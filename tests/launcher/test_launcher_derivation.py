@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.contract import PodPlan
+from maskrcnn_launcher.contract import PodPlan, process_group_backend
 from maskrcnn_launcher.devicemaps import check_one_to_one, inverse, pipeline_device_maps
 from maskrcnn_launcher.errors import PlanFormatError, TopologyError
 from maskrcnn_launcher.estimate import feature_values, padded_size
@@ -146,27 +146,30 @@ PIPELINE_CASES = [
 @pytest.mark.parametrize("case", PIPELINE_CASES, ids=[c.id for c in PIPELINE_CASES])
 def test_pipeline_derivation(case: PipelineCase) -> None:
     job = job_of(pipeline(case.devices, case.replicas, case.transport))
+    master_pod, w1_pod, w2_pod = job.launches
     master, w1, w2 = job.pods
+    assert (master, w1, w2) == (master_pod.plan, w1_pod.plan, w2_pod.plan)
 
     # Identity: ranks, names, world.
-    assert [(p.role, p.index, p.rank, p.rpc_name, p.node_rank) for p in job.pods] == [
+    assert [(p.plan.role, p.plan.index, p.plan.rank, p.plan.rpc_name, p.node_rank) for p in job.launches] == [
         ("master", 0, 0, "master", 0),
         ("worker", 0, 1, "worker1", 1),
         ("worker", 1, 2, "worker2", 2),
     ]
-    assert {(p.world_size, p.nnodes, p.nproc_per_node) for p in job.pods} == {(3, 3, 1)}
+    assert {(p.plan.world_size, p.nnodes, p.nproc_per_node) for p in job.launches} == {(3, 3, 1)}
     assert {(p.master_addr, p.master_port) for p in job.pods} == {("master.example", 29500)}
     assert (master.backend, w1.backend, w2.backend) == case.backends
+    assert [p.plan.backend for p in job.launches] == [process_group_backend(p.devices > 0) for p in job.launches]
 
-    # Placement: global, and each pod's own.
+    # Placement: global, and each pod's own (derived from the global one).
     assert [(s.rpc_name, s.rank, s.modules, s.devices) for s in master.stages] == [
         ("worker1", 1, ("transform", "backbone"), case.stage_devices[0]),
         ("worker2", 2, ("rpn", "roi_heads"), case.stage_devices[1]),
     ]
     assert all(p.stages == master.stages for p in job.pods)
-    assert (master.stage, master.modules, master.replicas) == (None, (), ())
-    assert (w1.stage, w1.modules, w1.replicas) == (1, ("transform", "backbone"), case.stage_devices[0])
-    assert (w2.stage, w2.modules, w2.replicas) == (2, ("rpn", "roi_heads"), case.stage_devices[1])
+    assert (master_pod.stage, master_pod.modules, master_pod.replicas) == (None, (), ())
+    assert (w1_pod.stage, w1_pod.modules, w1_pod.replicas) == (1, ("transform", "backbone"), case.stage_devices[0])
+    assert (w2_pod.stage, w2_pod.modules, w2_pod.replicas) == (2, ("rpn", "roi_heads"), case.stage_devices[1])
 
     # Device maps, pair by pair. The master is CPU-only: it calls both workers without maps, and the
     # last stage returns CPU losses. worker1 never calls worker2. worker2 calls worker1 (to_here).
@@ -176,12 +179,12 @@ def test_pipeline_derivation(case: PipelineCase) -> None:
         assert w2.device_maps == {"worker1": case.worker2_map_for_worker1}
         forward = w2.device_maps["worker1"]
         # Request direction: keys are worker2's replica devices, values worker1's.
-        assert set(forward) <= set(w2.replicas) and set(forward.values()) <= set(w1.replicas)
+        assert set(forward) <= set(w2_pod.replicas) and set(forward.values()) <= set(w1_pod.replicas)
         # Response direction (features): every device a stage-1 replica can respond from must map back,
         # one-to-one, onto a stage-2 replica device.
         back = inverse(forward)
-        assert set(back) == set(w1.replicas)
-        assert set(back.values()) <= set(w2.replicas)
+        assert set(back) == set(w1_pod.replicas)
+        assert set(back.values()) <= set(w2_pod.replicas)
         assert len(set(back.values())) == len(back)
         # Identity by replica index: its own inverse, so dist_autograd's gradients take the same pairs.
         assert back == forward
@@ -192,10 +195,11 @@ def test_pipeline_derivation(case: PipelineCase) -> None:
 def test_device_maps_inverse_direction_example() -> None:
     """worker2 (stage 2, 2 replicas) fetches from worker1 (stage 1, 1 replica) on the GPU example."""
     job = job_of(load_topology("three-machines-gpu"))
-    w2 = job.pod("worker", 1)
+    w2_pod = job.launch("worker", 1)
+    w2 = w2_pod.plan
     assert w2.device_maps == {"worker1": {"cuda:0": "cuda:0"}}  # caller worker2's cuda:0 -> callee's cuda:0
     assert inverse(w2.device_maps["worker1"]) == {"cuda:0": "cuda:0"}  # features from worker1 land on cuda:0
-    assert w2.replicas == ("cuda:0", "cuda:1") and w2.backend == "nccl" and w2.socket_ifname == "eth0"
+    assert w2_pod.replicas == ("cuda:0", "cuda:1") and w2.backend == "nccl" and w2_pod.socket_ifname == "eth0"
 
 
 def test_three_stage_pipeline_maps_each_adjacent_pair() -> None:
@@ -272,17 +276,19 @@ def test_ddp_derivation(case: DdpCase) -> None:
     )
     job = job_of(topo)
     assert tuple(p.rank for p in job.pods) == case.ranks
-    assert tuple(p.nproc_per_node for p in job.pods) == case.nproc
-    assert tuple(p.node_rank for p in job.pods) == tuple(range(len(case.devices)))
-    assert {(p.world_size, p.nnodes, p.backend) for p in job.pods} == {(case.world, len(case.devices), case.backend)}
-    assert all(p.stages == () and p.device_maps == {} and p.stage is None for p in job.pods)
+    assert tuple(p.nproc_per_node for p in job.launches) == case.nproc
+    assert tuple(p.node_rank for p in job.launches) == tuple(range(len(case.devices)))
+    assert {(p.plan.world_size, p.nnodes, p.plan.backend) for p in job.launches} == {
+        (case.world, len(case.devices), case.backend)
+    }
+    assert all(p.plan.stages == () and p.plan.device_maps == {} and p.stage is None for p in job.launches)
     if case.world > 1:
         assert all(link.dst == "ring" and link.bytes_per_step > 0 for link in job.links)
 
 
 def test_ddp_trainer_command_uses_torchrun() -> None:
     job = job_of(load_topology("ddp"))
-    pod = job.pod("worker", 1)
+    pod = job.launch("worker", 1)
     argv = trainer_command(pod, ["--epochs", "2"], python="/venv/bin/python")
     assert argv == [
         "/venv/bin/python",
@@ -311,7 +317,7 @@ def test_ddp_trainer_command_uses_torchrun() -> None:
 
 
 def test_pipeline_trainer_command_and_override() -> None:
-    pod = job_of(pipeline((0, 0), (1, 1))).pod("worker", 0)
+    pod = job_of(pipeline((0, 0), (1, 1))).launch("worker", 0)
     assert trainer_command(pod, ["--steps", "2"], python="py") == [
         "py",
         "-m",
@@ -330,8 +336,9 @@ def test_pipeline_trainer_command_and_override() -> None:
 
 @pytest.mark.parametrize("interface", [None, "eth1"])
 def test_exported_environment(interface: str | None) -> None:
-    pod = job_of(pipeline((0, 0), (1, 1), interface=interface)).pod("worker", 1)
-    env = contract.exported_env(pod)
+    pod = job_of(pipeline((0, 0), (1, 1), interface=interface)).launch("worker", 1)
+    env = pod.exported_env()
+    assert env == contract.exported_env(pod.plan, interface)
     assert {
         k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     } == {
@@ -342,14 +349,14 @@ def test_exported_environment(interface: str | None) -> None:
         "MASTER_ADDR": "master.example",
         "MASTER_PORT": "29500",
     }
-    assert PodPlan.from_env(env) == pod
+    assert PodPlan.from_env(env) == pod.plan
     ifnames = {k: env.get(k) for k in contract.SOCKET_IFNAME_VARS}
     assert ifnames == {k: interface for k in contract.SOCKET_IFNAME_VARS}
     assert set(env) <= set(contract.EXPORTED_VARS)
 
 
 def test_ddp_exports_no_per_process_variables() -> None:
-    env = contract.exported_env(job_of(load_topology("ddp")).pod("master", 0))
+    env = job_of(load_topology("ddp")).launch("master", 0).exported_env()
     assert "RANK" not in env and "WORLD_SIZE" not in env  # torch.distributed.run sets them per process
     assert env["TP_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
 
@@ -369,6 +376,9 @@ def test_pod_plan_json_round_trip(name: str) -> None:
         ({contract.POD_PLAN: "[]"}, "expected a JSON object"),
         ({contract.POD_PLAN: '{"surprise": 1}'}, "unknown fields ['surprise']"),
         ({contract.POD_PLAN: '{"engine": "ddp"}'}, "malformed plan record"),
+        ({contract.POD_PLAN: '{"version": 1, "devices": 0}'}, "version 1, expected 2"),
+        # A launcher-only field is not part of the trainer's record.
+        ({contract.POD_PLAN: '{"nnodes": 3}'}, "unknown fields ['nnodes']"),
     ],
 )
 def test_pod_plan_from_env_errors(env: dict[str, str], message: str) -> None:
@@ -414,14 +424,14 @@ def test_master_does_not_wait_for_its_own_port() -> None:
     """rank 0 hosts the store on MASTER_PORT: waiting for it would deadlock. Nothing listens here."""
     job = derive_job(pipeline((0, 0), (1, 1)), "127.0.0.1", 1)
     calls: list[Any] = []
-    master = job.pod("master", 0)
-    assert not must_wait(master) and must_wait(job.pod("worker", 0))
+    master = job.launch("master", 0)
+    assert not must_wait(master) and must_wait(job.launch("worker", 0))
     launch(
         master, ["--x"], ["stand-in"], WaitPolicy(timeout_s=0.1), {"KEEP": "1"}, lambda _: None, execvpe=_record(calls)
     )
     (file, argv, env), *_ = calls
     assert (file, argv) == ("stand-in", ["stand-in", "--x"])
-    assert env["KEEP"] == "1" and env["RANK"] == "0" and PodPlan.from_env(env) == master
+    assert env["KEEP"] == "1" and env["RANK"] == "0" and PodPlan.from_env(env) == master.plan
 
 
 def _record(calls: list[Any]) -> Any:

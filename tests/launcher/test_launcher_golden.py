@@ -40,12 +40,16 @@ def test_default_topology_is_three_machines() -> None:
     assert run_plan() == (GOLDEN / "plan-three-machines.txt").read_text()
 
 
-def test_json_pods_are_pod_plans() -> None:
+def test_json_pods_carry_their_pod_plans() -> None:
+    """Each pod's `plan` is exactly what its trainer reads from MASKRCNN_POD_PLAN; the launcher-only
+    facts (DNS name, node layout) sit next to it, and the links once for the job."""
     import json
 
     doc = json.loads(run_plan("--json", "--prefix", "job", "--namespace", "ml", "--service", "job-hl"))
-    pods = [PodPlan.from_dict(p) for p in doc["pods"]]
-    assert [p.dns_name for p in pods] == [
+    assert [p["dns_name"] for p in doc["pods"]] == [
         f"job-{r}.job-hl.ml.svc.cluster.local" for r in ("master-0", "worker-0", "worker-1")
     ]
-    assert {p.master_addr for p in pods} == {"job-master-0.job-hl.ml.svc.cluster.local"}
+    plans = [PodPlan.from_dict(p["plan"]) for p in doc["pods"]]
+    assert {p.master_addr for p in plans} == {"job-master-0.job-hl.ml.svc.cluster.local"}
+    assert [(p.rank, p.rpc_name) for p in plans] == [(0, "master"), (1, "worker1"), (2, "worker2")]
+    assert [p["node_rank"] for p in doc["pods"]] == [0, 1, 2] and len(doc["links"]) == 5

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from maskrcnn_launcher.contract import parse_pod_name
 from maskrcnn_launcher.errors import IdentityError
-from maskrcnn_launcher.identity import Identity, IdentityInputs, parse_pod_name, resolve_identity
+from maskrcnn_launcher.identity import Identity, IdentityInputs, resolve_identity
 from maskrcnn_launcher.topology import Topology, load_topology
 
 K8S = {"MASKRCNN_HEADLESS_SERVICE": "rel-headless", "POD_NAMESPACE": "vision"}

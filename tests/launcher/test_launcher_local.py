@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launcher_localhost import STAND_IN, TOPOLOGY, clean_env, free_port
+from test_launcher_localhost import STAND_IN, TOPOLOGY, clean_env
 
 
 def run_local(tmp_path: Path, trainer: str, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -24,8 +24,7 @@ def run_local(tmp_path: Path, trainer: str, *extra: str, timeout: float = 90) ->
         "local",
         "--topology",
         str(tmp_path / "topology.yaml"),
-        "--master-port",
-        str(free_port()),
+        # No --master-port: `local` picks a free loopback port itself (the topology says 29500).
         "--wait-timeout",
         "30",
         *extra,
@@ -45,6 +44,8 @@ def test_every_pod_runs_with_its_own_identity(tmp_path: Path) -> None:
             reports[name.lstrip("[")] = json.loads(rest)
     assert {name: r["env"]["RANK"] for name, r in reports.items()} == {"master": "0", "worker1": "1", "worker2": "2"}
     assert all(r["env"]["MASTER_ADDR"] == "127.0.0.1" and r["env"]["WORLD_SIZE"] == "3" for r in reports.values())
+    ports = {r["env"]["MASTER_PORT"] for r in reports.values()}
+    assert len(ports) == 1 and ports != {"29500"}, ports  # one port for all, picked free, not the topology's
     assert reports["master"]["hello"] == [1, 2]  # both workers reached the master's port
 
 

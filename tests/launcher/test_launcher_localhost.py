@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -62,12 +61,6 @@ network: {master_port: 29500, interface: lo}
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def clean_env() -> dict[str, str]:
     """The test's environment without any variable the launcher reads (a CI runner may set HOSTNAME)."""
     env = {k: v for k, v in os.environ.items() if k not in contract.READ_VARS and k not in contract.EXPORTED_VARS}
@@ -77,10 +70,10 @@ def clean_env() -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_three_launch_processes_on_localhost(tmp_path: Path) -> None:
+def test_three_launch_processes_on_localhost(tmp_path: Path, free_port: int) -> None:
     (tmp_path / "stand_in.py").write_text(STAND_IN)
     (tmp_path / "topology.yaml").write_text(TOPOLOGY)
-    port = free_port()
+    port = free_port
     launcher = [sys.executable, "-m", "maskrcnn_launcher", "launch", "--topology", str(tmp_path / "topology.yaml")]
     common = ["--trainer-cmd", f"{sys.executable} {tmp_path / 'stand_in.py'}", "--wait-timeout", "60"]
     # Three ways to say who you are: flags, environment variables, flags again.
@@ -137,4 +130,5 @@ def test_three_launch_processes_on_localhost(tmp_path: Path) -> None:
             assert f"waiting for master 127.0.0.1:{port}" in err, err
     assert outputs["master"][0]["hello"] == [1, 2]
     assert "waiting" not in outputs["master"][1]  # the master never waits for its own port
-    assert PodPlan.from_json(outputs["worker2"][0]["env"]["MASKRCNN_POD_PLAN"]).replicas == ("cpu", "cpu")
+    worker2 = PodPlan.from_json(outputs["worker2"][0]["env"]["MASKRCNN_POD_PLAN"])
+    assert [s.devices for s in worker2.stages if s.rpc_name == worker2.rpc_name] == [("cpu", "cpu")]

@@ -39,3 +39,26 @@ def test_module_entry_point_runs_without_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "ok: three-machines.yaml" in result.stdout
+
+
+def test_launcher_imports_and_explains_without_the_kubernetes_client() -> None:
+    """`kubernetes` is an optional extra: every module imports without it, and `status` says what to install."""
+    code = textwrap.dedent(
+        """
+        import pkgutil, sys
+        sys.modules["kubernetes"] = None  # import kubernetes -> ImportError, as if not installed
+        import maskrcnn_launcher
+        for mod in pkgutil.iter_modules(maskrcnn_launcher.__path__):
+            if mod.name != "__main__":
+                __import__(f"maskrcnn_launcher.{mod.name}")
+        from click.testing import CliRunner
+        from maskrcnn_launcher.cli import main
+        result = CliRunner().invoke(main, ["status", "--release", "demo"])
+        print(result.exit_code, result.output.strip())
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "2 error: the status command needs the kubernetes client: pip install 'maskrcnn-launcher[k8s]'"
+    )

@@ -18,16 +18,10 @@ NEVER_RESOLVES = "maskrcnn-master-0.does-not-exist.invalid"
 FAST = WaitPolicy(timeout_s=1.0, interval_s=0.05, max_interval_s=0.2, connect_timeout_s=0.2)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def late_listener() -> Iterator[tuple[int, float]]:
+def late_listener(free_port: int) -> Iterator[tuple[int, float]]:
     """A real socket that starts listening 0.6 s from now, like a master whose trainer starts late."""
-    port, delay = free_port(), 0.6
+    port, delay = free_port, 0.6
     stop = threading.Event()
 
     def serve() -> None:
@@ -69,8 +63,8 @@ def test_name_that_never_resolves_fails_within_the_bound() -> None:
     assert NEVER_RESOLVES in message and "did not resolve within 1 s" in message
 
 
-def test_port_that_never_opens_fails_within_the_bound() -> None:
-    port = free_port()  # nothing listens there
+def test_port_that_never_opens_fails_within_the_bound(free_port: int) -> None:
+    port = free_port  # nothing listens there
     start = time.monotonic()
     with pytest.raises(PeerTimeout, match=rf"master 127\.0\.0\.1:{port} did not accept a TCP connection within 1 s"):
         wait_for_master("127.0.0.1", port, FAST, lambda _: None)

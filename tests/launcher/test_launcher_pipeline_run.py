@@ -9,36 +9,24 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launcher_localhost import clean_env, free_port
+from test_launcher_localhost import clean_env
 
-SMALL_RUN = [
-    "--synthetic-images",
-    "4",
-    "--synthetic-image-size",
-    "64",
-    "--model",
-    "maskrcnn_resnet18_fpn",
-    "--min-size",
-    "64",
-    "--max-size",
-    "64",
-    "--max-steps",
-    "2",
-    "--batch-size",
-    "2",
-    "--micro-batches",
-    "2",
-    "--workers",
-    "0",
-    "--threads",
-    "1",
-    "--device",
-    "cpu",
-    "--print-freq",
-    "1",
-    "--rpc-timeout",
-    "60",
-]
+from maskrcnn_dist.config import small_cpu_run, to_argv
+
+SMALL_RUN = to_argv(
+    small_cpu_run(
+        64,
+        synthetic_images=4,
+        synthetic_image_size=64,
+        max_steps=2,
+        batch_size=2,
+        micro_batches=2,
+        workers=0,
+        threads=1,
+        print_freq=1,
+        rpc_timeout=60,
+    )
+)
 
 
 def run_pipeline(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -49,8 +37,6 @@ def run_pipeline(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.Com
         "-m",
         "maskrcnn_launcher",
         "local",
-        "--master-port",
-        str(free_port()),
         "--wait-timeout",
         "60",
         "--grace",
@@ -101,7 +87,7 @@ def test_pipeline_amp_composes_with_bf16_transport(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_master_whose_workers_never_come_exits_within_the_join_timeout(tmp_path: Path) -> None:
+def test_a_master_whose_workers_never_come_exits_within_the_join_timeout(tmp_path: Path, free_port: int) -> None:
     """Only the master is started: it must not wait torch's 30 minutes for the group to form."""
     argv = [
         sys.executable,
@@ -113,7 +99,7 @@ def test_a_master_whose_workers_never_come_exits_within_the_join_timeout(tmp_pat
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(free_port()),
+        str(free_port),
         "--",
         *SMALL_RUN,
         "--output-dir",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from maskrcnn_dist.config import TrainConfig, apply_overrides
+from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.data import write_train_val
 
 
@@ -20,29 +20,21 @@ def tiny_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConfig:
-    """The small model on small images, CPU, a few steps: what every trainer test starts from.
-
-    From scratch the mask head's loss can run away in the first steps (as torchvision's reference
-    does at lr 0.02); clipping the gradient norm keeps these short runs stable."""
+    """The small CPU run (config.small_cpu_run) at 96 px, a few steps: what every trainer test starts from."""
     torch.set_num_threads(2)
-    values = {
-        "model": "maskrcnn_resnet18_fpn",
-        "min-size": 96,
-        "max-size": 96,
-        "data-path": data_path,
-        "output-dir": output_dir,
-        "batch-size": 2,
-        "workers": 0,
-        "device": "cpu",
-        "epochs": 1,
-        "lr": 0.02,
-        "warmup-iters": 10,
-        "clip-grad-norm": 10.0,
-        "print-freq": 1,
-        "eval-every-epoch": False,
-        "aspect-ratio-group-factor": -1,
-        **flags,
-    }
+    values = small_cpu_run(
+        96,
+        data_path=data_path,
+        output_dir=output_dir,
+        batch_size=2,
+        workers=0,
+        epochs=1,
+        warmup_iters=10,
+        print_freq=1,
+        eval_every_epoch=False,
+        aspect_ratio_group_factor=-1,
+    )
+    values.update(flags)
     cfg = apply_overrides(TrainConfig(), values, "test")
     cfg.validate()
     return cfg

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(
@@ -45,7 +38,7 @@ def run_job(
     return subprocess.CompletedProcess(args, proc.returncode, output, None)
 
 
-def torchrun(nproc: int, trainer_args: list[str]) -> list[str]:
+def torchrun(nproc: int, port: int, trainer_args: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -57,7 +50,7 @@ def torchrun(nproc: int, trainer_args: list[str]) -> list[str]:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(free_port()),
+        str(port),
         "-m",
         "maskrcnn_dist.cli",
         "train",

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, build_config
-from maskrcnn_dist.data import build_train_loader
+from maskrcnn_dist.data import build_train_loader, load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.evaluation import evaluate
 from maskrcnn_dist.model import build_model
 from maskrcnn_dist.perf import amp_dtype, autocast_context, grad_scaler, set_flush_denormal
-from maskrcnn_dist.train import load_datasets, setup_process
+from maskrcnn_dist.train import setup_process
 
 from .conftest import fast_config
 

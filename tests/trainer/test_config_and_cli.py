@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from maskrcnn_dist.cli import main
-from maskrcnn_dist.config import FLAGS, build_config
+from maskrcnn_dist.config import BY_FLAG, build_config
 from maskrcnn_dist.errors import ConfigError
 
 
@@ -41,7 +41,7 @@ def test_bad_yaml_names_file_and_key(tmp_path: Path, content: str, message: str)
 
 def test_every_flag_is_on_the_cli():
     help_text = CliRunner().invoke(main, ["train", "--help"]).output
-    for flag in FLAGS:
+    for flag in BY_FLAG:
         assert f"--{flag}" in help_text
 
 

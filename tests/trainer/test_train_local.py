@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
+from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import TrainingError
+from maskrcnn_dist.loop import Trainer
 from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.report import draw_report
-from maskrcnn_dist.train import load_datasets, train
+from maskrcnn_dist.train import train
 
 from .conftest import fast_config
 
@@ -90,9 +92,9 @@ def test_resume_continues_exactly(train_only_coco, tmp_path):
 
 def test_non_finite_loss_stops_before_the_update(tiny_coco, tmp_path):
     cfg = fast_config(tiny_coco, tmp_path, **{"max-steps": 2, "checkpoint-period": 1})
-    train_set, _ = load_datasets(cfg)
+    train_set, val_set = load_datasets(cfg)
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
-    train(cfg, make_engine=lambda *_: engine)
+    Trainer(cfg, engine, train_set, val_set, iters_per_epoch=6).fit()
     saved = list_checkpoints(cfg.output_dir / "checkpoints")
     bias = engine.model.roi_heads.box_predictor.cls_score.bias
     bias.data.fill_(float("nan"))

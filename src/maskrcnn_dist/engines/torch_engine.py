@@ -1,6 +1,7 @@
 """The `local` and `ddp` engines: the whole model lives in this process.
 
-`ddp` is `local` with the model wrapped in DistributedDataParallel and three collectives: the
+`ddp` is `local` with the model wrapped in DistributedDataParallel, inside the process group that
+`process_group` opens (torchrun's environment contract), and three collectives: the
 gradient all-reduce inside backward, one small all-reduce of the loss terms per step (for logging,
 and so that every rank sees a non-finite loss at once and stops together, rather than one rank
 raising while the others wait in the next all-reduce), and the gathers of evaluation.
@@ -11,16 +12,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from maskrcnn_launcher.contract import process_group_backend
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig
-from ..errors import TrainingError
-from ..model import build_model, set_batchnorm_eval
+from ..errors import ConfigError, TrainingError
+from ..model import build_model, side_effect_free_losses
 from ..optim import build_optimizer, build_scheduler
 from ..perf import autocast_context, grad_scaler
 from ..rng import StepSeeder
@@ -33,8 +37,6 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from ..errors import ConfigError
-
         raise ConfigError("--device cuda: no CUDA device is visible to this process")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
@@ -59,17 +61,39 @@ def to_device(images: Images, targets: Targets | None, device: torch.device) -> 
     return images, targets
 
 
+def local_rank() -> int:
+    """This process's index on its machine (torchrun's LOCAL_RANK; 0 outside torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+@contextmanager
+def process_group(cfg: TrainConfig) -> Iterator[int]:
+    """The ddp process group for the body, from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT); yields the world size. Peers silent for --rpc-timeout seconds fail the collective."""
+    device = resolve_device(cfg.device, local_rank())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = process_group_backend(uses_gpu=device.type == "cuda")
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=cfg.peers.timeout))
+    log.info("ddp rank %d of %d on %s (%s)", dist.get_rank(), dist.get_world_size(), device, backend)
+    try:
+        yield dist.get_world_size()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 class TorchEngine(Engine):
-    """One model in this process; with `distributed=True`, one DDP replica of a process group."""
+    """One model in this process; with `distributed=True`, one DDP replica of the process group that
+    `process_group` opened."""
 
     def __init__(self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, distributed: bool = False) -> None:
         self.cfg = cfg
         self.name = "ddp" if distributed else "local"
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.device = resolve_device(cfg.device, local_rank)
+        self.device = resolve_device(cfg.device, local_rank())
         self.pin_memory = self.device.type == "cuda"
         if distributed:
-            self._init_process_group()
+            self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before DDP's broadcast
         self.model = build_model(cfg.model, num_classes).to(self.device)
         self.seeder = StepSeeder(cfg.seed)
@@ -81,14 +105,6 @@ class TorchEngine(Engine):
         if distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.trained = DistributedDataParallel(self.model, device_ids=ids)
-
-    def _init_process_group(self) -> None:
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=self.cfg.pipeline.rpc_timeout))
-        self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
-        log.info("ddp rank %d of %d on %s (%s)", self.data_rank, self.data_world_size, self.device, backend)
 
     @property
     def distributed(self) -> bool:
@@ -128,23 +144,16 @@ class TorchEngine(Engine):
             detections = self.model(images)  # the bare module: inference needs no DDP collectives
         return [{k: v.float().cpu() if v.is_floating_point() else v.cpu() for k, v in d.items()} for d in detections]
 
-    @torch.no_grad()
     def validation_losses(self, images: Images, targets: Targets) -> dict[str, torch.Tensor]:
         images, targets = to_device(images, targets, self.device)
-        self.model.train()  # torchvision returns losses only in training mode ...
-        switched = set_batchnorm_eval(self.model)  # ... but running statistics must not move
         devices = [self.device] if self.device.type == "cuda" else []
-        try:
-            with (
-                torch.random.fork_rng(devices=devices),
-                autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype),
-            ):
-                # The bare module, not DDP: DDP's forward may broadcast buffers, a collective that
-                # ranks with fewer validation batches would never reach.
-                losses = self.model(images, targets)
-        finally:
-            for module in switched:
-                module.train()
+        with (
+            side_effect_free_losses(self.model, devices),
+            autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype),
+        ):
+            # The bare module, not DDP: DDP's forward may broadcast buffers, a collective that
+            # ranks with fewer validation batches would never reach.
+            losses = self.model(images, targets)
         return {k: v.float().cpu() for k, v in losses.items()}
 
     # -- collectives ------------------------------------------------------------------------
@@ -183,7 +192,3 @@ class TorchEngine(Engine):
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-    def close(self) -> None:
-        if self.distributed and dist.is_initialized():
-            dist.destroy_process_group()

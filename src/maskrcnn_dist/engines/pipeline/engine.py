@@ -23,14 +23,15 @@ from typing import Any
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
+from maskrcnn_launcher.contract import StagePlacement, validate_placement
 from torch import Tensor
 
 from ...config import TrainConfig
 from ...errors import ConfigError, PeerLostError, TrainingError
-from ...sharding import StageState, validate_placement
 from ..base import Engine, Images, Targets
 from ..torch_engine import check_finite
-from .host import StageHost, StageSpec
+from .host import StageHost
+from .stages import MicroBatchState
 from .state import merge_optimizer_states, split_optimizer_state
 from .transport import wire_bytes
 
@@ -67,10 +68,14 @@ class PipelineEngine(Engine):
     name = "pipeline"
 
     def __init__(
-        self, cfg: TrainConfig, stages: Sequence[Any], num_classes: int, iters_per_epoch: int, device_maps: bool = False
+        self,
+        cfg: TrainConfig,
+        stages: Sequence[StagePlacement],
+        num_classes: int,
+        iters_per_epoch: int,
+        device_maps: bool = False,
     ) -> None:
-        """`stages`: placements in pipeline order, each with `rpc_name`, `modules` and `devices`
-        (maskrcnn_launcher.contract.StagePlacement). RPC must be initialised, as "master"."""
+        """`stages`: the pod plan's placements, in pipeline order. RPC must be initialised, as "master"."""
         validate_placement([s.modules for s in stages])
         if cfg.amp and cfg.amp_dtype == "float16":
             raise ConfigError(
@@ -78,30 +83,18 @@ class PipelineEngine(Engine):
                 "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16"
             )
         self.cfg = cfg
-        self.timeout = cfg.pipeline.rpc_timeout
+        self.timeout = cfg.peers.timeout
         self.micro_batches = cfg.pipeline.micro_batches
         self.workers = [s.rpc_name for s in stages]
-        specs = [
-            StageSpec(
-                index=i,
-                rpc_name=s.rpc_name,
-                modules=tuple(s.modules),
-                devices=tuple(s.devices),
-                model=cfg.model,
-                optim=cfg.optim,
-                num_classes=num_classes,
-                iters_per_epoch=iters_per_epoch,
-                seed=cfg.seed,
-                bf16_features=cfg.pipeline.bf16_transport,
-                amp=cfg.amp,
-                stage_through_cpu=not device_maps,
-                next_rpc_name=stages[i + 1].rpc_name if i + 1 < len(stages) else MASTER,
-            )
-            for i, s in enumerate(stages)
-        ]
         with self._rpc_errors("building the stages"):
             self.hosts = [
-                rpc.remote(s.rpc_name, StageHost, args=(s, self.timeout), timeout=self.timeout) for s in specs
+                rpc.remote(
+                    s.rpc_name,
+                    StageHost,
+                    args=(cfg, tuple(stages), i, num_classes, iters_per_epoch, not device_maps),
+                    timeout=self.timeout,
+                )
+                for i, s in enumerate(stages)
             ]
             self.layout = [h.rpc_sync(timeout=self.timeout).describe() for h in self.hosts]
         self._lr = self.layout[0]["lr"]
@@ -147,20 +140,20 @@ class PipelineEngine(Engine):
     ) -> torch.futures.Future:
         """Send one micro-batch down the pipeline without waiting; the future holds the last stage's
         output. Intermediate outputs stay on their workers (RRefs): the next stage pulls them."""
-        carried: StageState | rpc.RRef = StageState.from_inputs(images, targets)
+        carried: MicroBatchState | rpc.RRef = MicroBatchState.from_inputs(images, targets)
         for host in self.hosts[:-1]:
             carried = host.remote(timeout=self.timeout).forward(round_id, step, micro, carried, mode)
         return self.hosts[-1].rpc_async(timeout=self.timeout).forward(round_id, step, micro, carried, mode)
 
     def _run_round(
         self, step: int, images: Images, targets: Targets | None, mode: str
-    ) -> tuple[list[StageState], list[int], int]:
+    ) -> tuple[list[MicroBatchState], list[int], int]:
         self._round += 1
         micro = split_batch(images, targets, self.micro_batches)
         with self._rpc_errors(f"running step {step} ({mode})"):
             futures = [self._launch(self._round, step, k, imgs, tgts, mode) for k, (imgs, tgts) in enumerate(micro)]
             outputs = torch.futures.wait_all(futures)
-        sent = sum(wire_bytes(StageState.from_inputs(imgs, tgts)) for imgs, tgts in micro)
+        sent = sum(wire_bytes(MicroBatchState.from_inputs(imgs, tgts)) for imgs, tgts in micro)
         return outputs, [len(imgs) for imgs, _ in micro], sent
 
     # -- Engine ---------------------------------------------------------------------------
@@ -196,7 +189,7 @@ class PipelineEngine(Engine):
     def _record(
         self,
         reports: list[dict[str, float]],
-        outputs: list[StageState],
+        outputs: list[MicroBatchState],
         sent: int,
         images: int,
         seconds: float,

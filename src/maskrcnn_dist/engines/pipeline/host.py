@@ -1,7 +1,7 @@
 """The stage host: the object that lives on a worker and holds one stage's replicas.
 
-The master creates it remotely (``rpc.remote(worker, StageHost, args=(spec,))``) and drives it through
-its RRef. The host instance is all the state a worker has: replicas, optimizers, counters.
+The master creates it remotely (``rpc.remote(worker, StageHost, args=(cfg, placements, index, ...))``)
+and drives it through its RRef. The host instance is all the state a worker has: replicas, optimizers, counters.
 
 Ordering. RPC runs requests on a thread pool, so calls arrive in any order. Each replica has a
 Turnstile that lets micro-batch calls through in the master's order (round, index). That keeps
@@ -18,48 +18,27 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed.autograd as dist_autograd
+from maskrcnn_launcher.contract import StagePlacement
 from torch import nn
 from torch.distributed.rpc import PyRRef
 
-from ...config import ModelConfig, OptimConfig
-from ...model import build_model, set_batchnorm_eval
+from ...config import TrainConfig
+from ...model import build_model, side_effect_free_losses
 from ...optim import build_optimizer, build_scheduler
 from ...perf import autocast_context
 from ...rng import StepSeeder
-from ...sharding import Stage, StageState, build_stage
+from .stages import MicroBatchState, StageModule, build_stages
 from .state import checksum
 from .transport import from_wire, gradient_bytes, to_wire, wire_bytes
 
 MODES = ("train", "eval", "validate")
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """Everything a worker needs to build its stage: sent once, by the master, to the host."""
-
-    index: int  # 0-based position in the pipeline
-    rpc_name: str
-    modules: tuple[str, ...]
-    devices: tuple[str, ...]  # one per replica
-    model: ModelConfig
-    optim: OptimConfig
-    num_classes: int
-    iters_per_epoch: int
-    seed: int
-    bf16_features: bool
-    # Stage outputs through host memory (the default); False when TensorPipe device maps move
-    # device tensors between workers directly.
-    stage_through_cpu: bool = True
-    next_rpc_name: str = "master"
-    # Mixed precision inside the stage (bf16 only: dist_autograd has no place for fp16's grad scaler).
-    amp: bool = False
 
 
 class Turnstile:
@@ -87,7 +66,7 @@ class Turnstile:
 
 @dataclass
 class Replica:
-    stage: Stage
+    stage: StageModule
     device: torch.device
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -130,7 +109,7 @@ class StepMeter:
         }
 
 
-def _fetch(incoming: StageState | PyRRef, timeout: float) -> StageState | BaseException:
+def _fetch(incoming: MicroBatchState | PyRRef, timeout: float) -> MicroBatchState | BaseException:
     """The input state: by value from the master, or pulled from the previous stage's worker."""
     try:
         # An RRef arrives as PyRRef (RRef's base class) when unpickled.
@@ -140,31 +119,47 @@ def _fetch(incoming: StageState | PyRRef, timeout: float) -> StageState | BaseEx
 
 
 class StageHost:
-    """One stage on one worker: R replicas, each with its own optimizer and scheduler."""
+    """Stage `index` of `placements` on this worker: one replica per device of its placement, each
+    with its own optimizer and scheduler.
 
-    def __init__(self, spec: StageSpec, rpc_timeout: float) -> None:
-        self.spec = spec
-        self.rpc_timeout = rpc_timeout
+    `stage_through_cpu`: stage outputs go through host memory (the default); False when TensorPipe
+    device maps move device tensors between workers directly."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        placements: Sequence[StagePlacement],
+        index: int,
+        num_classes: int,
+        iters_per_epoch: int,
+        stage_through_cpu: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.rpc_timeout = cfg.peers.timeout
+        self.iters_per_epoch = iters_per_epoch
+        self.stage_through_cpu = stage_through_cpu
         # Every process builds the whole model from the same seed, so stages start from exactly the
         # weights the local engine starts from (TorchEngine seeds the same way), then keeps its part.
-        torch.manual_seed(spec.seed)
-        stage = build_stage(build_model(spec.model, spec.num_classes), spec.modules)
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, num_classes)
+        stage = build_stages(model, [p.modules for p in placements])[index]
         self.replicas = [
-            self._replica(stage if r == 0 else copy.deepcopy(stage), device) for r, device in enumerate(spec.devices)
+            self._replica(stage if r == 0 else copy.deepcopy(stage), device)
+            for r, device in enumerate(placements[index].devices)
         ]
         self._rng_lock = threading.Lock()
         self.meter = StepMeter()
 
-    def _replica(self, stage: Stage, device: str) -> Replica:
+    def _replica(self, stage: StageModule, device: str) -> Replica:
         stage = stage.to(device)
-        optimizer = build_optimizer(stage.parameters(), self.spec.optim)
-        seeder = StepSeeder(self.spec.seed)
+        optimizer = build_optimizer(stage.parameters(), self.cfg.optim)
+        seeder = StepSeeder(self.cfg.seed)
         seeder.attach(stage.parts())
         return Replica(
             stage,
             torch.device(device),
             optimizer,
-            build_scheduler(optimizer, self.spec.optim, self.spec.iters_per_epoch),
+            build_scheduler(optimizer, self.cfg.optim, self.iters_per_epoch),
             seeder,
         )
 
@@ -176,12 +171,13 @@ class StageHost:
             "keys": list(first.stage.state_dict()),
             "trainable": len(first.trainable),
             "lr": first.optimizer.param_groups[0]["lr"],
-            "replicas": len(self.replicas),
         }
 
     # -- forward ----------------------------------------------------------------------------
 
-    def forward(self, round_id: int, step: int, micro: int, incoming: StageState | PyRRef, mode: str) -> StageState:
+    def forward(
+        self, round_id: int, step: int, micro: int, incoming: MicroBatchState | PyRRef, mode: str
+    ) -> MicroBatchState:
         """Run micro-batch `micro` of round `round_id` on replica micro % R, in order."""
         replica = self.replicas[micro % len(self.replicas)]
         if mode == "train":
@@ -192,19 +188,21 @@ class StageHost:
                 raise fetched
             started = time.perf_counter()
             # Under --amp the stage computes in bf16 anyway: bf16 features stay bf16 on arrival.
-            state = from_wire(fetched, replica.device, keep_bf16=self.spec.amp)
+            state = from_wire(fetched, replica.device, keep_bf16=self.cfg.amp)
             replica.seeder.at(step, micro)
-            with autocast_context(replica.device, self.spec.amp, "bfloat16"):
+            # Mixed precision inside the stage is bf16 only: dist_autograd has no place for fp16's scaler.
+            with autocast_context(replica.device, self.cfg.amp, "bfloat16"):
                 state = self._run(replica.stage, state, mode)
             last = replica.stage.is_last
-            state = to_wire(state, self.spec.bf16_features and not last, self.spec.stage_through_cpu or last)
+            bf16_features = self.cfg.pipeline.bf16_transport and not last
+            state = to_wire(state, bf16_features, self.stage_through_cpu or last)
             if mode == "train":
                 self.meter.forward_s += time.perf_counter() - started
                 self.meter.bytes_forward += wire_bytes(state)
                 self.meter.bytes_backward += gradient_bytes(state)
             return state
 
-    def _run(self, stage: Stage, state: StageState, mode: str) -> StageState:
+    def _run(self, stage: StageModule, state: MicroBatchState, mode: str) -> MicroBatchState:
         if mode == "train":
             stage.train()
             return stage(state, self._guard)
@@ -214,16 +212,9 @@ class StageHost:
                 return stage(state, self._guard)
         if mode != "validate":
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        # Training-mode losses that change nothing: BatchNorm uses (never updates) its running
-        # statistics, and the random draws leave the process's generator as it was.
-        stage.train()
-        switched = set_batchnorm_eval(stage)
-        try:
-            with torch.no_grad(), self._guard(), torch.random.fork_rng(devices=self._cuda_devices()):
-                return stage(state)
-        finally:
-            for module in switched:
-                module.train()
+        # Under the guard: the generator's save and restore must not interleave with another replica's draws.
+        with self._guard(), side_effect_free_losses(stage, self._cuda_devices()):
+            return stage(state)
 
     def _guard(self) -> threading.Lock:
         return self._rng_lock

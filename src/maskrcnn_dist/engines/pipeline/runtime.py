@@ -1,6 +1,6 @@
 """Process lifetime of the pipeline: joining the RPC group, serving, watching the master, leaving.
 
-Failure rules (DESIGN.md: any process that loses a peer exits non-zero within a bounded time):
+Failure rules (docs/architecture.md: any process that loses a peer exits non-zero within a bounded time):
   * master: RPC errors become PeerLostError naming the worker (engine.py); it then leaves RPC
     without the graceful barrier, which would wait for the dead worker forever.
   * worker: a graceful rpc.shutdown() waits for the master however long it takes. A watchdog
@@ -18,25 +18,23 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
+from maskrcnn_launcher.contract import PodPlan
 
 from ...config import TrainConfig
-from ...perf import set_flush_denormal
-from .engine import MASTER, PipelineEngine
+from .engine import MASTER
 
 log = logging.getLogger(__name__)
 
 DONE_KEY = "maskrcnn_dist/pipeline/done"
 
 
-def backend_options(cfg: TrainConfig, plan: Any) -> rpc.TensorPipeRpcBackendOptions:
+def backend_options(cfg: TrainConfig, plan: PodPlan) -> rpc.TensorPipeRpcBackendOptions:
     options = rpc.TensorPipeRpcBackendOptions(
         init_method=f"tcp://{plan.master_addr}:{plan.master_port}",
-        rpc_timeout=cfg.pipeline.rpc_timeout,
+        rpc_timeout=cfg.peers.timeout,
         # Every in-flight micro-batch holds a thread while it waits for its turn (host.py).
         num_worker_threads=max(16, 4 * cfg.pipeline.micro_batches + 8),
         # Host-staged tensors go over TCP (uv), which is what crosses machines anyway. On one host
@@ -51,14 +49,14 @@ def backend_options(cfg: TrainConfig, plan: Any) -> rpc.TensorPipeRpcBackendOpti
     return options
 
 
-def _store_client(plan: Any, timeout: float) -> dist.TCPStore:
+def _store_client(plan: PodPlan, timeout: float) -> dist.TCPStore:
     return dist.TCPStore(plan.master_addr, plan.master_port, is_master=False, timeout=timedelta(seconds=timeout))
 
 
 class MasterWatchdog:
     """On a worker: exit(1) once the master's store stops answering before it said "done"."""
 
-    def __init__(self, plan: Any, period_s: float, timeout_s: float) -> None:
+    def __init__(self, plan: PodPlan, period_s: float, timeout_s: float) -> None:
         self.plan, self.period_s, self.timeout_s = plan, period_s, timeout_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="master-watchdog", daemon=True)
@@ -97,10 +95,10 @@ def _shutdown(graceful: bool) -> None:
         log.warning("rpc shutdown: %s", exc)
 
 
-def join_rpc(cfg: TrainConfig, plan: Any, name: str, rank: int) -> None:
+def join_rpc(cfg: TrainConfig, plan: PodPlan, name: str, rank: int) -> None:
     """rpc.init_rpc, bounded: torch's rendezvous waits up to 30 minutes for a peer that never comes
     (a pending pod, a wrong address); after --join-timeout this process exits 1 saying so."""
-    timeout = cfg.pipeline.join_timeout
+    timeout = cfg.peers.join_timeout
 
     def give_up() -> None:
         print(
@@ -121,7 +119,7 @@ def join_rpc(cfg: TrainConfig, plan: Any, name: str, rank: int) -> None:
 
 
 @contextmanager
-def master_session(cfg: TrainConfig, plan: Any) -> Iterator[None]:
+def master_session(cfg: TrainConfig, plan: PodPlan) -> Iterator[None]:
     """RPC as "master" (rank 0) for the body; graceful exit tells the workers we are done first."""
     join_rpc(cfg, plan, MASTER, 0)
     try:
@@ -129,44 +127,16 @@ def master_session(cfg: TrainConfig, plan: Any) -> Iterator[None]:
     except BaseException:
         _shutdown(graceful=False)  # the barrier would wait for a dead peer
         raise
-    _store_client(plan, cfg.pipeline.rpc_timeout).set(DONE_KEY, "1")
+    _store_client(plan, cfg.peers.timeout).set(DONE_KEY, "1")
     _shutdown(graceful=True)
 
 
-def serve(cfg: TrainConfig, plan: Any) -> None:
-    """A stage worker: join RPC, host whatever the master builds here, return when it is done."""
-    torch.set_num_threads(cfg.threads or 1)
-    set_flush_denormal(cfg.flush_denormal)  # checks that every intra-op thread got it
+def serve(cfg: TrainConfig, plan: PodPlan) -> None:
+    """A stage worker: join RPC, host whatever the master builds here, return when it is done.
+    The composition root (train.py) has set up the process (threads, denormal flushing) first."""
     join_rpc(cfg, plan, plan.rpc_name, plan.rank)
-    period = max(0.2, min(2.0, cfg.pipeline.rpc_timeout / 10))
-    watchdog = MasterWatchdog(plan, period, cfg.pipeline.rpc_timeout).start()
+    period = max(0.2, min(2.0, cfg.peers.timeout / 10))
+    watchdog = MasterWatchdog(plan, period, cfg.peers.timeout).start()
     rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
     watchdog.stop()
     log.info("%s: master finished, exiting", plan.rpc_name)
-
-
-def run_pipeline(cfg: TrainConfig, plan: Any):
-    """The CLI's entry for --engine pipeline: the master trains, a worker serves its stage."""
-    if plan.role != "master":
-        serve(cfg, plan)
-        return None
-    from ...train import load_datasets, setup_process, train
-
-    # The data first: a wrong --data-path or a broken annotation file then stops the master with its
-    # own error before any worker has joined, instead of surfacing mid-session as "master lost".
-    setup_process(cfg)
-    datasets = load_datasets(cfg)
-    with master_session(cfg, plan):
-        return train(
-            cfg,
-            make_engine=lambda num_classes, iters: PipelineEngine(
-                cfg, plan.stages, num_classes, iters, device_maps=plan.transport == "device_maps"
-            ),
-            datasets=datasets,
-        )
-
-
-def run_pipeline_from_env(cfg: TrainConfig):
-    from maskrcnn_launcher.contract import PodPlan
-
-    return run_pipeline(cfg, PodPlan.from_env())

@@ -1,4 +1,4 @@
-"""What happens to a StageState at the edge of a stage: device staging, bf16 features, byte counts."""
+"""What happens to a MicroBatchState at the edge of a stage: device staging, bf16 features, byte counts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from ...sharding import StageState
+from .stages import MicroBatchState
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def gradient_bytes(obj: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(obj) if t.requires_grad)
 
 
-def to_wire(state: StageState, bf16_features: bool, to_cpu: bool) -> StageState:
+def to_wire(state: MicroBatchState, bf16_features: bool, to_cpu: bool) -> MicroBatchState:
     """Prepare a stage's output for the next stage: features in bf16 on request (autograd flows
     through the cast), and every tensor in host memory unless device maps move them directly."""
     if bf16_features and state.features is not None:
@@ -66,7 +66,7 @@ def to_wire(state: StageState, bf16_features: bool, to_cpu: bool) -> StageState:
     return state
 
 
-def from_wire(state: StageState, device: torch.device, keep_bf16: bool = False) -> StageState:
+def from_wire(state: MicroBatchState, device: torch.device, keep_bf16: bool = False) -> MicroBatchState:
     """Undo to_wire on the receiving replica: its device, and fp32 features again (unless the stage
     runs under bf16 autocast, which would cast them straight back)."""
     state = map_tensors(state, lambda t: t.to(device))

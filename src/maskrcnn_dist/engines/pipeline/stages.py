@@ -2,15 +2,16 @@
 
 GeneralizedRCNN.forward is four calls in a row: transform -> backbone -> rpn -> roi_heads, then the
 transform's parameter-free `postprocess` in evaluation. A stage is a contiguous run of those module
-names (the placement is data, e.g. ``[["transform", "backbone"], ["rpn", "roi_heads"]]``). What flows
-from one stage to the next is a `StageState`: exactly the local variables of GeneralizedRCNN.forward
-that later modules read, and nothing more.
+names (the placement is data, e.g. ``[["transform", "backbone"], ["rpn", "roi_heads"]]``; the pod
+contract owns the order and the rule, `maskrcnn_launcher.contract.validate_placement`). What flows
+from one stage to the next is a `MicroBatchState`: exactly the local variables of
+GeneralizedRCNN.forward that later modules read, and nothing more.
 
 One thing is deliberately *not* sent: the padded image batch after the backbone has consumed it.
 The RPN's AnchorGenerator reads only ``image_list.tensors.shape[-2:]`` (plus the features' dtype and
 device), so later stages rebuild an ImageList around a zero-size placeholder of the padded shape.
 
-A `Stage` holds its modules under their original attribute names, so ``stage.state_dict()`` keys are
+A `StageModule` holds its modules under their original attribute names, so ``stage.state_dict()`` keys are
 GeneralizedRCNN's own keys: a checkpoint is the union of the stages' dicts, loadable by any engine.
 """
 
@@ -22,12 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from maskrcnn_launcher.contract import MODULES, validate_placement
 from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from torchvision.models.detection.image_list import ImageList
 
-# Forward order of GeneralizedRCNN's parts (the launcher's contract.MODULES lists the same names).
-MODULE_ORDER = ("transform", "backbone", "rpn", "roi_heads")
 DEFAULT_PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
 
 Placement = Sequence[Sequence[str]]
@@ -37,7 +37,7 @@ RngGuard = Callable[[], contextlib.AbstractContextManager]
 
 
 @dataclass
-class StageState:
+class MicroBatchState:
     """What travels between stages: the locals of GeneralizedRCNN.forward that later modules need."""
 
     original_image_sizes: list[tuple[int, int]]
@@ -52,25 +52,13 @@ class StageState:
     detections: list[dict[str, Tensor]] | None = None
 
     @classmethod
-    def from_inputs(cls, images: list[Tensor], targets: list[dict[str, Tensor]] | None) -> StageState:
+    def from_inputs(cls, images: list[Tensor], targets: list[dict[str, Tensor]] | None) -> MicroBatchState:
         sizes = [(int(img.shape[-2]), int(img.shape[-1])) for img in images]
         return cls(original_image_sizes=sizes, images=list(images), targets=targets)
 
     @property
     def num_images(self) -> int:
         return len(self.original_image_sizes)
-
-
-def validate_placement(placement: Placement) -> tuple[tuple[str, ...], ...]:
-    """The placement as tuples, or ValueError unless it splits MODULE_ORDER into contiguous runs."""
-    stages = tuple(tuple(names) for names in placement)
-    flat = tuple(name for names in stages for name in names)
-    if not stages or any(not names for names in stages) or flat != MODULE_ORDER:
-        raise ValueError(
-            f"placement {[list(s) for s in stages]} must split {list(MODULE_ORDER)} into non-empty contiguous "
-            "runs, in this order"
-        )
-    return stages
 
 
 class Postprocess(nn.Module):
@@ -80,20 +68,18 @@ class Postprocess(nn.Module):
         super().__init__()
         self.transform = transform
 
-    def forward(self, state: StageState) -> StageState:
+    def forward(self, state: MicroBatchState) -> MicroBatchState:
         state.detections = self.transform.postprocess(state.detections, state.image_sizes, state.original_image_sizes)
         return state
 
 
-class Stage(nn.Module):
+class StageModule(nn.Module):
     """A contiguous run of GeneralizedRCNN's modules, registered under their original names."""
 
     def __init__(self, modules: dict[str, nn.Module], postprocess: Postprocess | None = None) -> None:
+        """`modules`: a contiguous run of contract.MODULES, in order (build_stages checks the placement)."""
         super().__init__()
-        names = tuple(modules)
-        if names != tuple(n for n in MODULE_ORDER if n in names):
-            raise ValueError(f"stage modules {names} are not in forward order {MODULE_ORDER}")
-        self.names = names
+        self.names = tuple(modules)
         for name, module in modules.items():
             self.add_module(name, module)
         # Evaluation ends with the transform's postprocess; it lives with roi_heads, in the last stage.
@@ -107,13 +93,13 @@ class Stage(nn.Module):
 
     @property
     def is_last(self) -> bool:
-        return self.names[-1] == MODULE_ORDER[-1]
+        return self.names[-1] == MODULES[-1]
 
     def parts(self) -> dict[str, nn.Module]:
         """name -> module, as GeneralizedRCNN.named_children() would give them (for StepSeeder)."""
         return {name: getattr(self, name) for name in self.names}
 
-    def forward(self, state: StageState, rng_guard: RngGuard = contextlib.nullcontext) -> StageState:
+    def forward(self, state: MicroBatchState, rng_guard: RngGuard = contextlib.nullcontext) -> MicroBatchState:
         for name in self.names:
             # Only the transform, RPN and RoI heads draw random numbers; the backbone runs unguarded.
             guard = rng_guard() if name != "backbone" else contextlib.nullcontext()
@@ -129,7 +115,7 @@ class Stage(nn.Module):
 
     # Each runner is the matching lines of GeneralizedRCNN.forward, reading and writing `state`.
 
-    def _transform(self, state: StageState) -> None:
+    def _transform(self, state: MicroBatchState) -> None:
         if self.training and state.targets is None:
             raise ValueError("targets should not be None in training mode")
         image_list, targets = self.transform(state.images, state.targets)
@@ -140,18 +126,18 @@ class Stage(nn.Module):
         state.image_sizes = list(image_list.image_sizes)
         state.batch_shape = (int(image_list.tensors.shape[-2]), int(image_list.tensors.shape[-1]))
 
-    def _backbone(self, state: StageState) -> None:
+    def _backbone(self, state: MicroBatchState) -> None:
         features = self.backbone(state.padded)
         if isinstance(features, Tensor):
             features = OrderedDict([("0", features)])
         state.features, state.padded = features, None
 
-    def _rpn(self, state: StageState) -> None:
+    def _rpn(self, state: MicroBatchState) -> None:
         proposals, losses = self.rpn(_image_list(state), state.features, state.targets)
         state.proposals = proposals
         state.losses = {**state.losses, **losses}
 
-    def _roi_heads(self, state: StageState) -> None:
+    def _roi_heads(self, state: MicroBatchState) -> None:
         detections, losses = self.roi_heads(state.features, state.proposals, state.image_sizes, state.targets)
         state.detections = detections
         # GeneralizedRCNN orders the dict detector losses first, then the RPN's: keep that order, so
@@ -159,7 +145,7 @@ class Stage(nn.Module):
         state.losses = {**losses, **state.losses}
 
 
-def _image_list(state: StageState) -> ImageList:
+def _image_list(state: MicroBatchState) -> ImageList:
     """An ImageList the RPN can use: real sizes, and a zero-size placeholder of the padded batch."""
     first = next(iter(state.features.values()))
     height, width = state.batch_shape
@@ -180,22 +166,20 @@ def _check_degenerate_boxes(targets: list[dict[str, Tensor]]) -> None:
             )
 
 
-def build_stages(model: GeneralizedRCNN, placement: Placement = DEFAULT_PLACEMENT) -> list[Stage]:
-    """Split `model` into stages that share its modules (deep-copy the model first for separate copies)."""
-    return [build_stage(model, names) for names in validate_placement(placement)]
+def build_stages(model: GeneralizedRCNN, placement: Placement = DEFAULT_PLACEMENT) -> list[StageModule]:
+    """Split `model` into stages that share its modules (deep-copy the model first for separate copies).
+    ValueError (from the contract's one placement rule) unless `placement` splits MODULES in order."""
+    stages = validate_placement(placement)
+    return [
+        StageModule(
+            {name: getattr(model, name) for name in names},
+            Postprocess(model.transform) if names[-1] == MODULES[-1] else None,
+        )
+        for names in stages
+    ]
 
 
-def build_stage(model: GeneralizedRCNN, names: Sequence[str]) -> Stage:
-    """The one stage of `model` made of `names`, a contiguous run of MODULE_ORDER."""
-    names = tuple(names)
-    start = MODULE_ORDER.index(names[0]) if names and names[0] in MODULE_ORDER else -1
-    if start < 0 or MODULE_ORDER[start : start + len(names)] != names:
-        raise ValueError(f"stage modules {list(names)} are not a contiguous run of {list(MODULE_ORDER)}")
-    postprocess = Postprocess(model.transform) if names[-1] == MODULE_ORDER[-1] else None
-    return Stage({name: getattr(model, name) for name in names}, postprocess)
-
-
-def run_stages(stages: Sequence[Stage], state: StageState) -> StageState:
+def run_stages(stages: Sequence[StageModule], state: MicroBatchState) -> MicroBatchState:
     """Compose stages in one process (the reference the pipeline is tested against)."""
     for stage in stages:
         state = stage(state)

@@ -1,14 +1,13 @@
 """Processes of the multi-process pipeline tests: `python pipeline_procs.py ROLE ARGS_JSON`.
 
-A worker serves its stage (run_pipeline's worker path). The master runs a scenario and writes what
-it measured to OUT/result.pt for the test to check; run_pipeline's master path trains for real.
+A worker serves its stage (train()'s worker path). The master runs a scenario and writes what
+it measured to OUT/result.pt for the test to check; train()'s master path trains for real.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,12 +16,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_plans(port: int, placement=PLACEMENT, replicas=(1, 1)):
@@ -66,17 +59,17 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 def _config(args: dict):
     from pipeline_toy import small_config
 
-    cfg = small_config(micro_batches=args.get("micro_batches", 4), rpc_timeout=args.get("rpc_timeout", 20.0))
+    cfg = small_config(micro_batches=args.get("micro_batches", 4), peer_timeout=args.get("rpc_timeout", 20.0))
     if "output_dir" in args:
         cfg = replace(cfg, output_dir=Path(args["output_dir"]))
     return cfg
 
 
 def worker_main(args: dict) -> None:
-    from maskrcnn_dist.engines.pipeline import run_pipeline
+    from maskrcnn_dist.train import train
 
     _, workers = make_plans(args["port"], replicas=tuple(args.get("replicas", (1, 1))))
-    run_pipeline(_config(args), workers[args["index"]])
+    train(_config(args), workers[args["index"]])
 
 
 def master_main(args: dict) -> None:

@@ -13,10 +13,10 @@ from torch import nn
 from maskrcnn_dist.config import OptimConfig
 from maskrcnn_dist.engines.pipeline import split_batch, weighted_mean
 from maskrcnn_dist.engines.pipeline.host import Turnstile
+from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.pipeline.state import checksum, merge_optimizer_states, split_optimizer_state
 from maskrcnn_dist.engines.pipeline.transport import from_wire, gradient_bytes, to_wire, wire_bytes
 from maskrcnn_dist.optim import build_optimizer
-from maskrcnn_dist.sharding import StageState
 
 
 def test_split_batch_is_contiguous_and_balanced() -> None:
@@ -57,7 +57,7 @@ def test_stage_optimizer_states_merge_into_the_whole_models_layout() -> None:
 
 def test_bf16_transport_halves_feature_bytes_and_keeps_autograd() -> None:
     feature = torch.randn(2, 8, 4, 4, requires_grad=True)
-    state = StageState(original_image_sizes=[(4, 4)] * 2, features=OrderedDict([("0", feature * 1)]))
+    state = MicroBatchState(original_image_sizes=[(4, 4)] * 2, features=OrderedDict([("0", feature * 1)]))
     full = wire_bytes(state)
     sent = to_wire(state, bf16_features=True, to_cpu=True)
     assert wire_bytes(sent) == full // 2 and gradient_bytes(sent) == full // 2
@@ -86,11 +86,12 @@ def test_turnstile_lets_calls_through_in_order() -> None:
 def test_master_with_a_bad_data_path_fails_before_any_worker_joins(tmp_path, monkeypatch) -> None:
     """The data is loaded before RPC: the master's own error names the path, and no worker is ever
     drawn into a session that would end for them as "master lost"."""
-    from pipeline_procs import make_plans
-
     from maskrcnn_dist.config import TrainConfig
     from maskrcnn_dist.engines.pipeline import runtime
     from maskrcnn_dist.errors import DatasetError
+    from maskrcnn_dist.train import train
+
+    from .pipeline_procs import make_plans
 
     def no_rpc(*args, **kwargs):
         raise AssertionError("the master joined RPC before its data was known to load")
@@ -100,4 +101,4 @@ def test_master_with_a_bad_data_path_fails_before_any_worker_joins(tmp_path, mon
     cfg = TrainConfig(engine="pipeline", output_dir=tmp_path / "out")
     cfg.data.data_path = tmp_path / "no-such-data"
     with pytest.raises(DatasetError, match="no-such-data"):
-        runtime.run_pipeline(cfg, master)
+        train(cfg, master)

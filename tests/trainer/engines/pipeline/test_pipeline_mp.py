@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from pipeline_procs import free_port, spawn, stop_all
+from maskrcnn_launcher.peers import free_port as pick_free_port
+
+from .pipeline_procs import spawn, stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-def run_job(tmp: Path, scenario: str, timeout: float, replicas=(1, 1), **extra) -> tuple[int, str, float]:
+def run_job(tmp: Path, port: int, scenario: str, timeout: float, replicas=(1, 1), **extra) -> tuple[int, str, float]:
     """Start the master and both workers; return the master's exit code, its log and its run time."""
-    port = free_port()
     common = {"port": port, "out": str(tmp), "replicas": list(replicas), **extra}
     procs = []
     try:
@@ -34,7 +35,7 @@ def run_job(tmp: Path, scenario: str, timeout: float, replicas=(1, 1), **extra) 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("compare")
-    code, log, _ = run_job(tmp, "compare", timeout=200, micro_batches=2)
+    code, log, _ = run_job(tmp, pick_free_port(), "compare", timeout=200, micro_batches=2)
     assert code == 0, log
     return torch.load(tmp / "result.pt", weights_only=False)
 
@@ -111,10 +112,10 @@ def _records(path: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == kind]
 
 
-def test_run_pipeline_trains_evaluates_and_checkpoints(tmp_path) -> None:
-    """The CLI's path: run_pipeline on every process, the shared Trainer on the master."""
+def test_train_pipeline_trains_evaluates_and_checkpoints(tmp_path, free_port) -> None:
+    """The CLI's path: train() on every process, the shared Trainer on the master."""
     out = tmp_path / "run"
-    code, log, _ = run_job(tmp_path, "train_cli", timeout=200, steps=5, output_dir=str(out), micro_batches=2)
+    code, log, _ = run_job(tmp_path, free_port, "train_cli", timeout=200, steps=5, output_dir=str(out), micro_batches=2)
     assert code == 0, log
     train = _records(out / "metrics.jsonl", "train")
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5]
@@ -122,10 +123,10 @@ def test_run_pipeline_trains_evaluates_and_checkpoints(tmp_path) -> None:
     assert train[0]["link/worker1->worker2/bytes"] > 0
     assert _records(out / "metrics.jsonl", "eval"), "evaluation through the pipeline wrote no record"
     # The checkpoint has torchvision's key names: it loads into a plain model.
-    from pipeline_toy import small_config
-
     from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
     from maskrcnn_dist.model import build_model
+
+    from .pipeline_toy import small_config
 
     state = load_checkpoint(latest_checkpoint(out / "checkpoints"))
     assert state["engine"] == "pipeline" and state["step"] == 5
@@ -134,10 +135,10 @@ def test_run_pipeline_trains_evaluates_and_checkpoints(tmp_path) -> None:
     ).load_state_dict(state["model"])
 
 
-def test_master_exits_when_worker2_dies(tmp_path) -> None:
+def test_master_exits_when_worker2_dies(tmp_path, free_port) -> None:
     timeout = 10.0
     out = tmp_path / "run"
-    port = free_port()
+    port = free_port
     common = {
         "port": port,
         "out": str(tmp_path),

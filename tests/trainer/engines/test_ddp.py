@@ -4,35 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.metrics import read_metrics
 
-from .procs import run_job, torchrun
+from ..procs import run_job, torchrun
 
-SMALL = [
-    "--model",
-    "maskrcnn_resnet18_fpn",
-    "--min-size",
-    "64",
-    "--max-size",
-    "64",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-    "--workers",
-    "0",
-    "--lr",
-    "0.02",
-    "--clip-grad-norm",
-    "10",
-    "--warmup-iters",
-    "5",
-    "--aspect-ratio-group-factor",
-    "-1",
-    "--print-freq",
-    "1",
-]
+SMALL = to_argv(small_cpu_run(64, threads=1, workers=0, warmup_iters=5, aspect_ratio_group_factor=-1, print_freq=1))
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +23,13 @@ def odd_coco(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_rank_ddp_trains_validates_and_evaluates_unequal_shards(odd_coco, tmp_path):
+def test_two_rank_ddp_trains_validates_and_evaluates_unequal_shards(odd_coco, tmp_path, free_port):
     """Validation every step, mid-training, on unequal shards: must finish, not hang."""
     out = tmp_path / "run"
     result = run_job(
         torchrun(
             2,
+            free_port,
             [
                 *SMALL,
                 "--engine",

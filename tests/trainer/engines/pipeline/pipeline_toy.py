@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from maskrcnn_dist.config import ModelConfig, OptimConfig, PipelineConfig, TrainConfig
+from maskrcnn_dist.config import ModelConfig, OptimConfig, PeersConfig, PipelineConfig, TrainConfig
 
 NUM_CLASSES = 3
 SIZE = 96
 
 
-def small_config(**pipeline: object) -> TrainConfig:
+def small_config(peer_timeout: float = 20.0, **pipeline: object) -> TrainConfig:
     """ResNet-18 FPN at 96 px, batch-statistics BatchNorm, no warm-up, global gradient clipping (a random
     model's mask loss starts near 9 and diverges at lr 0.01 without it)."""
     return TrainConfig(
@@ -20,7 +20,8 @@ def small_config(**pipeline: object) -> TrainConfig:
         threads=1,
         model=ModelConfig(name="maskrcnn_resnet18_fpn", min_size=SIZE, max_size=SIZE),
         optim=OptimConfig(lr=0.01, warmup_iters=0, lr_steps=(100,), clip_grad_norm=5.0),
-        pipeline=PipelineConfig(**{"micro_batches": 1, "rpc_timeout": 20.0, **pipeline}),
+        peers=PeersConfig(timeout=peer_timeout),
+        pipeline=PipelineConfig(**{"micro_batches": 1, **pipeline}),
     )
 
 

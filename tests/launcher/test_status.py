@@ -1,4 +1,4 @@
-"""`maskrcnn-dist status` against a real HTTP server that answers like the Kubernetes API.
+"""`maskrcnn-launch status` against a real HTTP server that answers like the Kubernetes API.
 
 The server speaks the few endpoints the command uses (list pods by label selector, read a pod's log,
 read a namespace) with the API's own JSON shapes and Status errors; the real `kubernetes` client
@@ -25,9 +25,9 @@ from click.testing import CliRunner
 
 pytest.importorskip("kubernetes")
 
-from maskrcnn_dist.cli import main  # noqa: E402
-from maskrcnn_dist.metrics import parse_progress_line  # noqa: E402
-from maskrcnn_dist.status import (  # noqa: E402
+from maskrcnn_launcher.cli import main  # noqa: E402
+from maskrcnn_launcher.contract import format_progress_bar, format_progress_line, parse_progress_line  # noqa: E402
+from maskrcnn_launcher.status import (  # noqa: E402
     ClusterConfigError,
     ClusterPermissionError,
     ClusterUnreachableError,
@@ -415,15 +415,16 @@ def test_parse_progress_line(line: str, expected: dict[str, Any] | None):
     assert {k: v for k, v in parsed.items() if k not in nan_keys} == expected
 
 
-def test_parse_reads_what_the_writer_writes(tmp_path: Path):
-    import io
-
-    from maskrcnn_dist.metrics import MetricsWriter
-
-    stream = io.StringIO()
-    writer = MetricsWriter(tmp_path, True, total_steps=40, print_freq=20, stream=stream, tensorboard=False)
-    writer.write("train", 20, {"loss_mask": 0.51234, "loss": 1.23456, "lr": 0.00125, "images_per_s": 3.0, "epoch": 1})
-    writer.close()
-    parsed = parse_progress_line(stream.getvalue().splitlines()[-1])
-    assert parsed["kind"] == "train" and parsed["step"] == 20 and parsed["total"] == 40
-    assert parsed["loss"] == pytest.approx(1.235) and parsed["images_per_s"] == 3.0 and "epoch" not in parsed
+@pytest.mark.parametrize("kind", ["train", "val", "eval"])
+def test_parse_reads_what_the_formatters_write(kind: str):
+    """The trainer's console uses these formatters (metrics.MetricsWriter); the reader must read both."""
+    values = {"loss_mask": 0.51234, "loss": 1.23456, "lr": 0.00125, "images_per_s": 3.0, "epoch": 1, "link/a/b": 9.0}
+    line = format_progress_line(kind, 20, 40, values)
+    assert line == f"{kind} step 20/40 loss_mask 0.5123 loss 1.235 lr 0.00125 images_per_s 3"
+    for text in (line, format_progress_bar(20, 40, values)):
+        parsed = parse_progress_line(text)
+        assert parsed["kind"] == (kind if text == line else "train") and parsed["step"] == 20
+        assert parsed["total"] == 40 and parsed["loss"] == pytest.approx(1.235) and parsed["images_per_s"] == 3.0
+        assert "epoch" not in parsed and "link/a/b" not in parsed
+    assert format_progress_bar(20, 40, {}) == "[" + "#" * 15 + "." * 15 + "] 20/40"
+    assert parse_progress_line(format_progress_line(kind, 1, 2, {})) == {"kind": kind, "step": 1, "total": 2}

@@ -1,17 +1,22 @@
-"""`maskrcnn-dist status`: a release's pods and the master's latest progress, from the Kubernetes API.
+"""`maskrcnn-launch status`: a release's pods and the master's latest progress, from the Kubernetes API.
+
+It lives on the launcher's side because it talks to the Kubernetes API and must never import torch
+(`maskrcnn-dist status` forwards here). It meets the trainer only through the contract.
 
 What it reads, and why each is enough:
 - the pods selected by the chart's labels (helm/templates/_helpers.tpl: `app.kubernetes.io/instance`
   is the release, `app.kubernetes.io/part-of` the kit, `app.kubernetes.io/component` the role; the helm
   test pod has component `test` and is left out);
-- role and rank from the StatefulSet pod name, parsed by the launcher's `identity.parse_pod_name`
-  (the same parser that makes the pod's rank at start-up): master rank 0, worker ordinal i rank i + 1.
-  Under ddp with several processes per pod this is the pod's node rank;
-- the master's log tail, read back with `metrics.parse_progress_line`, the reader next to the writer.
+- role and rank from the StatefulSet pod name, parsed by `contract.parse_pod_name` and ranked by
+  `contract.node_rank` (the same rules that make the pod's rank at start-up): master rank 0, worker
+  ordinal i rank i + 1. Under ddp with several processes per pod this is the pod's node rank;
+- the master's log tail, read back with `contract.parse_progress_line`, the reader of the line the
+  trainer writes with `contract.format_progress_line`.
 
-The `kubernetes` client is an optional extra (`maskrcnn-dist[k8s]`), so it is imported inside the
-functions. Every request carries a timeout and no retries: a status command must answer quickly,
-also when the answer is "cannot reach the cluster".
+The `kubernetes` client is an optional extra (`maskrcnn-launcher[k8s]`, or `maskrcnn-dist[k8s]`), so
+it is imported inside the functions and the launcher imports without it. Every request carries a
+timeout and no retries: a status command must answer quickly, also when the answer is "cannot reach
+the cluster".
 """
 
 from __future__ import annotations
@@ -26,17 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from maskrcnn_launcher.identity import parse_pod_name
-
-from .errors import UserError
-from .metrics import parse_progress_line
+from maskrcnn_launcher.contract import ROLES, node_rank, parse_pod_name, parse_progress_line
+from maskrcnn_launcher.errors import LauncherError
 
 # Labels the chart puts on every training pod (helm/templates/_helpers.tpl, statefulsets.yaml).
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF_VALUE = "maskrcnn-dist"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-ROLES = ("master", "worker")
 # The chart's training container; a pod with one container is read whatever its name.
 TRAINER_CONTAINER = "trainer"
 
@@ -47,8 +49,9 @@ DEFAULT_LOG_LINES = 200
 INCLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-class ClusterError(UserError):
-    """The cluster cannot answer the question: no configuration, unreachable, forbidden, not found."""
+class ClusterError(LauncherError):
+    """The cluster cannot answer the question: no configuration, unreachable, forbidden, not found.
+    The CLI prints it as one `error:` line and exits 2, like every other launcher error."""
 
 
 class ClusterConfigError(ClusterError): ...
@@ -153,7 +156,7 @@ def release_status(
     """Pods of `release` in `namespace` and the master's latest train line.
 
     `api` is a `kubernetes.client.CoreV1Api`; without it one is made by `connect(kubeconfig)` and
-    closed again. Raises a `ClusterError` (a `UserError`) with one line the user can act on."""
+    closed again. Raises a `ClusterError` (a `LauncherError`) with one line the user can act on."""
     if api is not None:
         return _release_status(api, release, namespace, timeout, log_lines)
     connection = connect(kubeconfig)
@@ -195,7 +198,7 @@ def _import_kubernetes() -> tuple[Any, Any]:
         from kubernetes import client, config
     except ImportError as exc:
         raise ClusterConfigError(
-            "the status command needs the kubernetes client: pip install 'maskrcnn-dist[k8s]'"
+            "the status command needs the kubernetes client: pip install 'maskrcnn-launcher[k8s]'"
         ) from exc
     return client, config
 
@@ -243,7 +246,7 @@ def _pod_status(pod: Any) -> PodStatus:
     name = pod.metadata.name
     parsed = parse_pod_name(name)
     role = parsed[1] if parsed else (pod.metadata.labels or {}).get(COMPONENT_LABEL, "?")
-    rank = None if parsed is None else (0 if parsed[1] == "master" else parsed[2] + 1)
+    rank = None if parsed is None else node_rank(parsed[1], parsed[2])
     statuses = (pod.status.container_statuses or []) if pod.status else []
     restarts = sum(s.restart_count or 0 for s in statuses)
     reason = next((s.state.waiting.reason for s in statuses if s.state and s.state.waiting), None)

@@ -6,11 +6,13 @@ import copy
 
 import pytest
 import torch
-from pipeline_toy import NUM_CLASSES, make_batch, small_config
+from maskrcnn_launcher.contract import MODULES, validate_placement
 
+from maskrcnn_dist.engines.pipeline.stages import MicroBatchState, build_stages, run_stages
 from maskrcnn_dist.model import build_model
 from maskrcnn_dist.rng import StepSeeder
-from maskrcnn_dist.sharding import MODULE_ORDER, StageState, build_stages, run_stages, validate_placement
+
+from .pipeline_toy import NUM_CLASSES, make_batch, small_config
 
 PLACEMENTS = [
     [["transform", "backbone"], ["rpn", "roi_heads"]],
@@ -44,7 +46,7 @@ def test_train_losses_and_gradients_are_identical(model, placement) -> None:
     for stage in stages:
         stage.train()
     expected = reference(images, targets)
-    got = run_stages(stages, StageState.from_inputs(images, targets)).losses
+    got = run_stages(stages, MicroBatchState.from_inputs(images, targets)).losses
     assert list(got) == list(expected)  # same order: the sums below add in the same order
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
@@ -65,7 +67,7 @@ def test_eval_detections_are_identical(model, placement) -> None:
         stage.eval()
     with torch.no_grad():
         expected = reference(images)
-        got = run_stages(stages, StageState.from_inputs(images, None)).detections
+        got = run_stages(stages, MicroBatchState.from_inputs(images, None)).detections
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert g.keys() == e.keys()
@@ -83,9 +85,9 @@ def test_stage_state_dict_keys_are_the_models(model) -> None:
     "bad",
     [
         [["backbone", "transform"], ["rpn", "roi_heads"]],
-        [list(MODULE_ORDER[:3])],
+        [list(MODULES[:3])],
         [["transform", "rpn"], ["backbone", "roi_heads"]],
-        [[], list(MODULE_ORDER)],
+        [[], list(MODULES)],
     ],
 )
 def test_placement_must_be_contiguous_runs(bad) -> None:

@@ -10,8 +10,8 @@ from pipeline_procs import make_plans
 from pipeline_toy import NUM_CLASSES, make_batch
 
 from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
+from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.torch_engine import TorchEngine
-from maskrcnn_dist.sharding import StageState
 
 
 def _pipeline(cfg, micro_batches: int, replicas=(1, 1)) -> PipelineEngine:
@@ -67,8 +67,8 @@ def _same_model(a: dict, b: dict) -> bool:
 
 
 def train_cli(args: dict, cfg) -> None:
-    """run_pipeline's master path: synthetic data, the shared Trainer, checkpoints, metrics."""
-    from maskrcnn_dist.engines.pipeline import run_pipeline
+    """train()'s pipeline master path: synthetic data, the shared Trainer, checkpoints, metrics."""
+    from maskrcnn_dist.train import train
 
     master, _ = make_plans(args["port"])
     data = replace(
@@ -88,7 +88,7 @@ def train_cli(args: dict, cfg) -> None:
         checkpoint_period=args.get("checkpoint_period", 0),
         eval_every_epoch=False,
     )
-    run_pipeline(cfg, master)
+    train(cfg, master)
 
 
-__all__ = ["StageState", "compare", "train_cli"]
+__all__ = ["MicroBatchState", "compare", "train_cli"]

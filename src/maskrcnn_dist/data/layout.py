@@ -1,0 +1,80 @@
+"""Where a dataset's files are: the split layouts under --data-path, and the generated synthetic set."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import ConfigError, DatasetError
+from .coco import CocoInstanceDataset
+from .synthetic import write_train_val
+
+log = logging.getLogger(__name__)
+
+# Dataset layouts under --data-path, tried in order: ours (what synth-data writes), then COCO 2017's.
+LAYOUTS = (
+    ("{split}/annotations.json", "{split}/images"),
+    ("annotations/instances_{split}2017.json", "{split}2017"),
+    ("annotations/instances_{split}.json", "{split}"),
+)
+
+
+def find_split(data_path: Path, split: str) -> tuple[Path, Path]:
+    """(image_dir, annotation_file) of `split` under `data_path`, or an error listing what was tried."""
+    tried = []
+    for ann_pattern, img_pattern in LAYOUTS:
+        ann, images = data_path / ann_pattern.format(split=split), data_path / img_pattern.format(split=split)
+        if ann.is_file() and images.is_dir():
+            return images, ann
+        tried.append(f"{ann} + {images}/")
+    raise DatasetError(f"--data-path {data_path}: no {split} split found; looked for " + "; ".join(tried))
+
+
+def ensure_synthetic(cfg: TrainConfig) -> Path:
+    """Generate the synthetic set once. Every rank may call this: the set is written to a private
+    temporary folder and renamed into place, so concurrent ranks never see half a dataset."""
+    root = cfg.data.data_path or (cfg.output_dir / "data")
+    if (root / "train" / "annotations.json").is_file():
+        return root
+    tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    n = cfg.data.synthetic_images
+    write_train_val(
+        tmp,
+        num_train=n,
+        num_val=max(4, n // 4),
+        seed=cfg.seed,
+        image_size=(int(cfg.data.synthetic_image_size * 0.75), cfg.data.synthetic_image_size),
+    )
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another rank won the race; its copy is byte-identical
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (root / "train" / "annotations.json").is_file():
+            raise
+    log.info("synthetic COCO set with %d training images at %s", n, root)
+    return root
+
+
+def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDataset | None]:
+    """The train split and, when there is one, the val split. With --synthetic-images the set is
+    generated first and `cfg.data.data_path` is set to it (the checkpoint's config records where)."""
+    if cfg.data.synthetic_images:
+        cfg.data.data_path = ensure_synthetic(cfg)
+    if cfg.data.data_path is None:
+        raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
+    train_images, train_ann = find_split(cfg.data.data_path, "train")
+    train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed)
+    try:
+        val_images, val_ann = find_split(cfg.data.data_path, "val")
+    except DatasetError:
+        log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
+        return train_set, None
+    val_set = CocoInstanceDataset(val_images, val_ann, train=False)
+    if val_set.label_to_category_id != train_set.label_to_category_id:
+        raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
+    return train_set, val_set

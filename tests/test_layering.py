@@ -1,0 +1,142 @@
+"""Who may import whom (docs/architecture.md), read from the source with `ast`, not by running it.
+
+Every import counts, including those inside functions and under TYPE_CHECKING: a lazy import is still
+a dependency a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER = ROOT / "src" / "maskrcnn_dist"
+LAUNCHER = ROOT / "launcher" / "maskrcnn_launcher"
+
+
+def _module_name(path: Path, package_dir: Path) -> str:
+    parts = [package_dir.name, *path.relative_to(package_dir).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> Iterator[str]:
+    """Absolute names of what `path` imports; `from package import name` yields package.name."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield target
+            yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports (only names that are modules)."""
+    files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
+    return {
+        module: {name for name in _imports(path, module) if name in files and name != module}
+        for module, path in files.items()
+    }
+
+
+def external_imports(package_dir: Path) -> dict[str, set[str]]:
+    files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
+    return {module: set(_imports(path, module)) for module, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_trainer_has_no_import_cycle() -> None:
+    assert cycles(import_graph(TRAINER)) == []
+
+
+def test_engines_never_import_the_loop_the_composition_root_or_the_cli() -> None:
+    upward = {"maskrcnn_dist.train", "maskrcnn_dist.cli", "maskrcnn_dist.loop"}
+    graph = import_graph(TRAINER)
+    offenders = {m: sorted(graph[m] & upward) for m in graph if m.startswith("maskrcnn_dist.engines")}
+    assert {m: up for m, up in offenders.items() if up} == {}
+
+
+def test_lower_layers_never_import_engines_or_above() -> None:
+    """model, data, evaluation, checkpoints, metrics, config and errors sit under the engines."""
+    above = ("maskrcnn_dist.engines", "maskrcnn_dist.loop", "maskrcnn_dist.train", "maskrcnn_dist.cli")
+    graph = import_graph(TRAINER)
+    lower = [m for m in graph if not m.startswith(above) and m != "maskrcnn_dist"]
+    offenders = {m: sorted(i for i in graph[m] if i.startswith(above)) for m in lower}
+    assert {m: i for m, i in offenders.items() if i} == {}
+
+
+def test_the_trainer_meets_the_launcher_only_through_its_contract() -> None:
+    reached = {
+        module: sorted(n for n in names if n.startswith("maskrcnn_launcher") and not _is_contract(n))
+        for module, names in external_imports(TRAINER).items()
+    }
+    assert {m: names for m, names in reached.items() if names} == {}
+
+
+def _is_contract(name: str) -> bool:
+    # `from maskrcnn_launcher.contract import X` yields the module and maskrcnn_launcher.contract.X.
+    return name == "maskrcnn_launcher.contract" or name.startswith("maskrcnn_launcher.contract.")
+
+
+def test_the_launcher_never_imports_torch() -> None:
+    torch_users = {
+        module: sorted(n for n in names if n == "torch" or n.startswith(("torch.", "torchvision")))
+        for module, names in external_imports(LAUNCHER).items()
+    }
+    assert {m: names for m, names in torch_users.items() if names} == {}
+
+
+def test_the_graph_reader_finds_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    """The checks above would pass on a reader that sees nothing: show it sees both kinds of fault."""
+    package = tmp_path / "pkg"
+    (package / "engines").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text("def f():\n    from .a import x\n")
+    (package / "engines" / "__init__.py").write_text("")
+    (package / "engines" / "e.py").write_text("from ..train import run\n")
+    (package / "train.py").write_text("from .engines import e\n")
+    graph = import_graph(package)
+    assert ["pkg.a", "pkg.b"] in cycles(graph)
+    assert "pkg.train" in graph["pkg.engines.e"]
