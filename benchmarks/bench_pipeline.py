@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from maskrcnn_dist.config import ModelConfig, OptimConfig, PeersConfig, PipelineConfig, TrainConfig
+from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)
@@ -30,16 +30,20 @@ NUM_CLASSES = 3
 
 
 def config(size: int, micro_batches: int, bf16: bool) -> TrainConfig:
-    return TrainConfig(
+    flags = small_cpu_run(
+        size,
         engine="pipeline",
-        device="cpu",
         threads=1,
         seed=0,
-        model=ModelConfig(name="maskrcnn_resnet18_fpn", min_size=size, max_size=size),
-        optim=OptimConfig(lr=0.005, warmup_iters=0, lr_steps=(1000,), clip_grad_norm=5.0),
-        peers=PeersConfig(timeout=120.0),
-        pipeline=PipelineConfig(micro_batches=micro_batches, bf16_transport=bf16),
+        lr=0.005,
+        warmup_iters=0,
+        lr_steps="1000",
+        clip_grad_norm=5.0,
+        rpc_timeout=120.0,
+        micro_batches=micro_batches,
+        bf16_transport=bf16,
     )
+    return apply_overrides(TrainConfig(), flags, "bench_pipeline")
 
 
 def make_batch(num_images: int, size: int) -> tuple[list[torch.Tensor], list[dict]]:

@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import torch
 
-from maskrcnn_dist.config import ModelConfig, OptimConfig, PeersConfig, PipelineConfig, TrainConfig
+from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 
 NUM_CLASSES = 3
 SIZE = 96
 
 
 def small_config(peer_timeout: float = 20.0, **pipeline: object) -> TrainConfig:
-    """ResNet-18 FPN at 96 px, batch-statistics BatchNorm, no warm-up, global gradient clipping (a random
-    model's mask loss starts near 9 and diverges at lr 0.01 without it)."""
-    return TrainConfig(
+    """The small CPU run at 96 px: batch-statistics BatchNorm, no warm-up, global gradient clipping at 5 (a
+    random model's mask loss starts near 9 and diverges at lr 0.01 without it), one thread."""
+    flags = small_cpu_run(
+        SIZE,
         engine="pipeline",
         seed=0,
-        device="cpu",
         threads=1,
-        model=ModelConfig(name="maskrcnn_resnet18_fpn", min_size=SIZE, max_size=SIZE),
-        optim=OptimConfig(lr=0.01, warmup_iters=0, lr_steps=(100,), clip_grad_norm=5.0),
-        peers=PeersConfig(timeout=peer_timeout),
-        pipeline=PipelineConfig(**{"micro_batches": 1, **pipeline}),
+        lr=0.01,
+        warmup_iters=0,
+        lr_steps="100",
+        clip_grad_norm=5.0,
+        rpc_timeout=peer_timeout,
+        **{"micro_batches": 1, **pipeline},
     )
+    return apply_overrides(TrainConfig(), flags, "pipeline tests")
 
 
 def make_batch(num_images: int, seed: int = 0, size: int = SIZE) -> tuple[list[torch.Tensor], list[dict]]:
