@@ -4,7 +4,7 @@
 
 | pod spec                                   | docker                                            |
 |--------------------------------------------|---------------------------------------------------|
-| pod name, hostname                         | `--hostname <pod>`                                |
+| hostname (the pod name, or spec.hostname)  | `--hostname <host>`                               |
 | headless Service DNS (`<pod>.<svc>...`)    | `--network-alias` for every name, `--dns-search`  |
 | status.podIP                               | `--ip` (a fixed address on the test network)      |
 | env (downward API resolved), command, args | `-e`, `--entrypoint`, arguments after the image   |
@@ -91,7 +91,7 @@ def docker_run_args(
     """`docker create` arguments for one pod. `host_dir` holds the configMap files and PVC folders."""
     if pod.gpus:
         raise SpecError(f"{pod.name}: asks for {pod.gpus} GPUs; the e2e harness runs CPU pods only")
-    args = ["--name", container, "--hostname", pod.name, "--network", network, "--ip", pod.pod_ip]
+    args = ["--name", container, "--hostname", pod.host, "--network", network, "--ip", pod.pod_ip]
     for name in pod.dns_names:
         args += ["--network-alias", name]
     for domain in pod.dns_search:
@@ -259,6 +259,12 @@ class Cluster:
 
     def kill(self, name: str, signal: str = "KILL") -> None:
         docker("kill", "--signal", signal, name)
+
+    def stop(self, names: Sequence[str], grace: float) -> None:
+        """What deleting pods does: SIGTERM, then SIGKILL after each container's stop timeout (its pod's
+        grace period, at most `grace`); returns once all have stopped."""
+        docker("stop", *names, timeout=grace + 60)
+        self.wait_exit(names, timeout=30)
 
     def state(self, name: str) -> ContainerState:
         out = docker("inspect", "--format", "{{json .State}}", name).stdout

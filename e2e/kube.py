@@ -1,11 +1,11 @@
 """The chart's rendered pods, as the kubelet would start them: `helm template` -> `PodSpec`s.
 
 Nothing here is hand-written per pod: names, environment, command, arguments, mounts, security
-context and resources all come from the StatefulSets (and the topology ConfigMap) that
+context and resources all come from the StatefulSets or the JobSet (and the topology ConfigMap) that
 `helm template` renders. What the API server and the kubelet would add is added the way they do:
 
 * one pod per StatefulSet ordinal, named `<statefulset>-<ordinal>`, hostname = pod name,
-  DNS `<pod>.<serviceName>.<namespace>.svc.<cluster domain>`;
+  DNS `<pod>.<serviceName>.<namespace>.svc.<cluster domain>` (JobSet pods: jobset.py);
 * downward-API environment (`fieldRef`: metadata.name, metadata.namespace, status.podIP, ...)
   becomes literal values;
 * `$(VAR)` references in env values, command and args are expanded like the kubelet's
@@ -84,14 +84,14 @@ class Mount:
 
 @dataclass
 class PodSpec:
-    """One StatefulSet pod's single container, ready to become a `docker run`."""
+    """One pod's single container, ready to become a `docker run`."""
 
-    name: str  # <statefulset>-<ordinal>
-    statefulset: str
-    ordinal: int
+    name: str  # StatefulSet: <statefulset>-<ordinal>; JobSet: <job>-<completion index>-<suffix>
+    owner: str  # the StatefulSet, or the Job
+    ordinal: int  # the StatefulSet ordinal, or the Job's completion index
     component: str  # the app.kubernetes.io/component label: master or worker
     namespace: str
-    service: str  # the StatefulSet's serviceName (the headless Service)
+    service: str  # the StatefulSet's serviceName, or the JobSet's subdomain (the headless Service)
     cluster_domain: str
     image: str
     command: list[str] | None
@@ -109,19 +109,27 @@ class PodSpec:
     cpu_request: str | None = None
     gpus: int = 0
     grace_seconds: int = 30
+    hostname: str = ""  # spec.hostname (a JobSet pod's); empty: the pod name, as in a StatefulSet
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        """The container's host name and the first label of its DNS name."""
+        return self.hostname or self.name
 
     @property
     def fqdn(self) -> str:
-        return f"{self.name}.{self.service}.{self.namespace}.svc.{self.cluster_domain}"
+        return f"{self.host}.{self.service}.{self.namespace}.svc.{self.cluster_domain}"
 
     @property
     def dns_names(self) -> list[str]:
         """The names cluster DNS answers for this pod (with the pod's search path), and the Service's."""
         svc = f"{self.service}.{self.namespace}.svc.{self.cluster_domain}"
         return [
-            f"{self.name}.{self.service}",
-            f"{self.name}.{self.service}.{self.namespace}",
-            f"{self.name}.{self.service}.{self.namespace}.svc",
+            f"{self.host}.{self.service}",
+            f"{self.host}.{self.service}.{self.namespace}",
+            f"{self.host}.{self.service}.{self.namespace}.svc",
             self.fqdn,
             self.service,
             f"{self.service}.{self.namespace}",
@@ -184,7 +192,8 @@ def _field_ref(path: str, pod: dict[str, Any]) -> str:
     }
     if path in simple:
         return simple[path]
-    for prefix, source in (("metadata.labels", meta.get("labels", {})), ("metadata.annotations", {})):
+    sources = (("metadata.labels", meta.get("labels", {})), ("metadata.annotations", meta.get("annotations", {})))
+    for prefix, source in sources:
         if path.startswith(prefix + "['") and path.endswith("']"):
             return str(source.get(path[len(prefix) + 2 : -2], ""))
     raise SpecError(f"downward API fieldRef {path!r} is not supported by the e2e harness")
@@ -219,65 +228,111 @@ def container_env(
     return env
 
 
-def pods_from_objects(
-    objects: list[dict[str, Any]], namespace: str, pod_ips: Callable[[str], str], node_name: str = "e2e-node"
-) -> list[PodSpec]:
-    """One PodSpec per StatefulSet replica; `pod_ips(pod_name)` gives each pod its address."""
-    configmaps = {
+def configmaps_of(objects: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {
         o["metadata"]["name"]: {k: str(v) for k, v in (o.get("data") or {}).items()}
         for o in objects
         if o.get("kind") == "ConfigMap"
     }
+
+
+def pod_from_template(
+    template: dict[str, Any],
+    *,
+    name: str,
+    owner: str,
+    ordinal: int,
+    namespace: str,
+    service: str,
+    pod_ip: str,
+    configmaps: Mapping[str, Mapping[str, str]],
+    hostname: str = "",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    node_name: str = "e2e-node",
+) -> PodSpec:
+    """One pod of a pod template (a StatefulSet's or a Job's), as the kubelet would run it.
+    `labels`/`annotations`: the pod's, when a controller adds to the template's (JobSet, Job);
+    `extra_env`: variables a controller injects into the container (a Job's JOB_COMPLETION_INDEX)."""
+    pod_spec = template["spec"]
+    containers = pod_spec["containers"]
+    if len(containers) != 1 or pod_spec.get("initContainers"):
+        raise SpecError(f"{owner}: the harness runs exactly one container per pod")
+    (container,) = containers
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    labels = dict(template["metadata"].get("labels", {}) if labels is None else labels)
+    annotations = dict(template["metadata"].get("annotations", {}) if annotations is None else annotations)
+    pod = {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "podIP": pod_ip,
+        "hostIP": pod_ip,
+        "nodeName": node_name,
+        "serviceAccountName": pod_spec.get("serviceAccountName", "default"),
+    }
+    env = container_env(container, pod, configmaps)
+    for key, value in (extra_env or {}).items():
+        env.setdefault(key, value)
+    lookup = env.get
+    pod_sc = pod_spec.get("securityContext", {}) or {}
+    sc = {**pod_sc, **(container.get("securityContext", {}) or {})}
+    resources = container.get("resources", {}) or {}
+    limits, requests = resources.get("limits", {}) or {}, resources.get("requests", {}) or {}
+    return PodSpec(
+        name=name,
+        owner=owner,
+        ordinal=ordinal,
+        component=labels.get("app.kubernetes.io/component", ""),
+        namespace=namespace,
+        service=service,
+        cluster_domain=env.get("MASKRCNN_CLUSTER_DOMAIN", "cluster.local"),
+        image=container["image"],
+        command=[expand(str(c), lookup) for c in container["command"]] if "command" in container else None,
+        args=[expand(str(a), lookup) for a in container.get("args", [])],
+        env=env,
+        mounts=[_mount(m, volumes, configmaps) for m in container.get("volumeMounts", [])],
+        pod_ip=pod_ip,
+        run_as_user=sc.get("runAsUser"),
+        run_as_group=sc.get("runAsGroup"),
+        fs_group=pod_sc.get("fsGroup"),
+        read_only_root=bool(sc.get("readOnlyRootFilesystem")),
+        no_new_privileges=sc.get("allowPrivilegeEscalation") is False,
+        cap_drop=list((sc.get("capabilities") or {}).get("drop", [])),
+        memory_limit=limits.get("memory"),
+        cpu_request=str(requests["cpu"]) if "cpu" in requests else None,
+        gpus=sum(int(v) for k, v in limits.items() if k.split("/")[0] in GPU_VENDORS),
+        grace_seconds=int(pod_spec.get("terminationGracePeriodSeconds", 30)),
+        hostname=hostname,
+        labels=labels,
+        annotations=annotations,
+    )
+
+
+# Extended resources that are GPUs (nvidia.com/gpu, a MIG profile, amd.com/gpu, gpu.intel.com/...).
+GPU_VENDORS = ("nvidia.com", "amd.com", "gpu.intel.com")
+
+
+def pods_from_objects(
+    objects: list[dict[str, Any]], namespace: str, pod_ips: Callable[[str], str], node_name: str = "e2e-node"
+) -> list[PodSpec]:
+    """One PodSpec per StatefulSet replica; `pod_ips(pod_name)` gives each pod its address."""
+    configmaps = configmaps_of(objects)
     pods = []
     for sts in (o for o in objects if o.get("kind") == "StatefulSet"):
         spec = sts["spec"]
-        template = spec["template"]
-        pod_spec = template["spec"]
-        containers = pod_spec["containers"]
-        if len(containers) != 1 or pod_spec.get("initContainers"):
-            raise SpecError(f"StatefulSet {sts['metadata']['name']}: the harness runs exactly one container per pod")
-        (container,) = containers
-        volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
         for ordinal in range(int(spec.get("replicas", 1))):
             name = f"{sts['metadata']['name']}-{ordinal}"
-            pod = {
-                "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"].get("labels", {})},
-                "podIP": pod_ips(name),
-                "hostIP": pod_ips(name),
-                "nodeName": node_name,
-                "serviceAccountName": pod_spec.get("serviceAccountName", "default"),
-            }
-            env = container_env(container, pod, configmaps)
-            lookup = env.get
-            pod_sc = pod_spec.get("securityContext", {}) or {}
-            sc = {**pod_sc, **(container.get("securityContext", {}) or {})}
-            resources = container.get("resources", {}) or {}
-            limits, requests = resources.get("limits", {}) or {}, resources.get("requests", {}) or {}
             pods.append(
-                PodSpec(
+                pod_from_template(
+                    spec["template"],
                     name=name,
-                    statefulset=sts["metadata"]["name"],
+                    owner=sts["metadata"]["name"],
                     ordinal=ordinal,
-                    component=template["metadata"].get("labels", {}).get("app.kubernetes.io/component", ""),
                     namespace=namespace,
                     service=spec["serviceName"],
-                    cluster_domain=env.get("MASKRCNN_CLUSTER_DOMAIN", "cluster.local"),
-                    image=container["image"],
-                    command=[expand(str(c), lookup) for c in container["command"]] if "command" in container else None,
-                    args=[expand(str(a), lookup) for a in container.get("args", [])],
-                    env=env,
-                    mounts=[_mount(m, volumes, configmaps) for m in container.get("volumeMounts", [])],
-                    pod_ip=pod["podIP"],
-                    run_as_user=sc.get("runAsUser"),
-                    run_as_group=sc.get("runAsGroup"),
-                    fs_group=pod_sc.get("fsGroup"),
-                    read_only_root=bool(sc.get("readOnlyRootFilesystem")),
-                    no_new_privileges=sc.get("allowPrivilegeEscalation") is False,
-                    cap_drop=list((sc.get("capabilities") or {}).get("drop", [])),
-                    memory_limit=limits.get("memory"),
-                    cpu_request=str(requests["cpu"]) if "cpu" in requests else None,
-                    gpus=int(limits.get("nvidia.com/gpu", 0)),
-                    grace_seconds=int(pod_spec.get("terminationGracePeriodSeconds", 30)),
+                    pod_ip=pod_ips(name),
+                    configmaps=configmaps,
+                    node_name=node_name,
                 )
             )
     return pods

@@ -6,7 +6,9 @@ whatever happened. Logs of every container and a copy of the metrics are kept un
 `runs/e2e/<scenario>/` for the person reading a failure.
 
 Pods: release `e2e` in namespace `e2e`, so the master is
-`e2e-maskrcnn-dist-master-0.e2e-maskrcnn-dist-headless.e2e.svc.cluster.local`.
+`e2e-maskrcnn-dist-master-0.e2e-maskrcnn-dist-headless.e2e.svc.cluster.local`, or as a JobSet pod
+`e2e-maskrcnn-dist-master-0-0.e2e-maskrcnn-dist-headless.e2e.svc.cluster.local` (the `jobset*` scenarios,
+whose controller is emulated by jobset.py).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from maskrcnn_dist.run_dir import METRICS_FILE
 
 from . import checks
 from .checks import Failed, require
-from .docker import LABEL, Cluster, DockerError, docker
-from .kube import CHART, ROOT, Release, render_release
+from .docker import LABEL, Cluster, DockerError, docker, pvc_dir
+from .jobset import Attempt, JobSetController, jobset_controller
+from .kube import CHART, ROOT, Release, helm_template, render_release
 
 log = logging.getLogger("e2e")
 
@@ -104,6 +107,7 @@ class Deployment:
         self.cluster = Cluster(self.run_id, settings.out / f".work-{name}-{self.run_id}")
         self.release: Release | None = None
         self.names: dict[str, str] = {}  # pod name -> container name
+        self.jobset: JobSetController | None = None  # the emulated controller of a JobSet release
 
     def __enter__(self) -> Deployment:
         self.cluster.open()
@@ -113,27 +117,57 @@ class Deployment:
         try:
             self.cluster.save_logs(self.out)
             self.keep_metrics()
+            if self.jobset is not None:
+                status = {**self.jobset.status(), "events": self.jobset.events}
+                (self.out / "jobset-status.json").write_text(json.dumps(status, indent=1))
         finally:
             self.cluster.close()
 
     # -- deploying --------------------------------------------------------------------------
 
-    def render(self, values_file: Path, overlay: dict[str, Any]) -> Release:
+    def values_files(self, values_file: Path, overlay: dict[str, Any]) -> list[Path]:
+        """The scenario's ci/ values file and the harness's overlay (image, wait bound, the scenario's)."""
         repo, _, tag = self.settings.image.rpartition(":")
         overlay = {"image": {"repository": repo, "tag": tag, "pullPolicy": "Never"}, **overlay}
         overlay.setdefault("extraEnv", [{"name": "MASKRCNN_WAIT_TIMEOUT", "value": str(WAIT_TIMEOUT)}])
         overlay_file = self.cluster.host_dir / "e2e-values.yaml"
         overlay_file.write_text(yaml.safe_dump(overlay))
-        self.release = render_release(
-            self.settings.helm, RELEASE, NAMESPACE, [values_file, overlay_file], self.cluster.ip_for
-        )
+        return [values_file, overlay_file]
+
+    def render(self, values_file: Path, overlay: dict[str, Any]) -> Release:
+        """The StatefulSets' pods, created (not started): the scenario plays the kubelet."""
+        files = self.values_files(values_file, overlay)
+        self.release = render_release(self.settings.helm, RELEASE, NAMESPACE, files, self.cluster.ip_for)
         for pod in self.release.pods:
             self.names[pod.name] = self.cluster.create_pod(pod)
         log.info("%s: pods %s", self.name, ", ".join(f"{p.name} ({p.pod_ip})" for p in self.release.pods))
-        pods = self.release.pods
-        rendered = {p.name: {"env": p.env, "args": p.args, "mounts": [m.path for m in p.mounts]} for p in pods}
-        (self.out / "pods.json").write_text(json.dumps(rendered, indent=1))
+        self.write_pods(self.release.pods, "pods.json")
         return self.release
+
+    def render_jobset(self, values_file: Path, overlay: dict[str, Any], start: bool = True) -> JobSetController:
+        """The chart rendered as a JobSet, run by the emulated JobSet controller (started unless `start`
+        is false: the scenario calls `start()` once it has prepared the volume)."""
+        files = self.values_files(values_file, {"workload": "jobset", **overlay})
+        objects = helm_template(self.settings.helm, RELEASE, NAMESPACE, files)
+
+        def on_attempt(attempt: Attempt) -> None:
+            # Each restart makes new pods (new names, same host names): they are the release's pods now.
+            pods = self.jobset.pod_specs()
+            self.release = Release(RELEASE, NAMESPACE, pods, objects)
+            self.names = {p.name: self.cluster.container_name(p) for p in pods}
+            self.write_pods(pods, f"pods-attempt-{attempt.number}.json")
+
+        self.jobset = jobset_controller(objects, NAMESPACE, self.cluster, on_attempt)
+        if start:
+            self.jobset.start()
+        return self.jobset
+
+    def write_pods(self, pods, file: str) -> None:
+        rendered = {
+            p.name: {"hostname": p.host, "env": p.env, "args": p.args, "mounts": [m.path for m in p.mounts]}
+            for p in pods
+        }
+        (self.out / file).write_text(json.dumps(rendered, indent=1))
 
     @property
     def master(self) -> str:
@@ -176,8 +210,6 @@ class Deployment:
         )  # fmt: skip
 
     def volume_for_prepare(self) -> Path:
-        from .docker import pvc_dir
-
         pod = self.release.master
         claim = next(m.claim for m in pod.mounts if m.kind == "pvc")
         return pvc_dir(self.cluster.host_dir, claim, pod.fs_group or 0)
@@ -554,6 +586,172 @@ def scenario_bare_nodes(settings: Settings) -> dict[str, Any]:
         }
 
 
+# -- JobSet: the chart's JobSet run by the emulated JobSet controller (jobset.py) -------------------
+
+# How long a finished JobSet is watched for anything starting again.
+SETTLE_S = 15.0
+
+
+def _run_jobset(d: Deployment, timeout: float = 900) -> str:
+    try:
+        return d.jobset.run(timeout)
+    except DockerError as exc:
+        raise Failed(str(exc)) from exc
+
+
+def _check_finished_for_good(d: Deployment) -> dict[str, Any]:
+    """A finished JobSet: no container runs, and for SETTLE_S seconds none is started or created."""
+    created, attempts = len(d.cluster.containers), len(d.jobset.attempts)
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        d.jobset.reconcile()
+        running = [c for c in d.cluster.containers if d.cluster.state(c).status in ("running", "restarting")]
+        require(not running, f"after the JobSet {d.jobset.terminal_state}: still running {running}")
+        time.sleep(1.0)
+    require(len(d.cluster.containers) == created and len(d.jobset.attempts) == attempts, "a pod was created again")
+    pods = [p for j in d.jobset.attempt.jobs for p in j.pods]
+    return {p.spec.host: p.exit_code for p in pods}
+
+
+def _jobset_facts(d: Deployment, started: float) -> dict[str, Any]:
+    condition = d.jobset.condition
+    return {
+        "jobset": {"state": condition.type, "reason": condition.reason, "restarts": d.jobset.restarts},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def scenario_jobset(settings: Settings) -> dict[str, Any]:
+    """JobSet (ci/cpu-values.yaml as workload jobset, controller emulated): a short run completes; the
+    master's Job completing completes the JobSet, every other pod is stopped, nothing restarts."""
+    steps, period = 4, 2
+    with Deployment(settings, "jobset") as d:
+        started = time.monotonic()
+        js = d.render_jobset(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
+        hosts = sorted(p.host for p in js.pod_specs())
+        expected = [f"{RELEASE}-maskrcnn-dist-{h}" for h in ("master-0-0", "workers-0-0", "workers-0-1")]
+        require(hosts == expected, f"JobSet host names {hosts}, expected {expected}")
+        state = _run_jobset(d)
+        require(state == "Completed", f"the JobSet ended {state}: {js.condition} ({js.describe()})")
+        require(js.restarts == 0, f"{js.restarts} restarts in a run without faults")
+        exits = _check_finished_for_good(d)
+        require(exits[f"{RELEASE}-maskrcnn-dist-master-0-0"] == 0, f"the master exited {exits}")
+        final = checks.check_training_complete(d.run_dir, steps)
+        ckpts = checks.check_checkpoints(d.run_dir, expected_steps=[2, 4])
+        for pod in js.pods("workers"):
+            require(d.log_has(pod.container, r"accepts connections"), f"{pod.spec.host}: never reached the master")
+        return {
+            **_jobset_facts(d, started),
+            "exit_codes": exits,
+            "eval": {k: final[k] for k in checks.AP_KEYS},
+            "checkpoints": ckpts,
+        }
+
+
+def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
+    """JobSet: worker 2's pod killed mid-training; its Job fails, the JobSet recreates the whole group
+    once (restarts 1, under maxRestarts), the new group resumes from the newest checkpoint and completes."""
+    period = 3
+    steps = 2 * period + 1
+    with Deployment(settings, "jobset-lost-worker") as d:
+        started = time.monotonic()
+        resumes: list[dict[str, int]] = []
+        js = d.render_jobset(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
+
+        def note_resume(attempt: Attempt) -> None:
+            # The old group is gone (BlockingRecreate): what it left is what the new one resumes from.
+            if attempt.number > 0:
+                newest = max(checks.checkpoint_steps(d.run_dir), default=0)
+                resumes.append({"records": len(checks.read_records(d.run_dir)), "checkpoint": newest})
+
+        js.on_attempt = note_resume
+
+        def past_first_checkpoint() -> bool:
+            require(js.reconcile() is None, f"the JobSet ended {js.condition} before the fault")
+            return checks.last_train_step(d.run_dir) > period
+
+        d.wait_until(f"training past step {period}", past_first_checkpoint, 600)
+        victim = js.pods("workers")[-1]
+        at_kill = checks.last_train_step(d.run_dir)
+        d.cluster.kill(victim.container)
+        log.info("%s: killed %s at step %d", d.name, victim.spec.host, at_kill)
+        state = _run_jobset(d)
+        require(state == "Completed", f"the JobSet ended {state}: {js.condition} ({js.describe()})")
+        require(js.restarts == 1 and len(resumes) == 1, f"{js.restarts} restarts, expected 1 ({js.events})")
+        _check_finished_for_good(d)
+        resumed = checks.train_steps(checks.read_records(d.run_dir)[resumes[0]["records"] :])
+        resume_from = resumes[0]["checkpoint"]
+        require(
+            resumed == list(range(resume_from + 1, steps + 1)),
+            f"after the restart training ran steps {resumed}, expected {resume_from + 1}..{steps} "
+            f"(the newest checkpoint was step {resume_from})",
+        )
+        checks.check_training_complete(d.run_dir, steps)
+        ckpts = checks.check_checkpoints(d.run_dir, expected_steps=expected_checkpoints(steps, period, 4))
+        failed_job = next(e for e in js.events if "failed (" in e)
+        return {
+            **_jobset_facts(d, started),
+            "killed": victim.spec.host,
+            "killed_at_step": at_kill,
+            "failed_job": failed_job,
+            "resumed_from_checkpoint": resume_from,
+            "checkpoints": ckpts,
+        }
+
+
+def scenario_jobset_user_error(settings: Settings) -> dict[str, Any]:
+    """JobSet: a bad dataset (an annotation file that is not JSON) makes the master exit 2; the
+    podFailurePolicy and the JobSet's failure policy fail the JobSet at once: no restart, the error
+    line in the master's log, every pod stopped."""
+    with Deployment(settings, "jobset-user-error") as d:
+        started = time.monotonic()
+        args = trainer_args(4, 2, synthetic=False)
+        args[args.index("--data-path") + 1] = "/data/broken"
+        js = d.render_jobset(CPU_VALUES, {"trainer": {"args": args}}, start=False)
+        # The broken dataset on the claim the master mounts, before its pod starts.
+        master = next(r.pod_template["spec"] for r in js.spec.replicated_jobs if r.name == "master")
+        claim = next(v["persistentVolumeClaim"]["claimName"] for v in master["volumes"] if "persistentVolumeClaim" in v)
+        broken = pvc_dir(d.cluster.host_dir, claim, master["securityContext"]["fsGroup"]) / "broken" / "train"
+        (broken / "images").mkdir(parents=True)
+        (broken / "annotations.json").write_text('{"images": [{"id": 1, ')
+        for path in (broken.parent, broken, broken / "images"):
+            path.chmod(0o755)
+        js.start()
+        state = _run_jobset(d, timeout=300)
+        require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
+        require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
+        require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
+        master = js.pods("master")[0]
+        require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
+        line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
+        require(line is not None and "not valid JSON" in line, "no 'error: ... not valid JSON' line in the master log")
+        exits = _check_finished_for_good(d)
+        return {**_jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
+
+
+def scenario_jobset_max_restarts(settings: Settings) -> dict[str, Any]:
+    """JobSet with maxRestarts 2 whose trainer always crashes (exit 1, not a user error): the group is
+    recreated twice, the third failure fails the JobSet (ReachedMaxRestarts); nothing runs after."""
+    crash = "sh -c 'echo \"trainer crashed (injected)\" >&2; exit 1'"
+    env = [
+        {"name": "MASKRCNN_WAIT_TIMEOUT", "value": str(WAIT_TIMEOUT)},
+        {"name": "MASKRCNN_TRAINER_CMD", "value": crash},
+    ]
+    with Deployment(settings, "jobset-max-restarts") as d:
+        started = time.monotonic()
+        policy = {"failurePolicy": {"maxRestarts": 2}}
+        js = d.render_jobset(CPU_VALUES, {"jobset": policy, "extraEnv": env, "trainer": {"args": trainer_args(4, 2)}})
+        state = _run_jobset(d, timeout=300)
+        require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
+        require(js.condition.reason == "ReachedMaxRestarts", f"failed for {js.condition}")
+        require(js.restarts == 2 and len(js.attempts) == 3, f"{js.restarts} restarts, {len(js.attempts)} attempts")
+        for attempt in js.attempts:
+            (master_job,) = [j for j in attempt.jobs if j.replicated_job == "master"]
+            require(master_job.reason == "BackoffLimitExceeded", f"attempt {attempt.number}: {master_job}")
+        _check_finished_for_good(d)
+        return {**_jobset_facts(d, started), "message": js.condition.message, "events": js.events}
+
+
 SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "pipeline": scenario_pipeline,
     "ddp": scenario_ddp,
@@ -562,6 +760,10 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "restart-alone": scenario_restart_alone,
     "silent-peer": scenario_silent_peer,
     "ddp-fault": scenario_ddp_fault,
+    "jobset": scenario_jobset,
+    "jobset-lost-worker": scenario_jobset_lost_worker,
+    "jobset-user-error": scenario_jobset_user_error,
+    "jobset-max-restarts": scenario_jobset_max_restarts,
 }
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
 DDP_ONLY = ("ddp", "ddp-fault")

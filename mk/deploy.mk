@@ -20,6 +20,9 @@ WHEELHOUSE       ?= wheelhouse
 TOOLS            ?= .tools
 CHART            := helm
 KIND_CLUSTER     ?= maskrcnn-dist
+# kind-test: auto (a JobSet: the JobSet controller is installed when the cluster has none), statefulset, jobset.
+WORKLOAD         ?= auto
+JOBSET_VERSION   ?= v0.12.0
 
 # A helm on PATH wins; otherwise the pinned one that helm/hack/get-helm.sh puts into $(TOOLS).
 HELM ?= $(or $(shell command -v helm 2>/dev/null),$(TOOLS)/helm)
@@ -85,11 +88,13 @@ lint-deploy: $(STAMP) helm ## hadolint the Dockerfile, helm lint the chart with 
 # Cannot run on this project's build machines (no kind, no pullable node image, no API server); it is
 # written for users with kind + kubectl + docker (helm is fetched like for `manifests`). The tools are
 # checked before the image is built, so a machine without them fails in a second, not after a build.
-# Idempotent: reuses the cluster, replaces a previous run's release. Steps: helm/hack/kind-test.sh --help.
-kind-test: ## CPU pipeline job on a kind cluster: install ci/cpu-values.yaml, helm test, check metrics, uninstall (needs kind+kubectl+docker: cannot run on build machines)
+# Idempotent: reuses the cluster (and the JobSet controller it installs there when the cluster has none),
+# replaces a previous run's release. WORKLOAD=statefulset tests the StatefulSets instead of the JobSet.
+# Steps: helm/hack/kind-test.sh --help.
+kind-test: ## CPU pipeline job on a kind cluster: installs the JobSet controller if missing, ci/cpu-values.yaml, helm test, metrics, JobSet Completed (needs kind+kubectl+docker and the internet: cannot run on build machines)
 	@for tool in kind kubectl $(DOCKER); do command -v $$tool >/dev/null 2>&1 || { \
 	    echo "kind-test: needs $$tool on PATH; it runs only where kind can make a cluster (not on this project's build machines)" >&2; \
 	    exit 2; }; done
 	$(MAKE) --no-print-directory image helm
 	HELM=$(HELM) IMAGE_REPO=$(IMAGE_REPO) IMAGE_TAG=$(IMAGE_TAG) KIND_CLUSTER=$(KIND_CLUSTER) \
-	    helm/hack/kind-test.sh
+	    WORKLOAD=$(WORKLOAD) JOBSET_VERSION=$(JOBSET_VERSION) helm/hack/kind-test.sh

@@ -20,7 +20,7 @@ E2E_MIN_FREE_GB ?= 18
 
 .PHONY: e2e e2e-image e2e-list e2e-clean
 
-e2e: install helm e2e-image ## run the chart's pods as containers on a docker network: pipeline, ddp, start order, bare-node recipe, fault recovery
+e2e: install helm e2e-image ## run the chart's pods as containers on a docker network: pipeline, ddp, start order, bare-node recipe, fault recovery, JobSet (emulated controller)
 	timeout --signal=TERM --kill-after=60 $(E2E_TIMEOUT) \
 	    $(BIN)/python -m e2e run --image $(IMAGE) --helm $(HELM) --engines $(E2E_ENGINES) $(E2E_ARGS)
 

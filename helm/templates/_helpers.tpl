@@ -38,6 +38,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: maskrcnn-dist
 {{- end -}}
 
+{{/*
+The workload the release renders: `statefulset` or `jobset`. `auto` asks the cluster (or
+`helm template --api-versions jobset.x-k8s.io/v1alpha2`) whether it serves the JobSet API.
+*/}}
+{{- define "maskrcnn-dist.workload" -}}
+{{- if eq .Values.workload "auto" -}}
+{{- ternary "jobset" "statefulset" (.Capabilities.APIVersions.Has "jobset.x-k8s.io/v1alpha2") -}}
+{{- else -}}
+{{- .Values.workload -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The JobSet's replicated job of a role: `master` (1 pod) and `workers` (one Indexed Job of N pods). The
+launcher maps them back (maskrcnn_launcher.contract): replicated job `workers`, completion index i is
+worker i.
+*/}}
+{{- define "maskrcnn-dist.replicatedJob" -}}
+{{- ternary "master" "workers" (eq . "master") -}}
+{{- end -}}
+
 {{/* The names the launcher relies on: StatefulSets <fullname>-master / <fullname>-worker. */}}
 {{- define "maskrcnn-dist.masterName" -}}
 {{- printf "%s-master" (include "maskrcnn-dist.fullname" .) -}}
@@ -55,13 +76,38 @@ app.kubernetes.io/part-of: maskrcnn-dist
 {{- default (printf "%s-data" (include "maskrcnn-dist.fullname" .)) .Values.storage.existingClaim -}}
 {{- end -}}
 
+{{/*
+The master's host name: the StatefulSet pod <fullname>-master-0, or the JobSet pod
+<jobset>-master-0-0 (<jobset>-<replicated job>-<job index>-<completion index>; the JobSet is <fullname>).
+*/}}
+{{- define "maskrcnn-dist.masterHost" -}}
+{{- if eq (include "maskrcnn-dist.workload" .) "jobset" -}}
+{{- printf "%s-%s-0-0" (include "maskrcnn-dist.fullname" .) (include "maskrcnn-dist.replicatedJob" "master") -}}
+{{- else -}}
+{{- printf "%s-0" (include "maskrcnn-dist.masterName" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The master's stable DNS name (what the launcher derives too; used by the helm test). */}}
 {{- define "maskrcnn-dist.masterAddress" -}}
-{{- printf "%s-0.%s.%s.svc.%s" (include "maskrcnn-dist.masterName" .) (include "maskrcnn-dist.headlessService" .) .Release.Namespace .Values.network.clusterDomain -}}
+{{- printf "%s.%s.%s.svc.%s" (include "maskrcnn-dist.masterHost" .) (include "maskrcnn-dist.headlessService" .) .Release.Namespace .Values.network.clusterDomain -}}
 {{- end -}}
 
 {{- define "maskrcnn-dist.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount the pods run as; empty: the namespace's default (no serviceAccountName). */}}
+{{- define "maskrcnn-dist.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "maskrcnn-dist.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Where the topology ConfigMap is mounted, and the file the launcher reads. */}}
@@ -94,6 +140,51 @@ Included once from the ConfigMap so it runs on every render.
 {{- if and (eq .Values.engine "ddp") (eq .Values.storage.workerMount "none") -}}
 {{- fail "storage.workerMount=none with engine=ddp: every ddp pod reads the dataset; use auto or readOnly" -}}
 {{- end -}}
+{{- if and (eq .Values.engine "pipeline") (eq .Values.pipeline.transport "device_maps") (eq (int .Values.worker.gpus) 0) -}}
+{{- fail "pipeline.transport=device_maps needs GPUs: worker.gpus is 0, and TensorPipe device maps move CUDA tensors between GPUs; use pipeline.transport=cpu on CPU" -}}
+{{- end -}}
+{{- range $role := list "master" "worker" -}}
+{{- $resources := default (dict) (index $.Values $role).resources -}}
+{{- range $section := list "requests" "limits" -}}
+{{- range $name, $_ := default (dict) (get $resources $section) -}}
+{{- if or (eq $name $.Values.gpuResourceName) (hasPrefix "nvidia.com/" $name) (hasPrefix "amd.com/" $name) (hasPrefix "gpu.intel.com/" $name) -}}
+{{- fail (printf "%s.resources.%s.%s is set by hand: the chart renders the GPU limit from %s.gpus (the same value gives the topology's device count, so the two cannot disagree); set %s.gpus (and gpuResourceName) instead" $role $section $name $role $role) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $i, $env := .Values.extraEnv -}}
+{{- if or (has $env.name (include "maskrcnn-dist.contractEnv" $ | fromYamlArray)) (and (hasPrefix "MASKRCNN_" $env.name) (not (has $env.name (list "MASKRCNN_WAIT_TIMEOUT" "MASKRCNN_TRAINER_CMD")))) -}}
+{{- fail (printf "extraEnv[%d].name=%s: %s belongs to the launcher's environment contract (maskrcnn_launcher.contract): the chart sets the pod's identity and the launcher exports the rank and the master's address; remove it from extraEnv (for the socket interface set network.interface)" $i $env.name $env.name) -}}
+{{- end -}}
+{{- end -}}
+{{- $reserved := dict "topology" "" "dshm" "" "tmp" "" "home" "" "data" "" -}}
+{{- range $i, $vol := .Values.extraVolumes -}}
+{{- if hasKey $reserved $vol.name -}}
+{{- fail (printf "extraVolumes[%d].name=%s clashes with a volume of the chart (topology, dshm, tmp, home, data): rename it" $i $vol.name) -}}
+{{- end -}}
+{{- end -}}
+{{- $paths := list (include "maskrcnn-dist.topologyDir" .) "/dev/shm" "/tmp" "/home/maskrcnn" .Values.storage.mountPath -}}
+{{- range $i, $mount := .Values.extraVolumeMounts -}}
+{{- if has (trimSuffix "/" $mount.mountPath) $paths -}}
+{{- fail (printf "extraVolumeMounts[%d].mountPath=%s clashes with a mount of the chart (%s): choose another path" $i $mount.mountPath (join ", " $paths)) -}}
+{{- end -}}
+{{- end -}}
+{{- $estimate := default (dict) .Values.estimate -}}
+{{- $batch := int (default 2 $estimate.batch_size) -}}
+{{- if and (hasKey $estimate "micro_batches") (gt (int $estimate.micro_batches) $batch) -}}
+{{- fail (printf "estimate.micro_batches (%v) exceeds estimate.batch_size (%d): the launcher would refuse the topology and no pod would start, although estimate only feeds the printed plan; the run's micro-batches are the trainer's --micro-batches" $estimate.micro_batches $batch) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The variables of the launcher's environment contract a user must not set through extraEnv (besides
+every MASKRCNN_* but MASKRCNN_WAIT_TIMEOUT and MASKRCNN_TRAINER_CMD): the pod's identity, set by the
+chart or the kubelet, and what the launcher exports. A chart test compares it with
+maskrcnn_launcher.contract.
+*/}}
+{{- define "maskrcnn-dist.contractEnv" -}}
+{{- toYaml (list "POD_NAME" "HOSTNAME" "POD_NAMESPACE" "POD_IP" "MASTER_ADDR" "MASTER_PORT" "RANK" "WORLD_SIZE" "LOCAL_RANK" "LOCAL_WORLD_SIZE" "TP_SOCKET_IFNAME" "GLOO_SOCKET_IFNAME" "NCCL_SOCKET_IFNAME") -}}
 {{- end -}}
 
 {{/* How workers mount the volume: none | readOnly | readWrite (resolves `auto`). */}}
@@ -107,17 +198,32 @@ Included once from the ConfigMap so it runs on every render.
 
 {{/*
 The topology the launcher reads (format: launcher/maskrcnn_launcher/topology.py). GPU counts come
-from master.gpus / worker.gpus, the same values that render the nvidia.com/gpu limits.
+from master.gpus / worker.gpus, the same values that render the GPU limits.
 */}}
 {{- define "maskrcnn-dist.topology" -}}
+{{- include "maskrcnn-dist.topologyYaml" (dict "root" . "estimate" true) -}}
+{{- end -}}
+
+{{/*
+What the pods' checksum/topology annotation hashes: the topology without `estimate`, which only
+feeds the printed plan, so changing it restarts no pod.
+*/}}
+{{- define "maskrcnn-dist.runTopology" -}}
+{{- include "maskrcnn-dist.topologyYaml" (dict "root" . "estimate" false) -}}
+{{- end -}}
+
+{{- define "maskrcnn-dist.topologyYaml" -}}
+{{- $withEstimate := .estimate -}}
+{{- $root := .root -}}
+{{- with .root -}}
 {{- $workers := list -}}
 {{- if eq .Values.engine "pipeline" -}}
 {{- range .Values.pipeline.stages -}}
-{{- $workers = append $workers (dict "devices" (int $.Values.worker.gpus) "stage" .name "replicas" (int (default 1 .replicas))) -}}
+{{- $workers = append $workers (dict "devices" (int $root.Values.worker.gpus) "stage" .name "replicas" (int (default 1 .replicas))) -}}
 {{- end -}}
 {{- else -}}
 {{- range until (int .Values.ddp.workers) -}}
-{{- $workers = append $workers (dict "devices" (int $.Values.worker.gpus)) -}}
+{{- $workers = append $workers (dict "devices" (int $root.Values.worker.gpus)) -}}
 {{- end -}}
 {{- end -}}
 {{- $network := dict "master_port" (int .Values.network.masterPort) -}}
@@ -133,10 +239,11 @@ from master.gpus / worker.gpus, the same values that render the nvidia.com/gpu l
 {{- end -}}
 {{- $_ := set $topology "stages" $stages -}}
 {{- end -}}
-{{- if .Values.estimate -}}
+{{- if and $withEstimate .Values.estimate -}}
 {{- $_ := set $topology "estimate" .Values.estimate -}}
 {{- end -}}
 {{- toYaml $topology -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -158,4 +265,198 @@ into the role's own affinity. Argument: (dict "root" $ "affinity" <role affinity
 {{- if $affinity -}}
 {{- toYaml $affinity -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The training pod, for every workload: the StatefulSets' template and the JobSet's Jobs' template are
+this one definition. Argument: (dict "root" $ "role" "master"|"worker" "workload" "statefulset"|"jobset").
+*/}}
+{{- define "maskrcnn-dist.podTemplate" -}}
+{{- $root := .root -}}
+{{- $role := .role -}}
+{{- $jobset := eq .workload "jobset" -}}
+{{- $v := index $root.Values $role -}}
+{{- $gpus := int $v.gpus -}}
+{{- $gpuResource := $root.Values.gpuResourceName -}}
+{{- $dataMount := ternary "readWrite" (include "maskrcnn-dist.workerMounts" $root) (eq $role "master") -}}
+{{- $resources := deepCopy (default (dict) $v.resources) -}}
+{{- if gt $gpus 0 -}}
+{{- /* Same value as this role's `devices` in the topology ConfigMap: one source, never out of step. */ -}}
+{{- $_ := set $resources "limits" (merge (dict $gpuResource $gpus) (default (dict) (get $resources "limits"))) -}}
+{{- end -}}
+{{- $tolerations := default (list) $v.tolerations -}}
+{{- $gpuToleration := dict "key" $gpuResource "operator" "Exists" "effect" "NoSchedule" -}}
+{{- if and (gt $gpus 0) $root.Values.gpuToleration (not (has $gpuToleration $tolerations)) -}}
+{{- $tolerations = append $tolerations $gpuToleration -}}
+{{- end -}}
+metadata:
+  labels:
+    {{- include "maskrcnn-dist.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ $role }}
+    {{- with $root.Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    # A changed topology restarts the pods (the launcher reads it once, at start-up).
+    checksum/topology: {{ include "maskrcnn-dist.runTopology" $root | sha256sum }}
+    {{- with (merge (dict) (default (dict) $v.podAnnotations) (default (dict) $root.Values.podAnnotations)) }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  {{- if $jobset }}
+  # A Job's pod never restarts in place: a failed pod fails its Job (backoffLimit 0), and the JobSet's
+  # failure policy decides what happens to the whole group.
+  restartPolicy: Never
+  {{- end }}
+  # The trainer never talks to the Kubernetes API: no token, and no Service environment variables
+  # (the launcher finds peers through the headless Service's DNS names).
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  {{- with (include "maskrcnn-dist.serviceAccountName" $root) }}
+  serviceAccountName: {{ . }}
+  {{- end }}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $root.Values.schedulerName }}
+  schedulerName: {{ . }}
+  {{- end }}
+  {{- with $root.Values.runtimeClassName }}
+  runtimeClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
+  {{- with $v.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with (include "maskrcnn-dist.affinity" (dict "root" $root "affinity" $v.affinity)) }}
+  affinity:
+    {{- . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: trainer
+      image: {{ include "maskrcnn-dist.image" $root | quote }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      # The image's entrypoint (dumb-init -> maskrcnn-launch) gets these arguments; the launcher
+      # turns the topology and the pod identity below into rank, world size and MASTER_ADDR/PORT,
+      # waits for the master, then execs the trainer with everything after `--`.
+      args:
+        - launch
+        - --topology
+        - $(MASKRCNN_TOPOLOGY)
+        - --
+        {{- range $root.Values.trainer.args }}
+        - {{ tpl (toString .) $root | quote }}
+        {{- end }}
+      # Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS names (a chart test checks
+      # it), then the user's extraEnv.
+      env:
+        - name: MASKRCNN_TOPOLOGY
+          value: {{ include "maskrcnn-dist.topologyPath" $root | quote }}
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.podIP
+        - name: MASKRCNN_HEADLESS_SERVICE
+          value: {{ include "maskrcnn-dist.headlessService" $root | quote }}
+        - name: MASKRCNN_CLUSTER_DOMAIN
+          value: {{ $root.Values.network.clusterDomain | quote }}
+        {{- if $jobset }}
+        # JobSet pods (contract.JOBSET_POD_ENV_VARS): the JobSet and Job controllers' labels and
+        # annotations name the replicated job and the index; the host name is the launcher's fallback.
+        - name: MASKRCNN_JOBSET_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.labels['jobset.sigs.k8s.io/jobset-name']
+        - name: MASKRCNN_REPLICATED_JOB
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']
+        - name: MASKRCNN_JOB_INDEX
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.labels['jobset.sigs.k8s.io/job-index']
+        - name: MASKRCNN_COMPLETION_INDEX
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']
+        {{- end }}
+        {{- with $root.Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- if eq $role "master" }}
+      ports:
+        - name: rendezvous
+          containerPort: {{ $root.Values.network.masterPort }}
+          protocol: TCP
+      {{- end }}
+      {{- with $resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.containerSecurityContext | nindent 8 }}
+      volumeMounts:
+        - name: topology
+          mountPath: {{ include "maskrcnn-dist.topologyDir" $root }}
+          readOnly: true
+        # DataLoader workers pass batches through shared memory; the runtime's 64 MiB /dev/shm
+        # makes them die with "Bus error".
+        - name: dshm
+          mountPath: /dev/shm
+        # The root filesystem is read-only: /tmp and HOME (caches: matplotlib, torch) are the
+        # only writable places besides the data volume.
+        - name: tmp
+          mountPath: /tmp
+        - name: home
+          mountPath: /home/maskrcnn
+        {{- if ne $dataMount "none" }}
+        - name: data
+          mountPath: {{ $root.Values.storage.mountPath }}
+          readOnly: {{ eq $dataMount "readOnly" }}
+        {{- end }}
+        {{- with $root.Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: topology
+      configMap:
+        name: {{ include "maskrcnn-dist.topologyConfigMap" $root }}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ $root.Values.shmSize }}
+    - name: tmp
+      emptyDir:
+        sizeLimit: {{ $root.Values.scratchSize }}
+    - name: home
+      emptyDir:
+        sizeLimit: {{ $root.Values.scratchSize }}
+    {{- if ne $dataMount "none" }}
+    - name: data
+      persistentVolumeClaim:
+        claimName: {{ include "maskrcnn-dist.claimName" $root }}
+        readOnly: {{ eq $dataMount "readOnly" }}
+    {{- end }}
+    {{- with $root.Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}

@@ -1,9 +1,12 @@
 """The Helm chart, the plain manifests and the Dockerfile, checked without a cluster or docker.
 
-Every ci/ scenario (and the defaults) is linted, rendered, validated against the Kubernetes 1.34
-schemas with unknown fields rejected, and held to the deployment's policies: the launcher's
-environment contract, GPU limits equal to the topology's device counts, a Memory /dev/shm,
-non-root and read-only containers, a NetworkPolicy that admits only the release's own pods.
+Every ci/ scenario (and the defaults) is linted and rendered twice, for a cluster without JobSet
+(StatefulSets, unless the scenario asks for a JobSet) and for one that serves jobset.x-k8s.io/v1alpha2
+(`workload: auto` renders a JobSet). Every object is validated against the Kubernetes 1.34 schemas
+with unknown fields rejected, a JobSet against the published JobSet v0.12.0 CRD the same way, and
+both are held to the deployment's policies: the launcher's environment contract, GPU limits equal to
+the topology's device counts, a Memory /dev/shm, non-root and read-only containers, a NetworkPolicy
+that admits only the release's own pods, and for a JobSet its success and failure policies.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -28,6 +32,18 @@ from .conftest import CHART, RELEASE, ROOT, SCENARIOS, values_args
 KUBERNETES_VERSION = "1.34.0"
 SCENARIO_NAMES = list(SCENARIOS)
 GPU = "nvidia.com/gpu"
+# (scenario, rendered as for a cluster that serves the JobSet API)
+CASES = [(s, api) for s in SCENARIO_NAMES for api in (False, True)]
+CASE_IDS = [f"{s}+jobset-api" if api else s for s, api in CASES]
+# The JobSet's replicated jobs and the launcher's roles (helm/templates/jobset.yaml).
+REPLICATED_JOBS = {"master": "master", "workers": "worker"}
+# Labels and annotations the JobSet and Job controllers put on every pod, read through the downward API.
+JOBSET_FIELDS = {
+    "MASKRCNN_JOBSET_NAME": "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
+    "MASKRCNN_REPLICATED_JOB": "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']",
+    "MASKRCNN_JOB_INDEX": "metadata.labels['jobset.sigs.k8s.io/job-index']",
+    "MASKRCNN_COMPLETION_INDEX": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +69,43 @@ def statefulsets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return roles
 
 
+def workload(objects: list[dict[str, Any]]) -> str:
+    """`jobset` or `statefulset`: which one the render holds (never both, never neither)."""
+    kinds = {o["kind"] for o in objects} & {"JobSet", "StatefulSet"}
+    assert len(kinds) == 1, f"expected a JobSet or StatefulSets, got {kinds or 'neither'}"
+    return kinds.pop().lower()
+
+
+def replicated_jobs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """role ('master' / 'worker') -> the JobSet's replicated job."""
+    jobset = one(objects, "JobSet")
+    rjobs = {REPLICATED_JOBS[r["name"]]: r for r in jobset["spec"]["replicatedJobs"]}
+    assert len(rjobs) == len(jobset["spec"]["replicatedJobs"]), "two replicated jobs of one role"
+    return rjobs
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """role -> the pod template (metadata + spec) of the StatefulSet or of the JobSet's Job."""
+    if workload(objects) == "jobset":
+        return {role: r["template"]["spec"]["template"] for role, r in replicated_jobs(objects).items()}
+    return {role: s["spec"]["template"] for role, s in statefulsets(objects).items()}
+
+
+def pod_counts(objects: list[dict[str, Any]]) -> dict[str, int]:
+    """role -> how many pods of it run."""
+    if workload(objects) == "jobset":
+        return {
+            role: r["replicas"] * r["template"]["spec"]["completions"] for role, r in replicated_jobs(objects).items()
+        }
+    return {role: s["spec"]["replicas"] for role, s in statefulsets(objects).items()}
+
+
+def expected_workload(values: dict[str, Any], jobset_api: bool) -> str:
+    if values["workload"] == "auto":
+        return "jobset" if jobset_api else "statefulset"
+    return values["workload"]
+
+
 def test_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
     (pod,) = [o for o in by_kind(objects, "Pod") if o["metadata"]["annotations"].get("helm.sh/hook") == "test"]
     return pod
@@ -62,12 +115,13 @@ test_pod.__test__ = False  # a helper, not a test
 
 
 def pod_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every pod spec: the StatefulSets' templates and the helm test pod."""
-    return [s["spec"]["template"]["spec"] for s in statefulsets(objects).values()] + [test_pod(objects)["spec"]]
+    """Every pod spec: the training pods' templates and the helm test pod."""
+    return [t["spec"] for t in pod_templates(objects).values()] + [test_pod(objects)["spec"]]
 
 
-def trainer(sts: dict[str, Any]) -> dict[str, Any]:
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
+def trainer(template: dict[str, Any]) -> dict[str, Any]:
+    """The trainer container of a pod template."""
+    (container,) = template["spec"]["containers"]
     return container
 
 
@@ -95,7 +149,17 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def pod_labels(objects: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
-    labels = {role: s["spec"]["template"]["metadata"]["labels"] for role, s in statefulsets(objects).items()}
+    """role -> the labels of its pods, with what the JobSet and Job controllers add to a JobSet's."""
+    labels = {role: dict(t["metadata"]["labels"]) for role, t in pod_templates(objects).items()}
+    if workload(objects) == "jobset":
+        name = one(objects, "JobSet")["metadata"]["name"]
+        for role, rjob in replicated_jobs(objects).items():
+            labels[role] |= {
+                "jobset.sigs.k8s.io/jobset-name": name,
+                "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-name": f"{name}-{rjob['name']}-0",
+            }
     labels["test"] = test_pod(objects)["metadata"]["labels"]
     return labels
 
@@ -106,21 +170,89 @@ def pod_labels(objects: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_helm_lint(run_helm, scenario: str) -> None:
-    proc = run_helm("lint", "--strict", str(CHART), *values_args(SCENARIOS[scenario]))
+@pytest.mark.parametrize("workload_value", ["auto", "jobset"])
+def test_helm_lint(run_helm, scenario: str, workload_value: str) -> None:
+    # helm lint has no --api-versions; workload=jobset lints the JobSet form.
+    proc = run_helm("lint", "--strict", str(CHART), *values_args(SCENARIOS[scenario], (f"workload={workload_value}",)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_every_object_validates_against_kubernetes_schemas(render, scenario: str) -> None:
-    # The library behind `kubernetes-validate -k 1.34.0 --strict`: strict rejects unknown fields.
-    objects = render(scenario)
-    assert {o["kind"] for o in objects} >= {"StatefulSet", "Service", "ConfigMap", "NetworkPolicy", "Pod"}
+def validate_kubernetes(obj: dict[str, Any], what: str) -> None:
+    """The library behind `kubernetes-validate -k 1.34.0 --strict`: strict rejects unknown fields."""
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{what}: {exc.message} at {list(exc.path)}")
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_every_object_validates_against_kubernetes_schemas(render, scenario: str, jobset_api: bool) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
+    assert {o["kind"] for o in objects} >= {"Service", "ConfigMap", "NetworkPolicy", "Pod"}
     for obj in objects:
-        try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+        if obj["kind"] != "JobSet":
+            validate_kubernetes(obj, f"{obj['kind']}/{obj['metadata']['name']}")
+            continue
+        # The JobSet's own fields: test_jobset_validates_against_the_published_crd. What the CRD leaves
+        # to Kubernetes is checked against Kubernetes' schemas: its metadata (ObjectMeta) and each Job
+        # the controller will create from a replicated job's template.
+        validate_kubernetes({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]}, "JobSet metadata")
+        for rjob in obj["spec"]["replicatedJobs"]:
+            job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": rjob["name"]}, **rjob["template"]}
+            validate_kubernetes(job, f"JobSet {obj['metadata']['name']}, replicated job {rjob['name']}")
+
+
+def jobset_cases() -> list[tuple[str, bool]]:
+    """Every render that holds a JobSet: every scenario for a cluster with the JobSet API, plus
+    the scenarios that ask for one (workload: jobset) on a cluster without it."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["workload"]
+    own = {s: (yaml.safe_load(p.read_text()) if p else {}).get("workload", defaults) for s, p in SCENARIOS.items()}
+    return [(s, api) for s, api in CASES if api or own[s] == "jobset"]
+
+
+JOBSET_CASES = jobset_cases()
+JOBSET_CASE_IDS = [f"{s}+jobset-api" if api else s for s, api in JOBSET_CASES]
+# Checks of the JobSet webhook (pkg/webhooks) that the CRD schema cannot carry.
+FAILURE_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # FailurePolicyRule.name's documented form
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def test_jobset_cases_cover_every_scenario() -> None:
+    assert {s for s, _ in JOBSET_CASES} == set(SCENARIO_NAMES)
+    assert ("jobset", False) in JOBSET_CASES, "ci/jobset-values.yaml asks for a JobSet without the API"
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), JOBSET_CASES, ids=JOBSET_CASE_IDS)
+def test_jobset_validates_against_the_published_crd(render, jobset_schema, scenario: str, jobset_api: bool) -> None:
+    """What an API server with JobSet v0.12 checks (jsonschema over the CRD's v1alpha2 openAPIV3Schema,
+    unknown fields refused), and the webhook's naming rules."""
+    jobset = one(render(scenario, jobset_api=jobset_api), "JobSet")
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    errors = sorted(jsonschema.Draft7Validator(jobset_schema).iter_errors(jobset), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+    spec = jobset["spec"]
+    names = [r["name"] for r in spec["replicatedJobs"]]
+    assert len(names) == len(set(names)) and all(DNS_LABEL.match(n) for n in names), names
+    for rule in spec["failurePolicy"]["rules"]:
+        assert FAILURE_RULE_NAME.match(rule["name"]), f"failure policy rule name {rule['name']!r}"
+        assert set(rule.get("targetReplicatedJobs", [])) <= set(names)
+    assert set(spec["successPolicy"]["targetReplicatedJobs"]) <= set(names)
+    assert DNS_LABEL.match(spec["network"]["subdomain"]) and len(spec["network"]["subdomain"]) <= 63
+    for rjob in spec["replicatedJobs"]:
+        # The pods' host names <jobset>-<replicated job>-<job index>-<completion index> are DNS labels.
+        jobs, pods = rjob["replicas"], rjob["template"]["spec"]["completions"]
+        last = f"{jobset['metadata']['name']}-{rjob['name']}-{jobs - 1}-{pods - 1}"
+        assert DNS_LABEL.match(last) and len(last) <= 63, last
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_auto_renders_a_jobset_only_where_the_cluster_serves_it(
+    render, values, scenario: str, jobset_api: bool
+) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
+    assert workload(objects) == expected_workload(values(scenario), jobset_api)
+    for forced in ("statefulset", "jobset"):
+        assert workload(render(scenario, f"workload={forced}", jobset_api=jobset_api)) == forced
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,37 +260,46 @@ def test_every_object_validates_against_kubernetes_schemas(render, scenario: str
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_env_names_equal_the_launcher_contract(render, values, scenario: str) -> None:
-    objects = render(scenario)
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_env_names_equal_the_launcher_contract(render, values, scenario: str, jobset_api: bool) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
     extra = {e["name"] for e in values(scenario).get("extraEnv") or []}
-    for role, sts in statefulsets(objects).items():
-        names = [e["name"] for e in trainer(sts)["env"]]
+    jobset = workload(objects) == "jobset"
+    for role, template in pod_templates(objects).items():
+        names = [e["name"] for e in trainer(template)["env"]]
         assert len(names) == len(set(names)), f"{role}: duplicate env names {names}"
-        assert set(names) - extra == set(POD_ENV_VARS), f"{role}: chart sets {sorted(set(names) - extra)}"
+        expected = set(POD_ENV_VARS) | (set(JOBSET_FIELDS) if jobset else set())
+        assert set(names) - extra == expected, f"{role}: chart sets {sorted(set(names) - extra)}"
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_identity_env_values(render, scenario: str) -> None:
-    objects = render(scenario)
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_identity_env_values(render, scenario: str, jobset_api: bool) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
     service = one(objects, "Service")
-    for role, sts in statefulsets(objects).items():
-        env = {e["name"]: e for e in trainer(sts)["env"]}
+    jobset = workload(objects) == "jobset"
+    for role, template in pod_templates(objects).items():
+        env = {e["name"]: e for e in trainer(template)["env"]}
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
         assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-        assert env["MASKRCNN_HEADLESS_SERVICE"]["value"] == service["metadata"]["name"] == sts["spec"]["serviceName"]
+        assert env["MASKRCNN_HEADLESS_SERVICE"]["value"] == service["metadata"]["name"]
+        if jobset:
+            assert env["MASKRCNN_HEADLESS_SERVICE"]["value"] == one(objects, "JobSet")["spec"]["network"]["subdomain"]
+            for name, field in JOBSET_FIELDS.items():
+                assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == field, (role, name)
+        else:
+            assert env["MASKRCNN_HEADLESS_SERVICE"]["value"] == statefulsets(objects)[role]["spec"]["serviceName"]
         # The topology path lies in the ConfigMap's mount and names its key.
-        spec = sts["spec"]["template"]["spec"]
+        spec = template["spec"]
         (volume,) = [v for v in spec["volumes"] if "configMap" in v]
-        (mount,) = [m for m in trainer(sts)["volumeMounts"] if m["name"] == volume["name"]]
+        (mount,) = [m for m in trainer(template)["volumeMounts"] if m["name"] == volume["name"]]
         assert env["MASKRCNN_TOPOLOGY"]["value"] == f"{mount['mountPath']}/topology.yaml", role
         assert mount.get("readOnly") is True
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 def test_statefulsets_and_headless_service(render, scenario: str) -> None:
-    objects = render(scenario)
+    objects = render(scenario, "workload=statefulset")
     sets = statefulsets(objects)
     topology = topology_of(objects)
     service = one(objects, "Service")
@@ -170,17 +311,93 @@ def test_statefulsets_and_headless_service(render, scenario: str) -> None:
         assert sts["spec"]["podManagementPolicy"] == "Parallel"
         assert selects({"matchLabels": service["spec"]["selector"]}, sts["spec"]["template"]["metadata"]["labels"])
         assert selects(sts["spec"]["selector"], sts["spec"]["template"]["metadata"]["labels"])
+        assert "restartPolicy" not in sts["spec"]["template"]["spec"], "StatefulSets allow only Always"
     assert sets["master"]["spec"]["replicas"] == 1
     assert sets["worker"]["spec"]["replicas"] == len(topology.workers)
 
 
+@pytest.mark.parametrize(("scenario", "jobset_api"), JOBSET_CASES, ids=JOBSET_CASE_IDS)
+def test_jobset_runs_to_completion_and_restarts_as_a_group(render, values, scenario: str, jobset_api: bool) -> None:
+    from maskrcnn_launcher.cli import EXIT_INVALID
+
+    objects = render(scenario, jobset_api=jobset_api)
+    v = values(scenario)
+    jobset = one(objects, "JobSet")
+    spec = jobset["spec"]
+    topology = topology_of(objects)
+    service = one(objects, "Service")
+    assert jobset["metadata"]["name"] == f"{RELEASE}-maskrcnn-dist"
+    # Host names <jobset>-<replicated job>-<job index>-<pod index> under the headless Service.
+    assert spec["network"] == {
+        "enableDNSHostnames": True,
+        "subdomain": service["metadata"]["name"],
+        "publishNotReadyAddresses": True,
+    }
+    for role, labels in pod_labels(objects).items():
+        if role != "test":
+            assert selects({"matchLabels": service["spec"]["selector"]}, labels), role
+    # The master's job completing is success: the controller then deletes the workers' job.
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["master"]}
+    # A user error fails the JobSet at once: exit 2 (the launcher's invalid input, the trainer's
+    # UserError) is turned into the Job failure reason PodFailurePolicy, which the first rule fails on.
+    policy = spec["failurePolicy"]
+    assert policy["maxRestarts"] == v["jobset"]["failurePolicy"]["maxRestarts"]
+    assert policy["restartStrategy"] == v["jobset"]["failurePolicy"]["restartStrategy"]
+    first = policy["rules"][0]
+    assert first["action"] == "FailJobSet" and first["onJobFailureReasons"] == ["PodFailurePolicy"]
+    assert not first.get("targetReplicatedJobs"), "a user error in any pod"
+    # Nothing else matches: any other failure takes the default action, RestartJobSet (counted).
+    assert [r["name"] for r in policy["rules"]] == [first["name"]]
+    ttl = v["jobset"]["ttlSecondsAfterFinished"]
+    assert spec.get("ttlSecondsAfterFinished") == ttl
+    counts = {"master": 1, "worker": len(topology.workers)}
+    rjobs = replicated_jobs(objects)
+    assert [r["name"] for r in spec["replicatedJobs"]] == ["master", "workers"][: len(rjobs)]
+    for role, rjob in rjobs.items():
+        job = rjob["template"]["spec"]
+        assert rjob["replicas"] == 1, "one Indexed Job per role: worker i is completion index i"
+        assert job["completionMode"] == "Indexed"
+        assert job["completions"] == job["parallelism"] == counts[role], role
+        assert job["backoffLimit"] == 0, "one failed pod fails its Job, and the JobSet decides"
+        (rule,) = job["podFailurePolicy"]["rules"]
+        assert rule == {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": trainer(job["template"])["name"],
+                "operator": "In",
+                "values": [EXIT_INVALID],
+            },
+        }
+        assert job["template"]["spec"]["restartPolicy"] == "Never", "podFailurePolicy needs restartPolicy Never"
+        assert selects({"matchLabels": rjob["template"]["metadata"]["labels"]}, job["template"]["metadata"]["labels"])
+
+
+def test_a_ddp_job_without_workers_is_a_master_alone(render) -> None:
+    objects = render("ddp", "ddp.workers=0", "workload=jobset")
+    assert [r["name"] for r in one(objects, "JobSet")["spec"]["replicatedJobs"]] == ["master"]
+
+
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_container_runs_the_launcher_with_known_trainer_flags(render, scenario: str) -> None:
+def test_one_pod_template_for_both_workloads(render, scenario: str) -> None:
+    """The JobSet's pods are the StatefulSets' pods (one definition in _helpers.tpl), except what a
+    Job needs: restartPolicy Never, and the JobSet identity variables."""
+    sts = pod_templates(render(scenario, "workload=statefulset"))
+    jobset = pod_templates(render(scenario, "workload=jobset"))
+    for role in ("master", "worker"):
+        job_pod = yaml.safe_load(yaml.safe_dump(jobset[role]))
+        assert job_pod["spec"].pop("restartPolicy") == "Never"
+        env = trainer(job_pod)["env"]
+        trainer(job_pod)["env"] = [e for e in env if e["name"] not in JOBSET_FIELDS]
+        assert job_pod == sts[role], role
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_container_runs_the_launcher_with_known_trainer_flags(render, scenario: str, jobset_api: bool) -> None:
     # The trainer's flags are generated from this table; a renamed flag breaks the chart's values.
     from maskrcnn_dist.config import BY_FLAG
 
-    for role, sts in statefulsets(render(scenario)).items():
-        container = trainer(sts)
+    for role, template in pod_templates(render(scenario, jobset_api=jobset_api)).items():
+        container = trainer(template)
         assert "command" not in container, "the image's entrypoint (dumb-init -> launcher) must stay"
         args = container["args"]
         assert args[:4] == ["launch", "--topology", "$(MASKRCNN_TOPOLOGY)", "--"], role
@@ -201,6 +418,19 @@ def pod_environment(container: dict[str, Any], pod_name: str, pod_ip: str, topol
     return env
 
 
+def launcher_command() -> list[str]:
+    """`maskrcnn-launch` as this test imports it (the tree under test, whatever is installed)."""
+    import maskrcnn_launcher
+
+    return [
+        "env",
+        f"PYTHONPATH={Path(maskrcnn_launcher.__file__).parents[1]}",
+        sys.executable,
+        "-m",
+        "maskrcnn_launcher",
+    ]
+
+
 def expand(arg: str, env: dict[str, str]) -> str:
     """The kubelet's expansion of $(VAR) references in args from the container's environment."""
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg)
@@ -211,22 +441,22 @@ def test_every_pod_spec_launches_as_its_rank(render, scenario: str, tmp_path: Pa
     """Run the launcher (`launch --dry-run`) with each rendered pod's environment and arguments."""
     from maskrcnn_launcher.contract import PodPlan
 
-    objects = render(scenario)
+    objects = render(scenario, "workload=statefulset")
     (cm,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-topology")]
     topology_file = tmp_path / "topology.yaml"
     topology_file.write_text(cm["data"]["topology.yaml"])
     topology = topology_of(objects)
     service = one(objects, "Service")["metadata"]["name"]
     master_addr = f"{RELEASE}-maskrcnn-dist-master-0.{service}.default.svc.cluster.local"
-    launcher = str(Path(sys.executable).parent / "maskrcnn-launch")
+    launcher = launcher_command()
     for role, sts in statefulsets(objects).items():
-        container = trainer(sts)
+        container = trainer(sts["spec"]["template"])
         gpus = int(container.get("resources", {}).get("limits", {}).get(GPU, 0))
         for ordinal in range(sts["spec"]["replicas"]):
             pod = f"{sts['metadata']['name']}-{ordinal}"
             env = pod_environment(container, pod, f"10.0.0.{ordinal + 2}", topology_file)
             args = [expand(arg, env) for arg in container["args"]]
-            proc = subprocess.run([launcher, args[0], "--dry-run", *args[1:]], env=env, capture_output=True, text=True)
+            proc = subprocess.run([*launcher, args[0], "--dry-run", *args[1:]], env=env, capture_output=True, text=True)
             assert proc.returncode == 0, f"{pod}: {proc.stderr}"
             out = json.loads(proc.stdout)
             plan = PodPlan.from_json(out["env"]["MASKRCNN_POD_PLAN"])
@@ -245,22 +475,23 @@ def test_every_pod_spec_launches_as_its_rank(render, scenario: str, tmp_path: Pa
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_gpu_limits_equal_the_topology_device_counts(render, scenario: str) -> None:
-    objects = render(scenario)
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_gpu_limits_equal_the_topology_device_counts(render, values, scenario: str, jobset_api: bool) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
     topology = topology_of(objects)
-    sets = statefulsets(objects)
+    templates = pod_templates(objects)
+    gpu = values(scenario)["gpuResourceName"]
 
     def limit(role: str) -> int:
-        resources = trainer(sets[role]).get("resources", {})
-        assert GPU not in resources.get("requests", {}), "extended resources: set the limit only"
-        return int(resources.get("limits", {}).get(GPU, 0))
+        resources = trainer(templates[role]).get("resources", {})
+        assert gpu not in resources.get("requests", {}), "extended resources: set the limit only"
+        return int(resources.get("limits", {}).get(gpu, 0))
 
     assert limit("master") == topology.master_devices
     # One pod template for every worker: all workers have the same device count, equal to the limit.
     assert {w.devices for w in topology.workers} <= {limit("worker")}
     if topology.master_devices == 0:
-        assert GPU not in trainer(sets["master"]).get("resources", {}).get("limits", {}), "CPU: no GPU limit"
+        assert gpu not in trainer(templates["master"]).get("resources", {}).get("limits", {}), "CPU: no GPU limit"
 
 
 def test_gpu_scenario_renders_gpu_limits(render) -> None:
@@ -271,28 +502,47 @@ def test_gpu_scenario_renders_gpu_limits(render) -> None:
     assert ddp.engine == "ddp" and ddp.node_devices() == [2, 2, 2] and ddp.world_size == 6
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_dev_shm_is_a_memory_emptydir_with_a_size_limit(render, scenario: str) -> None:
-    for role, sts in statefulsets(render(scenario)).items():
-        spec = sts["spec"]["template"]["spec"]
-        (mount,) = [m for m in trainer(sts)["volumeMounts"] if m["mountPath"] == "/dev/shm"]
-        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_gpu_resource_name_and_its_toleration(render, jobset_api: bool) -> None:
+    """gpuResourceName renders the limits (nvidia.com/gpu, amd.com/gpu, a MIG profile), and pods with
+    GPUs tolerate that resource's NoSchedule taint, once, beside the role's own tolerations."""
+    for resource in ("amd.com/gpu", "nvidia.com/mig-1g.10gb"):
+        templates = pod_templates(render("ddp", f"gpuResourceName={resource}", jobset_api=jobset_api))
+        taint = {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
+        for role, template in templates.items():
+            assert trainer(template)["resources"]["limits"] == {"memory": "64Gi", resource: 2}, role
+            tolerations = template["spec"]["tolerations"]
+            assert tolerations.count(taint) == 1 and tolerations[0] == {**taint, "key": GPU}, (role, tolerations)
+    # The scenario's own toleration already is the GPU one: not added twice.
+    for role, template in pod_templates(render("ddp", jobset_api=jobset_api)).items():
+        assert template["spec"]["tolerations"] == [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}], role
+    # CPU pods get none, and the toleration can be left to the roles' own values.
+    assert "tolerations" not in pod_templates(render("cpu", jobset_api=jobset_api))["worker"]["spec"]
+    templates = pod_templates(render("jobset", "gpuToleration=false", jobset_api=jobset_api))
+    assert all("tolerations" not in t["spec"] for t in templates.values())
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_dev_shm_is_a_memory_emptydir_with_a_size_limit(render, scenario: str, jobset_api: bool) -> None:
+    for role, template in pod_templates(render(scenario, jobset_api=jobset_api)).items():
+        (mount,) = [m for m in trainer(template)["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
         assert volume["emptyDir"]["medium"] == "Memory", role
         assert volume["emptyDir"]["sizeLimit"], role
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_storage_mounts(render, values, scenario: str) -> None:
-    objects = render(scenario)
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_storage_mounts(render, values, scenario: str, jobset_api: bool) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
     v = values(scenario)
-    sets = statefulsets(objects)
+    templates = pod_templates(objects)
     claims = by_kind(objects, "PersistentVolumeClaim")
     claim = v["storage"]["existingClaim"] or f"{RELEASE}-maskrcnn-dist-data"
     assert [c["metadata"]["name"] for c in claims] == ([] if v["storage"]["existingClaim"] else [claim])
 
     def data_mount(role: str) -> dict[str, Any] | None:
-        mounts = [m for m in trainer(sets[role])["volumeMounts"] if m["mountPath"] == v["storage"]["mountPath"]]
-        vols = [x for x in sets[role]["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in x]
+        mounts = [m for m in trainer(templates[role])["volumeMounts"] if m["mountPath"] == v["storage"]["mountPath"]]
+        vols = [x for x in templates[role]["spec"]["volumes"] if "persistentVolumeClaim" in x]
         assert len(mounts) == len(vols) <= 1
         if vols:
             assert vols[0]["persistentVolumeClaim"]["claimName"] == claim
@@ -307,14 +557,26 @@ def test_storage_mounts(render, values, scenario: str) -> None:
         assert worker is not None and worker["readOnly"] is True, "ddp workers read the dataset only"
 
 
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_extra_volumes_reach_every_training_pod(render, values, jobset_api: bool) -> None:
+    v = values("jobset")
+    objects = render("jobset", "workload=auto", jobset_api=jobset_api)
+    for role, template in pod_templates(objects).items():
+        names = {vol["name"] for vol in template["spec"]["volumes"]}
+        assert names >= {vol["name"] for vol in v["extraVolumes"]}, role
+        mounts = trainer(template)["volumeMounts"]
+        assert [m for m in mounts if m["name"] in {x["name"] for x in v["extraVolumeMounts"]}] == v["extraVolumeMounts"]
+    assert "dataset-credentials" not in json.dumps(test_pod(objects)), "the helm test pod needs none"
+
+
 # ---------------------------------------------------------------------------------------------
 # Security
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_pods_run_non_root_with_a_read_only_root_filesystem(render, scenario: str) -> None:
-    for spec in pod_specs(render(scenario)):
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_pods_run_non_root_with_a_read_only_root_filesystem(render, scenario: str, jobset_api: bool) -> None:
+    for spec in pod_specs(render(scenario, jobset_api=jobset_api)):
         pod_ctx = spec["securityContext"]
         assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] != 0
         assert spec["automountServiceAccountToken"] is False
@@ -326,19 +588,39 @@ def test_pods_run_non_root_with_a_read_only_root_filesystem(render, scenario: st
             assert not ctx.get("privileged")
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_writable_scratch_space_is_emptydir(render, scenario: str) -> None:
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_service_account_without_a_token(render, jobset_api: bool) -> None:
+    objects = render("jobset", "workload=auto", jobset_api=jobset_api)
+    account = one(objects, "ServiceAccount")
+    assert account["automountServiceAccountToken"] is False
+    assert (
+        account["metadata"]["annotations"]
+        == yaml.safe_load((CHART / "ci" / "jobset-values.yaml").read_text())["serviceAccount"]["annotations"]
+    )
+    for role, template in pod_templates(objects).items():
+        assert template["spec"]["serviceAccountName"] == account["metadata"]["name"], role
+    existing = pod_templates(render("cpu", "serviceAccount.name=trainers", jobset_api=jobset_api))
+    assert {t["spec"]["serviceAccountName"] for t in existing.values()} == {"trainers"}
+    assert not by_kind(render("cpu", "serviceAccount.name=trainers", jobset_api=jobset_api), "ServiceAccount")
+    for template in pod_templates(render("cpu", jobset_api=jobset_api)).values():
+        assert "serviceAccountName" not in template["spec"], "default: the namespace's default account"
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_writable_scratch_space_is_emptydir(render, scenario: str, jobset_api: bool) -> None:
     # With a read-only root filesystem, /tmp and HOME (matplotlib, torch caches) must be mounted.
-    for role, sts in statefulsets(render(scenario)).items():
-        volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
-        mounts = {m["mountPath"]: volumes[m["name"]] for m in trainer(sts)["volumeMounts"]}
+    for role, template in pod_templates(render(scenario, jobset_api=jobset_api)).items():
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in trainer(template)["volumeMounts"]}
         for path in ("/tmp", "/home/maskrcnn"):
             assert "emptyDir" in mounts[path] and mounts[path]["emptyDir"]["sizeLimit"], f"{role}: {path}"
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_network_policy_admits_only_this_release_on_the_training_ports(render, values, scenario: str) -> None:
-    objects = render(scenario)
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_network_policy_admits_only_this_release_on_the_training_ports(
+    render, values, scenario: str, jobset_api: bool
+) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
     policy = one(objects, "NetworkPolicy")["spec"]
     topology = topology_of(objects)
     labels = pod_labels(objects)
@@ -372,13 +654,14 @@ def test_network_policy_can_be_disabled(render) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_spread_across_nodes_keeps_training_pods_apart(render, values) -> None:
-    for scenario in ("gpu-3-machines", "ddp"):
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_spread_across_nodes_keeps_training_pods_apart(render, values, jobset_api: bool) -> None:
+    for scenario in ("gpu-3-machines", "ddp", "jobset"):
         assert values(scenario)["spreadAcrossNodes"] is True
-        objects = render(scenario)
+        objects = render(scenario, jobset_api=jobset_api)
         labels = pod_labels(objects)
-        for role, sts in statefulsets(objects).items():
-            affinity = sts["spec"]["template"]["spec"]["affinity"]
+        for role, template in pod_templates(objects).items():
+            affinity = template["spec"]["affinity"]
             terms = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             (term,) = [t for t in terms if t["topologyKey"] == "kubernetes.io/hostname"]
             assert selects(term["labelSelector"], labels["master"]) and selects(term["labelSelector"], labels["worker"])
@@ -387,42 +670,98 @@ def test_spread_across_nodes_keeps_training_pods_apart(render, values) -> None:
             own = values(scenario)[role].get("affinity") or {}
             for key, value in own.items():
                 assert affinity[key] == value
-    for role, sts in statefulsets(render("cpu")).items():
-        assert "affinity" not in sts["spec"]["template"]["spec"], role
+    for role, template in pod_templates(render("cpu", jobset_api=jobset_api)).items():
+        assert "affinity" not in template["spec"], role
 
 
-def test_scheduling_knobs_reach_the_pod_specs(render, values) -> None:
-    v = values("gpu-3-machines")
-    sets = statefulsets(render("gpu-3-machines"))
-    for role, sts in sets.items():
-        spec = sts["spec"]["template"]["spec"]
-        assert spec["priorityClassName"] == v["priorityClassName"]
-        assert spec["imagePullSecrets"] == v["imagePullSecrets"]
-        assert spec.get("nodeSelector", {}) == v[role]["nodeSelector"]
-        assert spec.get("tolerations", []) == v[role]["tolerations"]
-        assert trainer(sts)["image"] == f"{v['image']['repository']}:{v['image']['tag']}"
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_scheduling_knobs_reach_the_pod_specs(render, values, jobset_api: bool) -> None:
+    for scenario in ("gpu-3-machines", "jobset"):
+        v = values(scenario)
+        objects = render(scenario, jobset_api=jobset_api)
+        for role, template in pod_templates(objects).items():
+            spec = template["spec"]
+            assert spec["priorityClassName"] == v["priorityClassName"]
+            assert spec.get("runtimeClassName") == (v["runtimeClassName"] or None)
+            assert spec["imagePullSecrets"] == v["imagePullSecrets"]
+            assert spec.get("nodeSelector", {}) == v[role]["nodeSelector"]
+            assert v[role]["tolerations"] == spec.get("tolerations", [])[: len(v[role]["tolerations"])]
+            image = v["image"]
+            pinned = f"{image['repository']}@{image['digest']}" if image.get("digest") else None
+            assert trainer(template)["image"] == (pinned or f"{image['repository']}:{image['tag']}")
+            assert template["metadata"]["labels"].items() >= v["podLabels"].items(), role
+            annotations = template["metadata"]["annotations"]
+            assert annotations.items() >= {**v["podAnnotations"], **v[role]["podAnnotations"]}.items(), role
+    # schedulerName: e.g. a gang scheduler for the StatefulSets.
+    for template in pod_templates(render("cpu", "schedulerName=volcano", jobset_api=jobset_api)).values():
+        assert template["spec"]["schedulerName"] == "volcano"
+    assert "schedulerName" not in pod_templates(render("cpu", jobset_api=jobset_api))["master"]["spec"]
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_helm_test_hook_checks_the_master_port(render, scenario: str) -> None:
-    objects = render(scenario)
+def test_image_digest_pins_the_image(render) -> None:
+    digest = "sha256:" + "ab" * 32
+    objects = render("cpu", f"image.digest={digest}", "image.tag=ignored")
+    images = {trainer(t)["image"] for t in pod_templates(objects).values()} | {
+        test_pod(objects)["spec"]["containers"][0]["image"]
+    }
+    assert images == {f"maskrcnn-dist@{digest}"}
+
+
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_kueue_reads_its_queue_label_on_the_jobset(render, values, jobset_api: bool) -> None:
+    """Kueue reads kueue.x-k8s.io/queue-name on the top-level object: podLabels and podAnnotations
+    go on the JobSet itself, besides its pods."""
+    v = values("jobset")
+    assert "kueue.x-k8s.io/queue-name" in v["podLabels"]
+    jobset = one(render("jobset", jobset_api=jobset_api), "JobSet")
+    assert jobset["metadata"]["labels"].items() >= v["podLabels"].items()
+    assert jobset["metadata"]["annotations"] == v["podAnnotations"]
+    assert "annotations" not in one(render("cpu", jobset_api=True), "JobSet")["metadata"]
+
+
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_pod_disruption_budget_only_for_statefulsets(render, jobset_api: bool) -> None:
+    objects = render("gpu-3-machines", jobset_api=jobset_api)
+    if workload(objects) == "jobset":
+        assert not by_kind(objects, "PodDisruptionBudget"), "a JobSet restarts the group after an eviction"
+        return
+    budget = one(objects, "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 0
+    labels = pod_labels(objects)
+    assert selects(budget["selector"], labels["master"]) and selects(budget["selector"], labels["worker"])
+    assert not selects(budget["selector"], labels["test"])
+    assert not by_kind(render("default"), "PodDisruptionBudget"), "off by default"
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+def test_helm_test_hook_checks_the_master_port(render, scenario: str, jobset_api: bool) -> None:
+    objects = render(scenario, jobset_api=jobset_api)
     pod = test_pod(objects)
     topology = topology_of(objects)
     service = one(objects, "Service")["metadata"]["name"]
     assert pod["spec"]["restartPolicy"] == "Never"
     (container,) = pod["spec"]["containers"]
     host, port = container["command"][3], container["command"][4]
-    assert host == f"{RELEASE}-maskrcnn-dist-master-0.{service}.default.svc.cluster.local"
+    master = (
+        f"{RELEASE}-maskrcnn-dist-master-0-0" if workload(objects) == "jobset" else f"{RELEASE}-maskrcnn-dist-master-0"
+    )
+    assert host == f"{master}.{service}.default.svc.cluster.local"
     assert int(port) == topology.network.master_port
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
-def test_notes_tell_how_to_follow_progress(run_helm, scenario: str) -> None:
+@pytest.mark.parametrize("workload_value", ["statefulset", "jobset"])
+def test_notes_tell_how_to_follow_progress(run_helm, scenario: str, workload_value: str) -> None:
     # `helm template` skips NOTES.txt; a client-side dry-run install renders it without a cluster.
-    proc = run_helm("install", RELEASE, str(CHART), "--dry-run=client", *values_args(SCENARIOS[scenario]))
+    args = values_args(SCENARIOS[scenario], (f"workload={workload_value}",))
+    proc = run_helm("install", RELEASE, str(CHART), "--dry-run=client", *args)
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
-    assert f"kubectl logs -f -n default {RELEASE}-maskrcnn-dist-master-0" in notes
+    if workload_value == "jobset":
+        assert f"kubectl logs -f -n default job/{RELEASE}-maskrcnn-dist-master-0" in notes
+        assert f"kubectl get jobset -n default {RELEASE}-maskrcnn-dist" in notes
+    else:
+        assert f"kubectl logs -f -n default {RELEASE}-maskrcnn-dist-master-0" in notes
     assert f"maskrcnn-dist status --release {RELEASE}" in notes
     assert f"/data/runs/{RELEASE}/metrics.jsonl" in notes
 
@@ -455,6 +794,48 @@ BAD_VALUES = [
     ("networkPolicy.peerPorts.from=61000", "networkPolicy.peerPorts: from (61000) must not exceed to (60999)"),
     ("engine=ddp,master.gpus=2", "engine=ddp needs master.gpus and worker.gpus both > 0 or both 0"),
     ("engine=ddp,storage.workerMount=none", "storage.workerMount=none with engine=ddp"),
+    # Workload and JobSet values.
+    ("workload=deployment", "/workload"),
+    ("jobset.failurePolicy.maxRestarts=-1", "/jobset/failurePolicy/maxRestarts"),
+    ("jobset.failurePolicy.restartStrategy=InPlaceRestart", "/jobset/failurePolicy/restartStrategy"),
+    ("jobset.ttlSecondsAfterFinished=-5", "/jobset/ttlSecondsAfterFinished"),
+    ("jobset.maxRestarts=3", "/jobset"),
+    # Cluster knobs.
+    ("image.digest=latest", "/image/digest"),
+    ("gpuResourceName=gpu", "/gpuResourceName"),
+    ("podLabels.team=a b", "/podLabels/team"),
+    ("serviceAccount.token=true", "/serviceAccount"),
+    ("podDisruptionBudget.minAvailable=1", "/podDisruptionBudget"),
+    ("extraVolumeMounts[0].name=x", "/extraVolumeMounts/0"),
+    ("extraEnv[0].name=OMP_NUM_THREADS,extraEnv[0].value=4", "/extraEnv/0/value"),
+    # A GPU count set by hand beside the chart's own (CPU pods that would get a GPU the topology ignores).
+    ("worker.resources.limits.nvidia\\.com/gpu=1", "worker.resources.limits.nvidia.com/gpu is set by hand"),
+    ("master.resources.requests.amd\\.com/gpu=1", "master.resources.requests.amd.com/gpu is set by hand"),
+    (
+        "worker.gpus=2,gpuResourceName=amd.com/gpu,worker.resources.limits.amd\\.com/gpu=2",
+        "worker.resources.limits.amd.com/gpu is set by hand",
+    ),
+    # TensorPipe device maps move CUDA tensors.
+    ("pipeline.transport=device_maps", "pipeline.transport=device_maps needs GPUs: worker.gpus is 0"),
+    # estimate only feeds the printed plan: what would stop the pods, or is no estimate input, is refused.
+    ("estimate.micro_batches=4", "estimate.micro_batches (4) exceeds estimate.batch_size (2)"),
+    ("estimate.batch_size=2,estimate.micro_batches=3", "estimate.micro_batches (3) exceeds estimate.batch_size (2)"),
+    ("estimate.replicas=2", "/estimate"),
+    ("estimate.master_port=1", "/estimate"),
+    ("estimate.feature_dtype=float16", "/estimate/feature_dtype"),
+    # Names and paths of the chart's own volumes.
+    (
+        "extraVolumes[0].name=data,extraVolumes[0].emptyDir=null",
+        "extraVolumes[0].name=data clashes with a volume of the chart",
+    ),
+    (
+        "extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/tmp",
+        "extraVolumeMounts[0].mountPath=/tmp clashes with a mount of the chart",
+    ),
+    (
+        "extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/data/",
+        "extraVolumeMounts[0].mountPath=/data/ clashes with a mount of the chart",
+    ),
 ]
 
 
@@ -478,6 +859,40 @@ def test_schema_errors_read_well_with_the_pinned_helm(run_helm) -> None:
     assert "at '/engine': value must be one of 'pipeline', 'ddp'" in proc.stderr
 
 
+def contract_env_names() -> list[str]:
+    """Every variable of the launcher's environment contract a user may not set through extraEnv."""
+    from maskrcnn_launcher import contract
+
+    return sorted(set(contract.READ_VARS + contract.EXPORTED_VARS) - {contract.WAIT_TIMEOUT, contract.TRAINER_CMD})
+
+
+@pytest.mark.parametrize("name", [*contract_env_names(), *JOBSET_FIELDS, "MASKRCNN_WAIT_TIMOUT"])
+def test_extra_env_may_not_redefine_the_contract(run_helm, name: str) -> None:
+    proc = run_helm(
+        "template", RELEASE, str(CHART), "--set", "extraEnv[0].name=NCCL_DEBUG", "--set", f"extraEnv[1].name={name}"
+    )
+    assert proc.returncode != 0, f"extraEnv {name} was accepted"
+    assert f"extraEnv[1].name={name}: {name} belongs to the launcher's environment contract" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["MASKRCNN_WAIT_TIMEOUT", "MASKRCNN_TRAINER_CMD", "NCCL_DEBUG", "OMP_NUM_THREADS"])
+def test_extra_env_takes_the_user_settings(render, name: str) -> None:
+    for template in pod_templates(render("cpu", f"extraEnv[0].name={name}", "extraEnv[0].value=x")).values():
+        assert {"name": name, "value": "x"} in trainer(template)["env"]
+
+
+@pytest.mark.parametrize("jobset_api", [False, True])
+def test_estimate_changes_only_the_printed_plan(render, jobset_api: bool) -> None:
+    """The topology ConfigMap carries estimate (for `maskrcnn-launch plan`); nothing else changes, so
+    a changed estimate restarts no pod."""
+    with_estimate = render("gpu-3-machines", jobset_api=jobset_api)
+    without = render("gpu-3-machines", "estimate=null", jobset_api=jobset_api)
+    assert topology_of(with_estimate).estimate != topology_of(without).estimate
+    differ = [o["kind"] for o, p in zip(with_estimate, without, strict=True) if o != p]
+    assert differ == ["ConfigMap"], differ
+    assert with_estimate != without
+
+
 # ---------------------------------------------------------------------------------------------
 # k8s/ in sync, Dockerfile lint
 # ---------------------------------------------------------------------------------------------
@@ -493,17 +908,25 @@ def _render_manifests_module():
 def test_k8s_manifests_are_in_sync_with_the_chart(helm: str) -> None:
     expected = _render_manifests_module().render(helm, CHART)
     folder = ROOT / "k8s"
-    actual = {p.name: p.read_text() for p in folder.glob("*.yaml")}
+    actual = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.yaml")}
     assert sorted(actual) == sorted(expected), "k8s/ has other files than the chart renders: run `make manifests`"
     stale = [name for name in expected if actual[name] != expected[name]]
     assert not stale, f"k8s/{stale} differ from `helm template` of the chart: run `make manifests`"
     # And they are what the tests above check: every object valid, the test hook left out.
-    kustomization = yaml.safe_load(expected["kustomization.yaml"])
-    assert sorted(kustomization["resources"]) == sorted(n for n in expected if n != "kustomization.yaml")
-    for name in kustomization["resources"]:
-        for obj in yaml.safe_load_all(expected[name]):
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-            assert "helm.sh/hook" not in obj["metadata"].get("annotations", {})
+    for base in ("", "jobset/"):
+        kustomization = yaml.safe_load(expected[f"{base}kustomization.yaml"])
+        resources = sorted(
+            n.removeprefix(base) for n in expected if n.startswith(base) and "/" not in n.removeprefix(base)
+        )
+        assert sorted(kustomization["resources"]) == [n for n in resources if n != "kustomization.yaml"]
+        for name in kustomization["resources"]:
+            for obj in yaml.safe_load_all(expected[base + name]):
+                assert "helm.sh/hook" not in obj["metadata"].get("annotations", {})
+                if obj["kind"] != "JobSet":
+                    validate_kubernetes(obj, f"k8s/{base}{name}")
+    assert "kind: JobSet" in expected["jobset/jobset.yaml"] and "kind: StatefulSet" not in "".join(
+        text for name, text in expected.items() if name.startswith("jobset/")
+    )
 
 
 def test_dockerfile_passes_hadolint() -> None:

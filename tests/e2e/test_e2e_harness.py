@@ -2,7 +2,8 @@
 
 What the containers of `make e2e` get must be what Kubernetes would give the pods: these tests pin
 the kubelet's `$(VAR)` expansion, the downward API, DNS names and the security context mapping,
-against the chart as rendered by helm.
+against the chart as rendered by helm; and the emulated JobSet controller's decisions (success,
+group restart, fail-fast, max restarts) on a fake cluster whose containers the test makes exit.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the top-level `e2e` package
 
 from e2e import checks  # noqa: E402
-from e2e.docker import docker_run_args, quantity_bytes  # noqa: E402
-from e2e.kube import expand, render_release  # noqa: E402
+from e2e.docker import ContainerState, docker_run_args, quantity_bytes  # noqa: E402
+from e2e.jobset import jobset_controller, parse_jobset  # noqa: E402
+from e2e.kube import SpecError, expand, helm_template, render_release  # noqa: E402
 from e2e.scenarios import CPU_VALUES, DDP_CPU_OVERLAY, DDP_VALUES, expected_checkpoints, extract_recipe  # noqa: E402
 
 
@@ -156,3 +158,153 @@ def test_checks_on_a_written_run(tmp_path):
     (run / "checkpoints" / "checkpoint_00000009.pt").write_bytes(b"torn")
     with pytest.raises(Exception, match="cannot be read"):
         checks.check_checkpoints(run)
+
+
+# -- JobSet ---------------------------------------------------------------------------------------
+
+
+class FakeCluster:
+    """What the JobSet controller asks of a docker Cluster, without docker: the test ends containers."""
+
+    def __init__(self) -> None:
+        self.containers: list[str] = []
+        self.states: dict[str, ContainerState] = {}
+        self.pods: dict[str, object] = {}
+        self.stopped: list[str] = []
+        self._ips = 0
+
+    def ip_for(self, name: str) -> str:
+        self._ips += 1
+        return f"10.0.0.{self._ips}"
+
+    def container_name(self, pod) -> str:
+        return f"c-{pod.name}"
+
+    def create_pod(self, pod, labels=None) -> str:
+        name = self.container_name(pod)
+        self.containers.append(name)
+        self.pods[name] = pod
+        self.states[name] = ContainerState("created", 0, "", "0001-01-01T00:00:00Z", 0)
+        return name
+
+    def start(self, *names: str) -> None:
+        for name in names:
+            self.states[name] = ContainerState("running", 0, "2025-01-01T00:00:00Z", "0001-01-01T00:00:00Z", 1)
+
+    def state(self, name: str) -> ContainerState:
+        return self.states[name]
+
+    def exit(self, name: str, code: int, second: int = 1) -> None:
+        self.states[name] = ContainerState("exited", code, "", f"2025-01-01T00:00:{second:02d}.123456789Z", 0)
+
+    def stop(self, names, grace: float) -> None:
+        for name in names:
+            self.stopped.append(name)
+            self.exit(name, 143)
+
+    def running(self) -> list[str]:
+        return [n for n, s in self.states.items() if s.status == "running"]
+
+
+def _jobset_objects(helm, tmp_path, overlay: dict | None = None) -> list[dict]:
+    import yaml
+
+    path = tmp_path / "overlay.yaml"
+    path.write_text(yaml.safe_dump({"workload": "jobset", **(overlay or {})}))
+    return helm_template(helm, "e2e", "e2e", [CPU_VALUES, path])
+
+
+def _controller(helm, tmp_path, overlay: dict | None = None):
+    cluster = FakeCluster()
+    controller = jobset_controller(_jobset_objects(helm, tmp_path, overlay), "e2e", cluster)
+    controller.start()
+    return controller, cluster
+
+
+def _container(controller, rjob: str, index: int = 0) -> str:
+    return controller.pods(rjob)[index].container
+
+
+def test_jobset_pods_from_the_chart(helm, tmp_path):
+    controller, cluster = _controller(helm, tmp_path)
+    spec = controller.spec
+    assert spec.subdomain == "e2e-maskrcnn-dist-headless"
+    assert (spec.max_restarts, spec.restart_strategy) == (3, "BlockingRecreate")
+    assert [p.spec.host for j in controller.attempt.jobs for p in j.pods] == [
+        "e2e-maskrcnn-dist-master-0-0",
+        "e2e-maskrcnn-dist-workers-0-0",
+        "e2e-maskrcnn-dist-workers-0-1",
+    ]
+    worker = controller.pods("workers")[1].spec
+    assert worker.name.startswith("e2e-maskrcnn-dist-workers-0-1-") and len(worker.name) == len(worker.host) + 6
+    assert worker.fqdn == "e2e-maskrcnn-dist-workers-0-1.e2e-maskrcnn-dist-headless.e2e.svc.cluster.local"
+    # The downward API resolves the controllers' labels and annotations; the Job adds its variable.
+    assert {k: worker.env[k] for k in ("MASKRCNN_JOBSET_NAME", "MASKRCNN_REPLICATED_JOB", "MASKRCNN_JOB_INDEX")} == {
+        "MASKRCNN_JOBSET_NAME": "e2e-maskrcnn-dist",
+        "MASKRCNN_REPLICATED_JOB": "workers",
+        "MASKRCNN_JOB_INDEX": "0",
+    }
+    assert worker.env["MASKRCNN_COMPLETION_INDEX"] == worker.env["JOB_COMPLETION_INDEX"] == "1"
+    assert worker.env["POD_NAME"] == worker.name and worker.component == "worker" and worker.ordinal == 1
+    assert worker.labels["jobset.sigs.k8s.io/restart-attempt"] == "0"
+    args = " ".join(docker_run_args(worker, "c", "net", "img:1", tmp_path, {}))
+    assert f"--hostname {worker.host} " in args and f"--network-alias {worker.fqdn} " in args
+    assert set(cluster.running()) == set(cluster.containers), "every pod starts at once"
+
+
+def test_jobset_completes_when_the_master_completes(helm, tmp_path):
+    controller, cluster = _controller(helm, tmp_path)
+    cluster.exit(_container(controller, "workers", 0), 0)
+    assert controller.reconcile() is None, "a worker finishing is not the JobSet's success"
+    cluster.exit(_container(controller, "master"), 0, second=2)
+    assert controller.reconcile() == "Completed"
+    assert controller.condition.reason == "AllJobsCompleted" and controller.restarts == 0
+    assert cluster.stopped == [_container(controller, "workers", 1)], "the workers' job is deleted"
+    assert not cluster.running()
+    created = len(cluster.containers)
+    assert controller.reconcile() == "Completed" and len(cluster.containers) == created, "nothing restarts"
+
+
+def test_jobset_fails_at_once_on_a_user_error(helm, tmp_path):
+    controller, cluster = _controller(helm, tmp_path)
+    cluster.exit(_container(controller, "workers", 1), 2)
+    assert controller.reconcile() == "Failed"
+    assert controller.condition.reason == "FailJobSetFailurePolicyAction"
+    assert "(first failed job: e2e-maskrcnn-dist-workers-0)" in controller.condition.message
+    assert controller.restarts == 0 and len(controller.attempts) == 1 and not cluster.running()
+    (job,) = [j for j in controller.attempt.jobs if j.condition == "Failed"]
+    assert job.reason == "PodFailurePolicy" and "exit code 2 matching FailJob rule at index 0" in job.message
+
+
+def test_jobset_restarts_the_whole_group_until_max_restarts(helm, tmp_path):
+    controller, cluster = _controller(helm, tmp_path, {"jobset": {"failurePolicy": {"maxRestarts": 2}}})
+    hosts = [p.host for p in controller.pod_specs()]
+    for attempt in (1, 2):
+        old, victim = list(cluster.running()), _container(controller, "workers", 1)
+        cluster.exit(victim, 137)  # a lost pod: not a user error
+        assert controller.reconcile() is None
+        assert controller.restarts == attempt and controller.attempt.number == attempt
+        assert sorted(cluster.stopped[-2:]) == sorted(n for n in old if n != victim)
+        assert not set(cluster.running()) & set(old), "BlockingRecreate: every old pod stopped first"
+        assert [p.host for p in controller.pod_specs()] == hosts, "same host names"
+        assert {p.labels["jobset.sigs.k8s.io/restart-attempt"] for p in controller.pod_specs()} == {str(attempt)}
+        assert len(set(cluster.running())) == 3
+    cluster.exit(_container(controller, "master"), 1)
+    assert controller.reconcile() == "Failed"
+    assert controller.condition.reason == "ReachedMaxRestarts" and controller.restarts == 2
+    assert not cluster.running()
+
+
+def test_jobset_features_the_harness_does_not_emulate_are_refused(helm, tmp_path):
+    obj = next(o for o in _jobset_objects(helm, tmp_path) if o["kind"] == "JobSet")
+    parse_jobset(obj, "e2e")
+    for key, value in (
+        ("coordinator", {"replicatedJob": "master"}),
+        ("startupPolicy", {"startupPolicyOrder": "InOrder"}),
+    ):
+        with pytest.raises(SpecError):
+            parse_jobset({**obj, "spec": {**obj["spec"], key: value}}, "e2e")
+    rule = {"name": "x", "action": "RestartJob"}
+    policy = {**obj["spec"]["failurePolicy"], "rules": [rule]}
+    with pytest.raises(SpecError, match="RestartJob"):
+        parse_jobset({**obj, "spec": {**obj["spec"], "failurePolicy": policy}}, "e2e")
