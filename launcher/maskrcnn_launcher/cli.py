@@ -66,8 +66,22 @@ def main() -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the job plan as JSON (each pod's `plan` is its MASKRCNN_POD_PLAN)."
 )
-@click.option("--prefix", default="maskrcnn", show_default=True, help="StatefulSet name prefix (the release).")
-@click.option("--service", default=None, help="Headless Service name [default: <prefix>-headless].")
+@click.option(
+    "--prefix",
+    default="maskrcnn",
+    show_default=True,
+    help="StatefulSet name prefix, or the JobSet's name (the chart's: <release>-maskrcnn-dist).",
+)
+@click.option(
+    "--workload",
+    type=click.Choice(contract.WORKLOADS),
+    default="statefulset",
+    show_default=True,
+    help="The pods' names: StatefulSet pods <prefix>-master-0, or JobSet host names <prefix>-master-0-0.",
+)
+@click.option(
+    "--service", default=None, help="Headless Service name (a JobSet's subdomain) [default: <prefix>-headless]."
+)
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--cluster-domain", default=contract.DEFAULT_CLUSTER_DOMAIN, show_default=True)
 @_reports_errors
@@ -75,13 +89,14 @@ def plan(
     topology_ref: str | None,
     as_json: bool,
     prefix: str,
+    workload: str,
     service: str | None,
     namespace: str,
     cluster_domain: str,
 ) -> None:
     """Print one row per pod and the estimated bytes per link per step. Needs no cluster."""
     topology = load_topology(topology_ref)
-    cluster = Cluster(prefix, service or f"{prefix}-headless", namespace, cluster_domain)
+    cluster = Cluster(prefix, service or f"{prefix}-headless", namespace, cluster_domain, workload)
     job = derive_job(topology, cluster.dns_name("master", 0), topology.network.master_port, cluster)
     click.echo(plan_json(job) if as_json else plan_table(job), nl=False)
 

@@ -9,7 +9,9 @@ The Helm chart's test compares the rendered pod specs against `POD_ENV_VARS`; th
 
 Besides the variables and the record, every decision two sides must take the same way lives here,
 once: the StatefulSet pod name (`pod_name`, `parse_pod_name`: the launcher derives ranks from it,
-`status` reads pods back with it), the module order and placement rule (`MODULES`,
+`status` reads pods back with it), the JobSet pod's host name and labels (`jobset_host_name`,
+`parse_jobset_host_name`, `jobset_role`: the chart's JobSet layout, read by the launcher and by
+`status`), the module order and placement rule (`MODULES`,
 `placement_problems`, `validate_placement`: the topology check and the trainer's stage split), the
 process-group backend (`process_group_backend`) and the trainer's console progress line
 (`format_progress_line`, `parse_progress_line`: the trainer writes it, `status` reads it back).
@@ -60,6 +62,18 @@ TRAINER_CMD = "MASKRCNN_TRAINER_CMD"
 #: Seconds to wait for the master's DNS name and then its port. Flag: `--wait-timeout`.
 WAIT_TIMEOUT = "MASKRCNN_WAIT_TIMEOUT"
 
+# JobSet pods: the JobSet controller's labels and the Job controller's annotation, through the
+# downward API. They name the replicated job and the index directly; the host name
+# `<jobset>-<replicated job>-<job index>-<completion index>` is the fallback.
+#: The JobSet's name (label jobset.sigs.k8s.io/jobset-name): the first part of every host name.
+JOBSET_NAME = "MASKRCNN_JOBSET_NAME"
+#: The pod's replicated job (label jobset.sigs.k8s.io/replicatedjob-name): `master` or `workers`.
+REPLICATED_JOB = "MASKRCNN_REPLICATED_JOB"
+#: The index of the pod's Job in its replicated job (label jobset.sigs.k8s.io/job-index).
+JOB_INDEX = "MASKRCNN_JOB_INDEX"
+#: The pod's completion index in its Indexed Job (annotation batch.kubernetes.io/job-completion-index).
+COMPLETION_INDEX = "MASKRCNN_COMPLETION_INDEX"
+
 # ---------------------------------------------------------------------------------------------
 # Variables the launcher exports to the trainer (besides MASTER_ADDR and MASTER_PORT above).
 # ---------------------------------------------------------------------------------------------
@@ -80,6 +94,20 @@ SOCKET_IFNAME_VARS = (TP_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)
 #: What a pod spec (the chart, the plain manifests) must set. HOSTNAME is set by the kubelet and
 #: the identity flags are for bare nodes, so neither is listed.
 POD_ENV_VARS = (TOPOLOGY, POD_NAME, POD_NAMESPACE, POD_IP, HEADLESS_SERVICE, CLUSTER_DOMAIN)
+#: Labels and annotations (same keys) the JobSet and Job controllers put on a JobSet's pods.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+#: What a JobSet pod spec sets besides POD_ENV_VARS: variable -> the downward-API field it comes from.
+JOBSET_FIELDS = {
+    JOBSET_NAME: f"metadata.labels['{JOBSET_NAME_LABEL}']",
+    REPLICATED_JOB: f"metadata.labels['{REPLICATED_JOB_LABEL}']",
+    JOB_INDEX: f"metadata.labels['{JOB_INDEX_LABEL}']",
+    COMPLETION_INDEX: f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']",
+}
+JOBSET_POD_ENV_VARS = tuple(JOBSET_FIELDS)
 #: Every variable the launcher reads.
 READ_VARS = (
     TOPOLOGY,
@@ -91,11 +119,15 @@ READ_VARS = (
     POD_IP,
     HEADLESS_SERVICE,
     CLUSTER_DOMAIN,
+    *JOBSET_POD_ENV_VARS,
     MASTER_ADDR,
     MASTER_PORT,
     TRAINER_CMD,
     WAIT_TIMEOUT,
 )
+#: The only variables of the contract a user sets in a pod spec (the chart's extraEnv); the chart
+#: refuses the others, which the pod's identity or the launcher own.
+USER_ENV_VARS = (TRAINER_CMD, WAIT_TIMEOUT)
 #: Every variable the launcher may export.
 EXPORTED_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, POD_PLAN) + (
     SOCKET_IFNAME_VARS
@@ -138,6 +170,59 @@ def parse_pod_name(name: str) -> tuple[str, str, int] | None:
     if not match:
         return None
     return match["prefix"], match["role"], int(match["ordinal"])
+
+
+# The chart's JobSet (helm/templates/jobset.yaml): replicated job `master` of one pod, replicated job
+# `workers` of one Indexed Job with a pod per worker, so worker i is completion index i of Job 0. One
+# Job per role keeps the master's host name `<jobset>-master-0-0` whatever the worker count, and makes
+# the index the Job's own completion index. The replicated job `workers` (plural) cannot be confused
+# with a StatefulSet's `-worker-<i>`.
+REPLICATED_JOBS = {"master": "master", "worker": "workers"}
+_ROLE_OF_REPLICATED_JOB = {rjob: role for role, rjob in REPLICATED_JOBS.items()}
+WORKLOADS = ("statefulset", "jobset")
+_JOBSET_HOST = re.compile(
+    r"^(?P<jobset>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)-(?P<rjob>master|workers)-(?P<job>[0-9]+)-(?P<index>[0-9]+)$"
+)
+
+
+def jobset_host_name(jobset: str, role: str, index: int) -> str:
+    """A JobSet pod's host name `<jobset>-<replicated job>-<job index>-<completion index>` for `role`
+    and index `index` (Job 0, completion index `index`)."""
+    return f"{jobset}-{REPLICATED_JOBS[role]}-0-{index}"
+
+
+def jobset_role(replicated_job: str, job_index: int, completion_index: int) -> tuple[str, int]:
+    """(role, index) of a JobSet pod from its replicated job, Job index and completion index;
+    ValueError naming what does not fit the chart's layout."""
+    role = _ROLE_OF_REPLICATED_JOB.get(replicated_job)
+    if role is None:
+        known = ", ".join(_ROLE_OF_REPLICATED_JOB)
+        raise ValueError(f"replicated job {replicated_job!r} is not one of {known}")
+    if job_index != 0:
+        raise ValueError(
+            f"replicated job {replicated_job!r}, Job index {job_index}: one Job per replicated job (replicas 1) is "
+            "expected, its pods numbered by completion index"
+        )
+    return role, completion_index
+
+
+def parse_jobset_host_name(name: str) -> tuple[str, str, int] | None:
+    """(jobset, role, index) of a JobSet pod's host name, or None when it is not one of the chart's
+    layout (a name that parses but has a Job index other than 0 is not)."""
+    match = _JOBSET_HOST.match(name)
+    if not match:
+        return None
+    try:
+        role, index = jobset_role(match["rjob"], int(match["job"]), int(match["index"]))
+    except ValueError:
+        return None
+    return match["jobset"], role, index
+
+
+def host_name(workload: str, prefix: str, role: str, index: int) -> str:
+    """The pod's host name (the first label of its DNS name) under a workload: the StatefulSet pod
+    name, or the JobSet host name (`prefix` is then the JobSet's name)."""
+    return jobset_host_name(prefix, role, index) if workload == "jobset" else pod_name(prefix, role, index)
 
 
 # ---------------------------------------------------------------------------------------------

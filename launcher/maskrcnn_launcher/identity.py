@@ -3,11 +3,15 @@
 Order (first that answers wins):
 1. explicit flags, then their environment variables (`--role`/MASKRCNN_ROLE, `--index`/MASKRCNN_INDEX,
    `--master-addr`/MASTER_ADDR, `--master-port`/MASTER_PORT): bare nodes, `docker run`;
-2. Kubernetes: the StatefulSet pod name (POD_NAME, else HOSTNAME) `<prefix>-master-0` or
-   `<prefix>-worker-<i>`; with POD_NAMESPACE, MASKRCNN_HEADLESS_SERVICE and MASKRCNN_CLUSTER_DOMAIN
-   the master's address is `<prefix>-master-0.<service>.<namespace>.svc.<domain>`.
-The master port defaults to the topology's `network.master_port`. The pod name's format is the
-contract's (`contract.pod_name` / `contract.parse_pod_name`), shared with `status`.
+2. a JobSet pod's downward API: MASKRCNN_REPLICATED_JOB (`master` or `workers`), MASKRCNN_JOB_INDEX and
+   MASKRCNN_COMPLETION_INDEX (worker i is completion index i), MASKRCNN_JOBSET_NAME;
+3. a StatefulSet pod name (POD_NAME, else HOSTNAME) `<prefix>-master-0` or `<prefix>-worker-<i>`;
+4. a JobSet host name (HOSTNAME) `<jobset>-master-0-0` or `<jobset>-workers-0-<i>`.
+With POD_NAMESPACE, MASKRCNN_HEADLESS_SERVICE and MASKRCNN_CLUSTER_DOMAIN the master's address is its
+DNS name: `<prefix>-master-0.<service>.<namespace>.svc.<domain>`, or for a JobSet
+`<jobset>-master-0-0.<service>.<namespace>.svc.<domain>` (the service is the JobSet's subdomain).
+The master port defaults to the topology's `network.master_port`. The names' formats are the
+contract's (`contract.pod_name`, `contract.jobset_host_name` and their parsers), shared with `status`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.contract import ROLES, parse_pod_name, pod_name
+from maskrcnn_launcher.contract import ROLES, host_name, jobset_role, parse_jobset_host_name, parse_pod_name
 from maskrcnn_launcher.errors import IdentityError
 from maskrcnn_launcher.topology import Topology
 
@@ -37,15 +41,18 @@ class IdentityInputs:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Names that make a pod's stable DNS name through the headless Service."""
+    """Names that make a pod's stable DNS name through the headless Service. `prefix` is the
+    StatefulSets' name prefix, or under a JobSet (`workload` "jobset") the JobSet's name."""
 
     prefix: str
     service: str
     namespace: str
     domain: str = contract.DEFAULT_CLUSTER_DOMAIN
+    workload: str = "statefulset"
 
     def dns_name(self, role: str, index: int) -> str:
-        return f"{pod_name(self.prefix, role, index)}.{self.service}.{self.namespace}.svc.{self.domain}"
+        host = host_name(self.workload, self.prefix, role, index)
+        return f"{host}.{self.service}.{self.namespace}.svc.{self.domain}"
 
 
 @dataclass(frozen=True)
@@ -63,15 +70,23 @@ class Identity:
         return self.cluster.dns_name(self.role, self.index) if self.cluster else None
 
 
+@dataclass(frozen=True)
+class _Found:
+    """What the pod's own names said: role and index, where from, and the name prefix of its peers."""
+
+    role: str
+    index: int
+    source: str
+    prefix: str | None  # StatefulSet prefix or JobSet name; None when not known
+    workload: str
+
+
 def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: Topology) -> Identity:
     """Derive this pod's identity; raise `IdentityError` listing every problem."""
     errors: list[str] = []
     role = inputs.role or env.get(contract.ROLE) or None
     index = inputs.index if inputs.index is not None else _int_env(env, contract.INDEX, errors)
-
-    name_var = contract.POD_NAME if env.get(contract.POD_NAME) else contract.HOSTNAME
-    name = env.get(name_var, "")
-    parsed = parse_pod_name(name) if name else None
+    found = _from_kubernetes(env, errors)
 
     if role is not None:
         source = "flags/environment"
@@ -84,19 +99,23 @@ def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: T
     elif index is not None:
         errors.append(f"index: --index / {contract.INDEX} given without --role / {contract.ROLE}")
         source, role, index = "flags/environment", "worker", index
-    elif parsed is not None:
-        _, role, index = parsed
-        source = f"{name_var}={name}"
+    elif found is not None:
+        role, index, source = found.role, found.index, found.source
+    elif errors:  # the JobSet variables were there but wrong: those are the problems to report
+        raise IdentityError(errors)
     else:
-        found = f"{name_var}={name!r} is not <prefix>-master-0 / <prefix>-worker-<i>" if name else "no pod name"
+        name_var = contract.POD_NAME if env.get(contract.POD_NAME) else contract.HOSTNAME
+        name = env.get(name_var, "")
+        seen = f"{name_var}={name!r} is not such a name" if name else "no pod name"
         raise IdentityError(
-            f"identity: give --role/--index ({contract.ROLE}/{contract.INDEX}) or run in a StatefulSet pod "
-            f"named <prefix>-master-0 / <prefix>-worker-<i> ({contract.POD_NAME} or {contract.HOSTNAME}); "
-            f"{found}"
+            f"identity: give --role/--index ({contract.ROLE}/{contract.INDEX}), or run in a StatefulSet pod "
+            f"named <prefix>-master-0 / <prefix>-worker-<i> ({contract.POD_NAME} or {contract.HOSTNAME}) or in "
+            f"a JobSet pod ({contract.REPLICATED_JOB} and {contract.COMPLETION_INDEX}, or the host name "
+            f"<jobset>-master-0-0 / <jobset>-workers-0-<i>); {seen}"
         )
 
     _check_range(role, index, topology, source, errors)
-    cluster = _cluster(parsed, env)
+    cluster = _cluster(found, env)
     master_addr = inputs.master_addr or env.get(contract.MASTER_ADDR) or None
     if master_addr is None:
         if cluster is not None:
@@ -104,7 +123,7 @@ def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: T
         elif role == "master":
             master_addr = SELF_ADDR
         else:
-            errors.append(_missing_master_addr(parsed, env))
+            errors.append(_missing_master_addr(found, env))
             master_addr = ""
     port = inputs.master_port if inputs.master_port is not None else _int_env(env, contract.MASTER_PORT, errors)
     if port is None:
@@ -114,6 +133,35 @@ def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: T
     if errors:
         raise IdentityError(errors)
     return Identity(role, index, master_addr, port, source, cluster, env.get(contract.POD_IP) or None)
+
+
+def _from_kubernetes(env: Mapping[str, str], errors: list[str]) -> _Found | None:
+    """The identity a Kubernetes pod's names give (steps 2 to 4 of the module's order), or None."""
+    hostname = env.get(contract.HOSTNAME, "")
+    jobset_host = parse_jobset_host_name(hostname) if hostname else None
+    replicated_job = env.get(contract.REPLICATED_JOB)
+    if replicated_job:
+        job_index = _int_env(env, contract.JOB_INDEX, errors)
+        completion = _int_env(env, contract.COMPLETION_INDEX, errors)
+        if completion is None:
+            errors.append(f"{contract.COMPLETION_INDEX}: not set in a JobSet pod ({contract.REPLICATED_JOB} is)")
+            return None
+        try:
+            role, index = jobset_role(replicated_job, job_index or 0, completion)
+        except ValueError as exc:
+            errors.append(f"{contract.REPLICATED_JOB}={replicated_job}: {exc}")
+            return None
+        name = env.get(contract.JOBSET_NAME) or (jobset_host[0] if jobset_host else None)
+        source = f"{contract.REPLICATED_JOB}={replicated_job}, {contract.COMPLETION_INDEX}={completion}"
+        return _Found(role, index, source, name, "jobset")
+    name_var = contract.POD_NAME if env.get(contract.POD_NAME) else contract.HOSTNAME
+    name = env.get(name_var, "")
+    parsed = parse_pod_name(name) if name else None
+    if parsed is not None:
+        return _Found(parsed[1], parsed[2], f"{name_var}={name}", parsed[0], "statefulset")
+    if jobset_host is not None:
+        return _Found(jobset_host[1], jobset_host[2], f"{contract.HOSTNAME}={hostname}", jobset_host[0], "jobset")
+    return None
 
 
 def _check_range(role: str, index: int, topology: Topology, source: str, errors: list[str]) -> None:
@@ -127,19 +175,22 @@ def _check_range(role: str, index: int, topology: Topology, source: str, errors:
         )
 
 
-def _cluster(parsed: tuple[str, str, int] | None, env: Mapping[str, str]) -> Cluster | None:
+def _cluster(found: _Found | None, env: Mapping[str, str]) -> Cluster | None:
     service = env.get(contract.HEADLESS_SERVICE)
     namespace = env.get(contract.POD_NAMESPACE)
-    if parsed is None or not service or not namespace:
+    if found is None or found.prefix is None or not service or not namespace:
         return None
     domain = env.get(contract.CLUSTER_DOMAIN) or contract.DEFAULT_CLUSTER_DOMAIN
-    return Cluster(parsed[0], service, namespace, domain)
+    return Cluster(found.prefix, service, namespace, domain, found.workload)
 
 
-def _missing_master_addr(parsed: tuple[str, str, int] | None, env: Mapping[str, str]) -> str:
-    if parsed is None:
+def _missing_master_addr(found: _Found | None, env: Mapping[str, str]) -> str:
+    if found is None:
+        return f"master address: give --master-addr / {contract.MASTER_ADDR} (no pod name to derive it from)"
+    if found.prefix is None:
         return (
-            f"master address: give --master-addr / {contract.MASTER_ADDR} (no StatefulSet pod name to derive it from)"
+            f"master address: a JobSet pod needs {contract.JOBSET_NAME} (or its host name "
+            f"<jobset>-workers-0-<i> in {contract.HOSTNAME}) to name the master; set it or --master-addr"
         )
     missing = [v for v in (contract.HEADLESS_SERVICE, contract.POD_NAMESPACE) if not env.get(v)]
     return (

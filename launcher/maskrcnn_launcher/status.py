@@ -7,11 +7,18 @@ What it reads, and why each is enough:
 - the pods selected by the chart's labels (helm/templates/_helpers.tpl: `app.kubernetes.io/instance`
   is the release, `app.kubernetes.io/part-of` the kit, `app.kubernetes.io/component` the role; the helm
   test pod has component `test` and is left out);
-- role and rank from the StatefulSet pod name, parsed by `contract.parse_pod_name` and ranked by
-  `contract.node_rank` (the same rules that make the pod's rank at start-up): master rank 0, worker
-  ordinal i rank i + 1. Under ddp with several processes per pod this is the pod's node rank;
-- the master's log tail, read back with `contract.parse_progress_line`, the reader of the line the
-  trainer writes with `contract.format_progress_line`.
+- role and rank from the StatefulSet pod name, parsed by `contract.parse_pod_name`, or for a JobSet's
+  pod from the JobSet and Job controllers' labels and annotation (`contract.jobset_role`, the host
+  name as a fallback), and ranked by `contract.node_rank` (the same rules that make the pod's rank at
+  start-up): master rank 0, worker i rank i + 1. Under ddp with several processes per pod this is the
+  pod's node rank;
+- for a JobSet release, the JobSet itself (selected by the same release labels): its terminal state
+  from its Completed / Failed conditions (with their reason), Suspended while a queue (Kueue) holds
+  it, its whole-group restarts (`status.restarts`) against `failurePolicy.maxRestarts`. A cluster
+  without the JobSet API, or a user who may not read JobSets, still gets the pods;
+- the master's log tail (the newest restart attempt's master for a JobSet), read back with
+  `contract.parse_progress_line`, the reader of the line the trainer writes with
+  `contract.format_progress_line`.
 
 The `kubernetes` client is an optional extra (`maskrcnn-launcher[k8s]`, or `maskrcnn-dist[k8s]`), so
 it is imported inside the functions and the launcher imports without it. Every request carries a
@@ -31,7 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from maskrcnn_launcher.contract import ROLES, node_rank, parse_pod_name, parse_progress_line
+from maskrcnn_launcher import contract
+from maskrcnn_launcher.contract import (
+    ROLES,
+    jobset_role,
+    node_rank,
+    parse_jobset_host_name,
+    parse_pod_name,
+    parse_progress_line,
+)
 from maskrcnn_launcher.errors import LauncherError
 
 # Labels the chart puts on every training pod (helm/templates/_helpers.tpl, statefulsets.yaml).
@@ -41,6 +56,8 @@ PART_OF_VALUE = "maskrcnn-dist"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # The chart's training container; a pod with one container is read whatever its name.
 TRAINER_CONTAINER = "trainer"
+# The JobSet API (kubernetes-sigs/jobset) the chart renders for.
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 
 DEFAULT_TIMEOUT_S = 10.0
 # Enough lines to hold a progress line at the default --print-freq between other log lines.
@@ -80,6 +97,19 @@ class PodStatus:
     # Why a container is not running (CrashLoopBackOff, ImagePullBackOff, Error ...): the phase of a
     # crash-looping pod is still Running, so the phase alone hides the problem.
     reason: str | None = None
+    restart_attempt: int | None = None  # a JobSet pod's group restart attempt (0 for the first run)
+
+
+@dataclass(frozen=True)
+class JobSetStatus:
+    """A JobSet release's own state, as its controller reports it."""
+
+    name: str
+    state: str  # Running | Suspended | Completed | Failed
+    reason: str | None  # the Completed / Failed condition's reason, e.g. ReachedMaxRestarts
+    message: str | None
+    restarts: int  # whole-group restarts so far (status.restarts)
+    max_restarts: int | None  # spec.failurePolicy.maxRestarts
 
 
 @dataclass(frozen=True)
@@ -99,6 +129,8 @@ class ReleaseStatus:
     progress: Progress | None = None
     # Why there is no progress (master not started yet, log not readable, no train line yet).
     progress_note: str | None = None
+    jobset: JobSetStatus | None = None  # None for a StatefulSet release
+    jobset_note: str | None = None  # why the JobSet could not be read, when it could not
 
 
 @dataclass
@@ -172,6 +204,10 @@ def render_status(status: ReleaseStatus, *, as_json: bool = False) -> str:
         return json.dumps(dataclasses.asdict(status), indent=2)
     running = sum(pod.phase == "Running" and pod.reason is None for pod in status.pods)
     lines = [f"release {status.release} in namespace {status.namespace}: {len(status.pods)} pods, {running} running"]
+    if status.jobset is not None:
+        lines.append(_jobset_text(status.jobset))
+    elif status.jobset_note:
+        lines.append(f"jobset: not readable ({status.jobset_note})")
     header = ("POD", "ROLE", "RANK", "PHASE", "RESTARTS", "NODE")
     rows = [
         (
@@ -232,21 +268,102 @@ def _release_status(api: Any, release: str, namespace: str, timeout: float, log_
     missing = f"namespace {namespace} does not exist"
     with _api_errors(server, f"list pods in namespace {namespace}", not_found=missing):
         items = api.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=timeout).items
-    if not items:
+    jobset, jobset_note = _release_jobset(api, release, namespace, timeout, server)
+    if not items and jobset is None:
         _raise_not_found(api, release, namespace, selector, timeout, server)
     pairs = [(_pod_status(pod), pod) for pod in items]
-    pairs.sort(key=lambda pair: (pair[0].rank is None, pair[0].rank or 0, pair[0].name))
+    pairs.sort(key=lambda pair: (pair[0].rank is None, pair[0].rank or 0, pair[0].restart_attempt or 0, pair[0].name))
     pods = [status for status, _ in pairs]
-    master = next((pod for status, pod in pairs if status.role == "master"), None)
-    progress, note = _master_progress(api, master, namespace, timeout, log_lines, server)
-    return ReleaseStatus(release, namespace, pods, progress, note)
+    # A JobSet's master of the newest restart attempt (an older one may still be terminating).
+    masters = [(status.restart_attempt or 0, pod) for status, pod in pairs if status.role == "master"]
+    master = max(masters, key=lambda pair: pair[0])[1] if masters else None
+    if master is None and jobset is not None and jobset.state == "Suspended":
+        progress, note = None, "the JobSet is suspended (waiting for admission by a queue such as Kueue): no pods yet"
+    else:
+        progress, note = _master_progress(api, master, namespace, timeout, log_lines, server)
+    return ReleaseStatus(release, namespace, pods, progress, note, jobset, jobset_note)
+
+
+def _release_jobset(
+    api: Any, release: str, namespace: str, timeout: float, server: str
+) -> tuple[JobSetStatus | None, str | None]:
+    """The release's JobSet, or (None, why not) when there is none or it cannot be read: a cluster
+    without the JobSet API answers 404, a user without the permission 403; neither fails the command."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    custom = client.CustomObjectsApi(api.api_client)
+    selector = f"{INSTANCE_LABEL}={release},{PART_OF_LABEL}={PART_OF_VALUE}"
+    try:
+        with _api_errors(server, f"list {JOBSET_PLURAL}.{JOBSET_GROUP} in namespace {namespace}"):
+            listing = custom.list_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                namespace,
+                JOBSET_PLURAL,
+                label_selector=selector,
+                _request_timeout=timeout,
+            )
+    except ClusterPermissionError as exc:
+        return None, str(exc)
+    except ApiException as exc:
+        if exc.status == 404:  # the JobSet API is not served: a StatefulSet release
+            return None, None
+        return None, f"cannot list JobSets: {_api_message(exc)}"
+    items = sorted(listing.get("items") or [], key=lambda o: o["metadata"]["name"])
+    return (_jobset_status(items[0]), None) if items else (None, None)
+
+
+def _jobset_status(obj: Mapping[str, Any]) -> JobSetStatus:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    terminal = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") in ("Completed", "Failed") and c.get("status") == "True"
+        ),
+        None,
+    )
+    if terminal is not None:
+        state = terminal["type"]
+    else:
+        state = "Suspended" if spec.get("suspend") else "Running"
+    return JobSetStatus(
+        name=obj["metadata"]["name"],
+        state=state,
+        reason=terminal.get("reason") if terminal else None,
+        message=terminal.get("message") if terminal else None,
+        restarts=int(status.get("restarts") or 0),
+        max_restarts=(spec.get("failurePolicy") or {}).get("maxRestarts"),
+    )
+
+
+def _pod_role(pod: Any) -> tuple[str, int] | None:
+    """(role, index) from a StatefulSet pod name, a JobSet pod's labels, or its host name."""
+    parsed = parse_pod_name(pod.metadata.name)
+    if parsed is not None:
+        return parsed[1], parsed[2]
+    labels, annotations = pod.metadata.labels or {}, pod.metadata.annotations or {}
+    replicated_job = labels.get(contract.REPLICATED_JOB_LABEL)
+    completion = annotations.get(contract.COMPLETION_INDEX_ANNOTATION) or labels.get(
+        contract.COMPLETION_INDEX_ANNOTATION
+    )
+    if replicated_job and completion is not None:
+        try:
+            return jobset_role(replicated_job, int(labels.get(contract.JOB_INDEX_LABEL) or 0), int(completion))
+        except ValueError:
+            return None
+    hostname = pod.spec.hostname if pod.spec else None
+    parsed = parse_jobset_host_name(hostname) if hostname else None
+    return (parsed[1], parsed[2]) if parsed else None
 
 
 def _pod_status(pod: Any) -> PodStatus:
     name = pod.metadata.name
-    parsed = parse_pod_name(name)
-    role = parsed[1] if parsed else (pod.metadata.labels or {}).get(COMPONENT_LABEL, "?")
-    rank = None if parsed is None else node_rank(parsed[1], parsed[2])
+    found = _pod_role(pod)
+    role = found[0] if found else (pod.metadata.labels or {}).get(COMPONENT_LABEL, "?")
+    rank = None if found is None else node_rank(*found)
+    attempt = (pod.metadata.labels or {}).get(contract.RESTART_ATTEMPT_LABEL)
     statuses = (pod.status.container_statuses or []) if pod.status else []
     restarts = sum(s.restart_count or 0 for s in statuses)
     reason = next((s.state.waiting.reason for s in statuses if s.state and s.state.waiting), None)
@@ -255,7 +372,8 @@ def _pod_status(pod: Any) -> PodStatus:
     phase = (pod.status.phase if pod.status else None) or "Unknown"
     if pod.metadata.deletion_timestamp is not None:
         reason = "Terminating"
-    return PodStatus(name, role, rank, phase, restarts, pod.spec.node_name if pod.spec else None, reason)
+    node = pod.spec.node_name if pod.spec else None
+    return PodStatus(name, role, rank, phase, restarts, node, reason, int(attempt) if attempt else None)
 
 
 def _raise_not_found(api: Any, release: str, namespace: str, selector: str, timeout: float, server: str) -> NoReturn:
@@ -369,6 +487,15 @@ def _reason(exc: BaseException) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _jobset_text(jobset: JobSetStatus) -> str:
+    """`jobset NAME: Failed (ReachedMaxRestarts: ...), restarts 3 of 3`."""
+    state = jobset.state
+    if jobset.reason:
+        state += f" ({jobset.reason}: {_one_line(jobset.message)})" if jobset.message else f" ({jobset.reason})"
+    limit = f" of {jobset.max_restarts}" if jobset.max_restarts is not None else ""
+    return f"jobset {jobset.name}: {state}, restarts {jobset.restarts}{limit}"
 
 
 def _progress_text(status: ReleaseStatus) -> str:

@@ -24,7 +24,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from maskrcnn_launcher.contract import POD_ENV_VARS
+from maskrcnn_launcher import contract
+from maskrcnn_launcher.contract import JOBSET_FIELDS, POD_ENV_VARS
 from maskrcnn_launcher.topology import parse_topology
 
 from .conftest import CHART, RELEASE, ROOT, SCENARIOS, values_args
@@ -35,15 +36,8 @@ GPU = "nvidia.com/gpu"
 # (scenario, rendered as for a cluster that serves the JobSet API)
 CASES = [(s, api) for s in SCENARIO_NAMES for api in (False, True)]
 CASE_IDS = [f"{s}+jobset-api" if api else s for s, api in CASES]
-# The JobSet's replicated jobs and the launcher's roles (helm/templates/jobset.yaml).
-REPLICATED_JOBS = {"master": "master", "workers": "worker"}
-# Labels and annotations the JobSet and Job controllers put on every pod, read through the downward API.
-JOBSET_FIELDS = {
-    "MASKRCNN_JOBSET_NAME": "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
-    "MASKRCNN_REPLICATED_JOB": "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']",
-    "MASKRCNN_JOB_INDEX": "metadata.labels['jobset.sigs.k8s.io/job-index']",
-    "MASKRCNN_COMPLETION_INDEX": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
-}
+# The JobSet's replicated jobs -> the launcher's roles (the contract's layout of the chart's JobSet).
+REPLICATED_JOBS = {rjob: role for role, rjob in contract.REPLICATED_JOBS.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,9 +149,9 @@ def pod_labels(objects: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
         name = one(objects, "JobSet")["metadata"]["name"]
         for role, rjob in replicated_jobs(objects).items():
             labels[role] |= {
-                "jobset.sigs.k8s.io/jobset-name": name,
-                "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
-                "jobset.sigs.k8s.io/job-index": "0",
+                contract.JOBSET_NAME_LABEL: name,
+                contract.REPLICATED_JOB_LABEL: rjob["name"],
+                contract.JOB_INDEX_LABEL: "0",
                 "batch.kubernetes.io/job-name": f"{name}-{rjob['name']}-0",
             }
     labels["test"] = test_pod(objects)["metadata"]["labels"]
@@ -407,10 +401,20 @@ def test_container_runs_the_launcher_with_known_trainer_flags(render, scenario: 
                 assert flag in BY_FLAG or (flag.startswith("no-") and flag[3:] in BY_FLAG), f"unknown flag {arg}"
 
 
-def pod_environment(container: dict[str, Any], pod_name: str, pod_ip: str, topology_file: Path) -> dict[str, str]:
-    """What the kubelet would give the container: values, downward API fields, nothing else."""
-    fields = {"metadata.name": pod_name, "metadata.namespace": "default", "status.podIP": pod_ip}
+def pod_environment(
+    container: dict[str, Any],
+    pod_name: str,
+    pod_ip: str,
+    topology_file: Path,
+    fields: dict[str, str] | None = None,
+    hostname: str | None = None,
+) -> dict[str, str]:
+    """What the kubelet would give the container: values, downward API fields (`fields` adds label and
+    annotation paths), the host name when the pod has its own (a JobSet's), nothing else."""
+    fields = {"metadata.name": pod_name, "metadata.namespace": "default", "status.podIP": pod_ip, **(fields or {})}
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    if hostname:
+        env["HOSTNAME"] = hostname
     for item in container["env"]:
         env[item["name"]] = item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
     # The ConfigMap is mounted at MASKRCNN_TOPOLOGY in the pod; here it is a file in tmp_path.
@@ -436,30 +440,42 @@ def expand(arg: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg)
 
 
+def write_topology(objects: list[dict[str, Any]], folder: Path) -> Path:
+    """The topology ConfigMap's file, where the launcher can read it (the pod mounts it)."""
+    (cm,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-topology")]
+    path = folder / "topology.yaml"
+    path.write_text(cm["data"]["topology.yaml"])
+    return path
+
+
+def launch_dry_run(container: dict[str, Any], env: dict[str, str], pod: str):
+    """`launch --dry-run` with the container's arguments in its environment: (its PodPlan, the whole
+    answer, the expanded arguments)."""
+    from maskrcnn_launcher.contract import PodPlan
+
+    args = [expand(arg, env) for arg in container["args"]]
+    command = [*launcher_command(), args[0], "--dry-run", *args[1:]]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{pod}: {proc.stderr}"
+    out = json.loads(proc.stdout)
+    return PodPlan.from_json(out["env"]["MASKRCNN_POD_PLAN"]), out, args
+
+
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 def test_every_pod_spec_launches_as_its_rank(render, scenario: str, tmp_path: Path) -> None:
     """Run the launcher (`launch --dry-run`) with each rendered pod's environment and arguments."""
-    from maskrcnn_launcher.contract import PodPlan
-
     objects = render(scenario, "workload=statefulset")
-    (cm,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-topology")]
-    topology_file = tmp_path / "topology.yaml"
-    topology_file.write_text(cm["data"]["topology.yaml"])
+    topology_file = write_topology(objects, tmp_path)
     topology = topology_of(objects)
     service = one(objects, "Service")["metadata"]["name"]
     master_addr = f"{RELEASE}-maskrcnn-dist-master-0.{service}.default.svc.cluster.local"
-    launcher = launcher_command()
     for role, sts in statefulsets(objects).items():
         container = trainer(sts["spec"]["template"])
         gpus = int(container.get("resources", {}).get("limits", {}).get(GPU, 0))
         for ordinal in range(sts["spec"]["replicas"]):
             pod = f"{sts['metadata']['name']}-{ordinal}"
             env = pod_environment(container, pod, f"10.0.0.{ordinal + 2}", topology_file)
-            args = [expand(arg, env) for arg in container["args"]]
-            proc = subprocess.run([*launcher, args[0], "--dry-run", *args[1:]], env=env, capture_output=True, text=True)
-            assert proc.returncode == 0, f"{pod}: {proc.stderr}"
-            out = json.loads(proc.stdout)
-            plan = PodPlan.from_json(out["env"]["MASKRCNN_POD_PLAN"])
+            plan, out, args = launch_dry_run(container, env, pod)
             assert (plan.role, plan.index) == (role, ordinal), pod
             # Launcher-only facts (node layout, GPU count) are in the dry run's `pod`, not the trainer's plan.
             assert out["pod"]["node_rank"] == (0 if role == "master" else ordinal + 1), pod
@@ -468,6 +484,78 @@ def test_every_pod_spec_launches_as_its_rank(render, scenario: str, tmp_path: Pa
             assert devices == gpus, f"{pod}: the launcher plans {devices} GPUs, the pod gets {gpus}"
             trainer_args = args[args.index("--") + 1 :]
             assert out["argv"][len(out["argv"]) - len(trainer_args) :] == trainer_args, pod
+
+
+def jobset_fields(jobset: str, rjob: str, index: int, labelled: bool) -> dict[str, str]:
+    """The downward API over the labels and annotation the JobSet and Job controllers add to a pod.
+    `labelled=False`: a pod without them (the downward API gives empty strings), where the launcher
+    falls back to the host name."""
+    keys = {
+        contract.JOBSET_NAME_LABEL: jobset,
+        contract.REPLICATED_JOB_LABEL: rjob,
+        contract.JOB_INDEX_LABEL: "0",
+        contract.COMPLETION_INDEX_ANNOTATION: str(index),
+    }
+    return {path: keys[path.split("['", 1)[1][:-2]] if labelled else "" for path in JOBSET_FIELDS.values()}
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_NAMES)
+@pytest.mark.parametrize("labelled", [True, False], ids=["downward-api", "host-name"])
+def test_every_jobset_pod_launches_as_its_rank(render, scenario: str, labelled: bool, tmp_path: Path) -> None:
+    """`launch --dry-run` in every pod the JobSet will make: same ranks and device counts as the
+    StatefulSets, the master at its JobSet DNS name, from the downward API or else the host name."""
+    objects = render(scenario, "workload=jobset")
+    topology_file = write_topology(objects, tmp_path)
+    topology = topology_of(objects)
+    jobset = one(objects, "JobSet")
+    name, subdomain = jobset["metadata"]["name"], jobset["spec"]["network"]["subdomain"]
+    master_addr = f"{name}-master-0-0.{subdomain}.default.svc.cluster.local"
+    gpu = gpu_resource(objects)
+    for role, rjob in replicated_jobs(objects).items():
+        container = trainer(rjob["template"]["spec"]["template"])
+        gpus = int(container.get("resources", {}).get("limits", {}).get(gpu, 0))
+        for index in range(rjob["template"]["spec"]["completions"]):
+            pod = f"{name}-{rjob['name']}-0-{index}"
+            fields = jobset_fields(name, rjob["name"], index, labelled)
+            env = pod_environment(container, f"{pod}-x7k2p", f"10.0.0.{index + 2}", topology_file, fields, pod)
+            plan, out, _ = launch_dry_run(container, env, pod)
+            assert (plan.role, plan.index) == (role, index), pod
+            assert out["pod"]["node_rank"] == contract.node_rank(role, index), pod
+            assert (plan.master_addr, plan.master_port) == (master_addr, topology.network.master_port), pod
+            assert out["pod"]["dns_name"] == f"{pod}.{subdomain}.default.svc.cluster.local"
+            assert out["pod"]["devices"] == gpus, pod
+            source = "MASKRCNN_REPLICATED_JOB=" if labelled else "HOSTNAME="
+            assert out["identity_source"].startswith(source), out["identity_source"]
+
+
+def gpu_resource(objects: list[dict[str, Any]]) -> str:
+    """The GPU resource name the pods request (the chart's gpuResourceName), nvidia.com/gpu if none."""
+    for template in pod_templates(objects).values():
+        for key in trainer(template).get("resources", {}).get("limits", {}):
+            if key not in ("cpu", "memory"):
+                return key
+    return GPU
+
+
+@pytest.mark.parametrize("scenario", ["default", "ddp", "jobset"])
+def test_plan_prints_the_jobset_dns_names(render, scenario: str, tmp_path: Path) -> None:
+    """`maskrcnn-launch plan --workload jobset` names the hosts the chart's JobSet gets."""
+    objects = render(scenario, "workload=jobset")
+    jobset = one(objects, "JobSet")
+    name, subdomain = jobset["metadata"]["name"], jobset["spec"]["network"]["subdomain"]
+    hosts = [
+        f"{name}-{rjob['name']}-{j}-{i}"
+        for rjob in jobset["spec"]["replicatedJobs"]
+        for j in range(rjob["replicas"])
+        for i in range(rjob["template"]["spec"]["completions"])
+    ]
+    topology = write_topology(objects, tmp_path)
+    command = ["plan", "--json", "--workload", "jobset", "--topology", str(topology), "--prefix", name]
+    proc = subprocess.run([*launcher_command(), *command, "--service", subdomain], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert [p["dns_name"] for p in json.loads(proc.stdout)["pods"]] == [
+        f"{h}.{subdomain}.default.svc.cluster.local" for h in hosts
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -861,12 +949,10 @@ def test_schema_errors_read_well_with_the_pinned_helm(run_helm) -> None:
 
 def contract_env_names() -> list[str]:
     """Every variable of the launcher's environment contract a user may not set through extraEnv."""
-    from maskrcnn_launcher import contract
-
-    return sorted(set(contract.READ_VARS + contract.EXPORTED_VARS) - {contract.WAIT_TIMEOUT, contract.TRAINER_CMD})
+    return sorted(set(contract.READ_VARS + contract.EXPORTED_VARS) - set(contract.USER_ENV_VARS))
 
 
-@pytest.mark.parametrize("name", [*contract_env_names(), *JOBSET_FIELDS, "MASKRCNN_WAIT_TIMOUT"])
+@pytest.mark.parametrize("name", [*contract_env_names(), "MASKRCNN_WAIT_TIMOUT"])
 def test_extra_env_may_not_redefine_the_contract(run_helm, name: str) -> None:
     proc = run_helm(
         "template", RELEASE, str(CHART), "--set", "extraEnv[0].name=NCCL_DEBUG", "--set", f"extraEnv[1].name={name}"
@@ -875,7 +961,7 @@ def test_extra_env_may_not_redefine_the_contract(run_helm, name: str) -> None:
     assert f"extraEnv[1].name={name}: {name} belongs to the launcher's environment contract" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["MASKRCNN_WAIT_TIMEOUT", "MASKRCNN_TRAINER_CMD", "NCCL_DEBUG", "OMP_NUM_THREADS"])
+@pytest.mark.parametrize("name", [*contract.USER_ENV_VARS, "NCCL_DEBUG", "OMP_NUM_THREADS"])
 def test_extra_env_takes_the_user_settings(render, name: str) -> None:
     for template in pod_templates(render("cpu", f"extraEnv[0].name={name}", "extraEnv[0].value=x")).values():
         assert {"name": name, "value": "x"} in trainer(template)["env"]

@@ -53,3 +53,20 @@ def test_json_pods_carry_their_pod_plans() -> None:
     assert {p.master_addr for p in plans} == {"job-master-0.job-hl.ml.svc.cluster.local"}
     assert [(p.rank, p.rpc_name) for p in plans] == [(0, "master"), (1, "worker1"), (2, "worker2")]
     assert [p["node_rank"] for p in doc["pods"]] == [0, 1, 2] and len(doc["links"]) == 5
+
+
+def test_plan_names_the_jobset_pods() -> None:
+    """`--workload jobset`: the chart's JobSet host names (<jobset>-master-0-0, <jobset>-workers-0-<i>),
+    the master's address among them; ranks and plans are the StatefulSets'."""
+    import json
+
+    args = ("--json", "--prefix", "job", "--namespace", "ml", "--service", "job-hl")
+    doc = json.loads(run_plan(*args, "--workload", "jobset"))
+    assert [p["dns_name"] for p in doc["pods"]] == [
+        f"job-{h}.job-hl.ml.svc.cluster.local" for h in ("master-0-0", "workers-0-0", "workers-0-1")
+    ]
+    plans = [PodPlan.from_dict(p["plan"]) for p in doc["pods"]]
+    assert {p.master_addr for p in plans} == {"job-master-0-0.job-hl.ml.svc.cluster.local"}
+    statefulset = json.loads(run_plan(*args))
+    assert [p.rank for p in plans] == [p["plan"]["rank"] for p in statefulset["pods"]]
+    assert "job-workers-0-1.job-hl.ml.svc.cluster.local" in run_plan("--workload", "jobset", *args[1:])

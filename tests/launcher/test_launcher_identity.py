@@ -1,17 +1,34 @@
-"""Identity, table-driven: flags, then environment, then the StatefulSet pod name; and its errors."""
+"""Identity, table-driven: flags, then environment, then a JobSet pod's downward API, the StatefulSet pod
+name, a JobSet host name; and its errors."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from maskrcnn_launcher.contract import parse_pod_name
+from maskrcnn_launcher.contract import host_name, jobset_host_name, parse_jobset_host_name, parse_pod_name
 from maskrcnn_launcher.errors import IdentityError
 from maskrcnn_launcher.identity import Identity, IdentityInputs, resolve_identity
 from maskrcnn_launcher.topology import Topology, load_topology
 
 K8S = {"MASKRCNN_HEADLESS_SERVICE": "rel-headless", "POD_NAMESPACE": "vision"}
 MASTER_DNS = "rel-master-0.rel-headless.vision.svc.cluster.local"
+# A JobSet pod: what the chart's downward API gives (JobSet `rel`, subdomain `rel-headless`).
+JOBSET_MASTER_DNS = "rel-master-0-0.rel-headless.vision.svc.cluster.local"
+
+
+def jobset_pod(rjob: str, index: int, **extra: str) -> dict[str, str]:
+    host = f"rel-{rjob}-0-{index}"
+    return {
+        "POD_NAME": f"{host}-x7k2p",  # the Job's pod name: host name + a random suffix, not a StatefulSet name
+        "HOSTNAME": host,
+        "MASKRCNN_JOBSET_NAME": "rel",
+        "MASKRCNN_REPLICATED_JOB": rjob,
+        "MASKRCNN_JOB_INDEX": "0",
+        "MASKRCNN_COMPLETION_INDEX": str(index),
+        **K8S,
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +111,63 @@ CASES: list[tuple[str, IdentityInputs, dict[str, str], tuple[Any, ...]]] = [
         {"POD_NAME": "rel-master-0"},
         ("master", 0, "127.0.0.1", 29500, None, "POD_NAME"),
     ),
+    (
+        "JobSet worker from the downward API",
+        IdentityInputs(),
+        jobset_pod("workers", 1),
+        (
+            "worker",
+            1,
+            JOBSET_MASTER_DNS,
+            29500,
+            "rel-workers-0-1.rel-headless.vision.svc.cluster.local",
+            "MASKRCNN_REPLICATED_JOB=workers, MASKRCNN_COMPLETION_INDEX=1",
+        ),
+    ),
+    (
+        "JobSet master from the downward API",
+        IdentityInputs(),
+        jobset_pod("master", 0),
+        ("master", 0, JOBSET_MASTER_DNS, 29500, JOBSET_MASTER_DNS, "MASKRCNN_REPLICATED_JOB=master"),
+    ),
+    (
+        "JobSet downward API beats the host name",
+        IdentityInputs(),
+        jobset_pod("workers", 0, HOSTNAME="rel-workers-0-1", MASKRCNN_JOBSET_NAME="js"),
+        ("worker", 0, "js-master-0-0.rel-headless.vision.svc.cluster.local", 29500, None, "MASKRCNN_REPLICATED_JOB"),
+    ),
+    (
+        "JobSet name from the host name when its label is not there",
+        IdentityInputs(),
+        jobset_pod("workers", 1, MASKRCNN_JOBSET_NAME=""),
+        ("worker", 1, JOBSET_MASTER_DNS, 29500, None, "MASKRCNN_REPLICATED_JOB"),
+    ),
+    (
+        # The downward API gives "" for a label a pod does not have: the host name is the fallback.
+        "JobSet worker from the host name",
+        IdentityInputs(),
+        {"POD_NAME": "rel-workers-0-1-x7k2p", "HOSTNAME": "rel-workers-0-1", "MASKRCNN_REPLICATED_JOB": "", **K8S},
+        (
+            "worker",
+            1,
+            JOBSET_MASTER_DNS,
+            29500,
+            "rel-workers-0-1.rel-headless.vision.svc.cluster.local",
+            "HOSTNAME=rel-workers-0-1",
+        ),
+    ),
+    (
+        "JobSet named like a StatefulSet release",
+        IdentityInputs(),
+        {"HOSTNAME": "a-worker-1-workers-0-0", **K8S},
+        ("worker", 0, "a-worker-1-master-0-0.rel-headless.vision.svc.cluster.local", 29500, None, "HOSTNAME"),
+    ),
+    (
+        "JobSet worker with an explicit MASTER_ADDR",
+        IdentityInputs(),
+        jobset_pod("workers", 0, MASTER_ADDR="10.1.2.3"),
+        ("worker", 0, "10.1.2.3", 29500, None, "MASKRCNN_REPLICATED_JOB"),
+    ),
 ]
 
 
@@ -143,6 +217,38 @@ ERROR_CASES = [
     ("port out of range", IdentityInputs(role="master", master_port=65536), {}, "master port: 65536 is out of range"),
     ("port not a number", IdentityInputs(role="master"), {"MASTER_PORT": "http"}, "MASTER_PORT: 'http' is not"),
     ("index not a number", IdentityInputs(), {"MASKRCNN_ROLE": "worker", "MASKRCNN_INDEX": "one"}, "MASKRCNN_INDEX"),
+    (
+        "JobSet: unknown replicated job",
+        IdentityInputs(),
+        jobset_pod("workers", 0, MASKRCNN_REPLICATED_JOB="launcher"),
+        "MASKRCNN_REPLICATED_JOB=launcher: replicated job 'launcher' is not one of master, workers",
+    ),
+    (
+        "JobSet: workers as several Jobs",
+        IdentityInputs(),
+        jobset_pod("workers", 0, MASKRCNN_JOB_INDEX="1"),
+        "Job index 1: one Job per replicated job (replicas 1) is expected",
+    ),
+    (
+        "JobSet: no completion index",
+        IdentityInputs(),
+        jobset_pod("workers", 0, MASKRCNN_COMPLETION_INDEX=""),
+        "MASKRCNN_COMPLETION_INDEX: not set in a JobSet pod",
+    ),
+    ("JobSet: worker index out of range", IdentityInputs(), jobset_pod("workers", 2), "worker 2 is out of range"),
+    ("JobSet: master index 1", IdentityInputs(), jobset_pod("master", 1), "the master is index 0, got 1"),
+    (
+        "JobSet: no JobSet name anywhere",
+        IdentityInputs(),
+        jobset_pod("workers", 0, MASKRCNN_JOBSET_NAME="", HOSTNAME="node-17"),
+        "a JobSet pod needs MASKRCNN_JOBSET_NAME",
+    ),
+    (
+        "JobSet host name with a Job index",
+        IdentityInputs(),
+        {"HOSTNAME": "rel-workers-1-0"},
+        "HOSTNAME='rel-workers-1-0' is not",
+    ),
 ]
 
 
@@ -166,3 +272,21 @@ def test_identity_errors(topology: Topology, flags: IdentityInputs, env: dict[st
 )
 def test_parse_pod_name(name: str, expected: tuple[str, str, int] | None) -> None:
     assert parse_pod_name(name) == expected
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("rel-master-0-0", ("rel", "master", 0)),
+        ("my-release-maskrcnn-dist-workers-0-11", ("my-release-maskrcnn-dist", "worker", 11)),
+        ("rel-workers-1-0", None),  # the chart runs one Job per replicated job
+        ("rel-worker-0-0", None),  # `workers`, plural: never a StatefulSet's -worker-<i>
+        ("rel-master-0", None),  # a StatefulSet pod name
+        ("rel-workers-0-0-x7k2p", None),  # a Job's pod name, not its host name
+    ],
+)
+def test_parse_jobset_host_name(name: str, expected: tuple[str, str, int] | None) -> None:
+    assert parse_jobset_host_name(name) == expected
+    assert parse_pod_name(name) is None or expected is None, "the two forms never both parse"
+    if expected is not None:
+        assert jobset_host_name(*expected) == name == host_name("jobset", *expected)

@@ -110,8 +110,9 @@ class FakeCluster:
     namespaces: set[str] = field(default_factory=lambda: {"default", "ml"})
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # namespace -> pods
     logs: dict[str, str] = field(default_factory=dict)  # pod name -> log text
-    forbidden: set[str] = field(default_factory=set)  # "list pods", "get namespace", "get log"
+    forbidden: set[str] = field(default_factory=set)  # "list pods", "get namespace", "get log", "list jobsets"
     requests: list[str] = field(default_factory=list)
+    jobsets: dict[str, list[dict[str, Any]]] | None = None  # namespace -> JobSets; None: the API is not served
 
 
 def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
@@ -159,6 +160,15 @@ def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                 lines = cluster.logs[name].splitlines(keepends=True)
                 tail = int(query.get("tailLines", ["0"])[0]) or len(lines)
                 return self._send(200, "".join(lines[-tail:]), "text/plain")
+            if match := re.fullmatch(r"/apis/jobset.x-k8s.io/v1alpha2/namespaces/([^/]+)/jobsets", url.path):
+                if cluster.jobsets is None:  # what an API server without the JobSet CRD answers
+                    return self._status(404, "NotFound", "the server could not find the requested resource")
+                if "list jobsets" in cluster.forbidden:
+                    return self._forbid("list", "jobsets", match[1])
+                selector = query.get("labelSelector", [""])[0]
+                items = [j for j in cluster.jobsets.get(match[1], []) if _matches(j["metadata"]["labels"], selector)]
+                body = {"kind": "JobSetList", "apiVersion": "jobset.x-k8s.io/v1alpha2", "items": items}
+                return self._send(200, json.dumps(body))
             if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)", url.path):
                 if "get namespace" in cluster.forbidden:
                     return self._forbid("get", "namespaces", match[1])
@@ -428,3 +438,142 @@ def test_parse_reads_what_the_formatters_write(kind: str):
         assert "epoch" not in parsed and "link/a/b" not in parsed
     assert format_progress_bar(20, 40, {}) == "[" + "#" * 15 + "." * 15 + "] 20/40"
     assert parse_progress_line(format_progress_line(kind, 1, 2, {})) == {"kind": kind, "step": 1, "total": 2}
+
+
+# -- JobSet releases ------------------------------------------------------------------------------
+
+
+def _jobset_pod(rjob: str, index: int, attempt: int = 0, *, phase: str = "Running", **kwargs: Any) -> dict[str, Any]:
+    """A pod of the chart's JobSet as the API returns it: the Job's pod name (host name + suffix), the
+    JobSet and Job controllers' labels and annotations, spec.hostname."""
+    host = f"{PREFIX}-{rjob}-0-{index}"
+    pod = _pod(
+        f"{host}-{('bcdfg', 'hjklm')[attempt]}",
+        component="master" if rjob == "master" else "worker",
+        phase=phase,
+        **kwargs,
+    )
+    keys = {
+        "jobset.sigs.k8s.io/jobset-name": PREFIX,
+        "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+        "jobset.sigs.k8s.io/job-index": "0",
+        "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+    }
+    pod["metadata"]["labels"].update(keys)
+    pod["metadata"]["annotations"] = {**keys, "batch.kubernetes.io/job-completion-index": str(index)}
+    pod["spec"].update({"hostname": host, "subdomain": f"{PREFIX}-headless"})
+    if phase == "Succeeded":
+        terminated = {"exitCode": 0, "reason": "Completed", "startedAt": "2025-01-01T10:00:00Z"}
+        pod["status"]["containerStatuses"][0]["state"] = {"terminated": terminated}
+    return pod
+
+
+def _jobset(
+    *, restarts: int = 0, condition: tuple[str, str, str] | None = None, suspend: bool = False
+) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/instance": "demo", "app.kubernetes.io/part-of": "maskrcnn-dist"}
+    conditions = []
+    if condition is not None:
+        kind, reason, message = condition
+        conditions.append({"type": kind, "status": "True", "reason": reason, "message": message})
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": PREFIX, "namespace": "ml", "labels": labels},
+        "spec": {"suspend": suspend, "failurePolicy": {"maxRestarts": 3}},
+        "status": {"restarts": restarts, "conditions": conditions, "terminalState": condition and condition[0]},
+    }
+
+
+def test_jobset_release_running_after_a_group_restart(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    state.jobsets = {"ml": [_jobset(restarts=1)]}
+    old_master = _jobset_pod("master", 0, attempt=0)
+    old_master["metadata"]["deletionTimestamp"] = "2025-01-01T10:00:00Z"
+    new_master = _jobset_pod("master", 0, attempt=1)
+    state.pods["ml"] = [_jobset_pod("workers", 1, 1), old_master, _jobset_pod("workers", 0, 1), new_master]
+    state.logs[old_master["metadata"]["name"]] = "train step 3/150 loss 9.0\n"
+    state.logs[new_master["metadata"]["name"]] = MASTER_LOG
+    result = _run_cli("--release", "demo", "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "release demo in namespace ml: 4 pods, 3 running"
+    assert lines[1] == f"jobset {PREFIX}: Running, restarts 1 of 3"
+    rows = [line.split() for line in lines[3:7]]
+    assert [(r[1], r[2]) for r in rows] == [("master", "0"), ("master", "0"), ("worker", "1"), ("worker", "2")]
+    assert rows[0][0] == old_master["metadata"]["name"] and "(Terminating)" in lines[3]
+    assert lines[7] == "progress: step 20/150 (13%)  loss 1.234  images/s 2.5", "the newest attempt's master"
+
+
+def test_jobset_release_completed(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    state.jobsets = {"ml": [_jobset(condition=("Completed", "AllJobsCompleted", "jobset completed successfully"))]}
+    master = _jobset_pod("master", 0, phase="Succeeded")
+    state.pods["ml"] = [master]  # the workers' Job was deleted when the JobSet completed
+    state.logs[master["metadata"]["name"]] = MASTER_LOG
+    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    assert status.jobset is not None and (status.jobset.state, status.jobset.reason) == (
+        "Completed",
+        "AllJobsCompleted",
+    )
+    assert [(p.role, p.rank, p.phase, p.reason, p.restart_attempt) for p in status.pods] == [
+        ("master", 0, "Succeeded", "Completed", 0)
+    ]
+    assert status.progress is not None and status.progress.step == 20
+    text = render_status(status)
+    assert text.splitlines()[1] == (
+        f"jobset {PREFIX}: Completed (AllJobsCompleted: jobset completed successfully), restarts 0 of 3"
+    )
+    assert json.loads(render_status(status, as_json=True))["jobset"]["state"] == "Completed"
+
+
+def test_jobset_release_failed_on_a_user_error(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    message = f"applying FailJobSet failure policy action (first failed job: {PREFIX}-master-0)"
+    state.jobsets = {"ml": [_jobset(condition=("Failed", "FailJobSetFailurePolicyAction", message))]}
+    master = _jobset_pod("master", 0, phase="Failed")
+    state.pods["ml"] = [master]
+    state.logs[master["metadata"]["name"]] = "error: /data/broken/train/annotations.json: not valid JSON\n"
+    result = _run_cli("--release", "demo", "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)))
+    lines = result.output.splitlines()
+    assert lines[1] == f"jobset {PREFIX}: Failed (FailJobSetFailurePolicyAction: {message}), restarts 0 of 3"
+    assert lines[-1].startswith("progress: none (no train step in the last 200 log lines of")
+
+
+def test_jobset_release_queued_without_pods(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    """Kueue holds a JobSet suspended until it admits it: no pods yet, which is not 'no such release'."""
+    state, url = cluster
+    state.jobsets = {"ml": [_jobset(suspend=True)]}
+    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    assert status.pods == [] and status.jobset.state == "Suspended"
+    assert "waiting for admission by a queue" in status.progress_note
+    assert render_status(status).splitlines()[:2] == [
+        "release demo in namespace ml: 0 pods, 0 running",
+        f"jobset {PREFIX}: Suspended, restarts 0 of 3",
+    ]
+    state.jobsets = {"ml": []}
+    with pytest.raises(ReleaseNotFoundError):
+        release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+
+
+def test_jobset_not_readable_still_shows_the_pods(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    state, url = cluster
+    state.jobsets = {"ml": [_jobset()]}
+    state.forbidden.add("list jobsets")
+    state.pods["ml"] = [_jobset_pod("master", 0), _jobset_pod("workers", 0)]
+    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    assert status.jobset is None and status.jobset_note.startswith("no permission: cannot list jobsets.jobset.x-k8s.io")
+    assert [(p.role, p.rank) for p in status.pods] == [("master", 0), ("worker", 1)]
+    assert render_status(status).splitlines()[1].startswith("jobset: not readable (no permission")
+
+
+def test_jobset_pod_rank_from_its_host_name(cluster: tuple[FakeCluster, str], tmp_path: Path):
+    """Without the controllers' labels (a hand-made JobSet), the host name still gives the rank."""
+    state, url = cluster
+    state.jobsets = {"ml": []}
+    pod = _jobset_pod("workers", 1)
+    for key in ("jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index"):
+        del pod["metadata"]["labels"][key]
+    state.pods["ml"] = [pod]
+    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    assert [(p.role, p.rank) for p in status.pods] == [("worker", 2)]
