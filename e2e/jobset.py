@@ -462,6 +462,9 @@ class JobSetController:
         if not running:
             return
         self.cluster.stop([p.container for p in running], grace=max(p.spec.grace_seconds for p in running))
+        for pod in running:
+            state = self.cluster.state(pod.container)
+            pod.exit_code, pod.finished_at = state.exit_code, _parse_time(state.finished_at)
         self._event(f"deleted pods {', '.join(p.spec.host for p in running)}")
 
     # -- helpers ---------------------------------------------------------------------------------
