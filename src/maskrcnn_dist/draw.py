@@ -26,6 +26,7 @@ PALETTE: tuple[tuple[int, int, int], ...] = (
     (128, 0, 0),
 )
 MASK_ALPHA = 0.45  # translucent: the object stays visible under its mask
+NOTE_FONT_SIZE = 12  # PIL's built-in font at its default 10 px squeezes spaces to 2 px
 
 
 def to_uint8(image: torch.Tensor) -> torch.Tensor:
@@ -64,7 +65,7 @@ def draw_note(image: torch.Tensor, text: str) -> torch.Tensor:
     """`text` in the top-left corner, white on a dark band, with PIL's built-in bitmap font (no font files)."""
     canvas = Image.fromarray(image.permute(1, 2, 0).numpy())
     pen = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default()
+    font = ImageFont.load_default(size=NOTE_FONT_SIZE)
     left, top, right, bottom = pen.textbbox((3, 2), text, font=font)
     pen.rectangle((0, 0, right + 3, bottom + 2), fill=(0, 0, 0))
     pen.text((3, 2), text, fill=(255, 255, 255), font=font)

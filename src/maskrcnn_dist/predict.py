@@ -31,6 +31,7 @@ from .engines.torch_engine import TorchEngine
 from .errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from .evaluation import detections_to_coco
 from .model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from .train import setup_process
 
 RESULTS_FILE = "detections.json"  # COCO results: a list of {image_id, category_id, bbox, score, segmentation}
 IMAGES_FILE = "images.json"  # COCO images + categories, so that COCO(IMAGES_FILE).loadRes(RESULTS_FILE) works
@@ -88,6 +89,7 @@ def load_predictor(flags: dict[str, Any]) -> Predictor:
             f"{source}: its categories name {categories.num_classes - 1} classes, its model has {num_classes - 1}"
         )
     cfg = build_config(None, {**saved_model_flags(saved), **flags})
+    setup_process(cfg)  # --threads and denormal flushing, as for eval
     # With --weights, build_model loads the file (eval's path); its class count is the file's, so nothing is skipped.
     engine = TorchEngine(cfg, num_classes, iters_per_epoch=1)
     if resume is not None:
@@ -182,11 +184,10 @@ def save_png(image: torch.Tensor, path: Path) -> None:
     Image.fromarray(np.ascontiguousarray(image.permute(1, 2, 0).numpy())).save(path)
 
 
-def _output_dir(out: Path) -> Path:
+def _check_output_dir(out: Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: an existing file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
     return out
 
 
@@ -206,7 +207,7 @@ def predict_images(
     write one drawing per image, RESULTS_FILE and IMAGES_FILE into `options.out`. `flags`: the train
     flags given (config.PREDICT_TRAIN_FLAGS). Progress goes to `stream` (stderr) when it is a terminal."""
     assert options.out is not None  # config.build_predict_config requires it
-    out = _output_dir(options.out)
+    out = _check_output_dir(options.out)  # made once inputs and model are known to be good
     data_path = flags.get("data-path")
     if bool(inputs) == (data_path is not None):
         raise ConfigError("predict: give image files or folders, or --data-path with --split: one of them")
@@ -214,6 +215,7 @@ def predict_images(
     images = dataset_images(dataset) if dataset is not None else collect_images(inputs)
     predictor = load_predictor(flags)  # after the inputs: a typo fails before the model is built
     categories = predictor.categories_for(dataset)
+    out.mkdir(parents=True, exist_ok=True)
     stream = stream or sys.stderr
     results: list[dict[str, Any]] = []
     sizes: dict[int, tuple[int, int]] = {}
