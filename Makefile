@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml launcher/pyproject.toml
 
 install: $(STAMP) ## create .venv and install the trainer, the launcher and the test tools (idempotent)
 
-demo: install ## train Mask R-CNN on a generated synthetic COCO set on CPU, evaluate, draw the report
+demo: install ## train Mask R-CNN on a generated synthetic COCO set on CPU, evaluate, draw the report and a prediction gallery
 	$(BIN)/maskrcnn-dist demo --output-dir $(DEMO_DIR)
 
 test: install ## run the whole test suite

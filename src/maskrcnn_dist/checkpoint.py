@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, one_line
 from .run_dir import CHECKPOINT_NAME, CHECKPOINT_TMP_GLOB, checkpoint_name, checkpoint_tmp_name
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, foreign or tampered files raise many types
-        raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from exc
+        raise CheckpointError(f"checkpoint {path} cannot be read: {one_line(exc)}") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a maskrcnn-dist checkpoint (format {FORMAT_VERSION})")
     log.info("loaded checkpoint %s (step %s)", path, state.get("step"))

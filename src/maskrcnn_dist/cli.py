@@ -29,15 +29,25 @@ class _FieldType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+def field_options(specs: tuple[config_mod.FieldSpec, ...]):
+    """click options for config fields (default None: "not given", so YAML and saved values can fill in)."""
+
+    def decorate(func):
+        for spec in reversed(specs):
+            if spec.kind is bool:
+                func = click.option(f"--{spec.flag}/--no-{spec.flag}", _param(spec), default=None, help=spec.help)(func)
+            else:
+                func = click.option(
+                    f"--{spec.flag}", _param(spec), type=_FieldType(spec), default=None, help=spec.help
+                )(func)
+        return func
+
+    return decorate
+
+
 def train_options(func):
     """Every train flag, generated from config.FIELDS so flags and YAML keys can never drift apart."""
-    for spec in reversed(config_mod.FIELDS):
-        if spec.kind is bool:
-            func = click.option(f"--{spec.flag}/--no-{spec.flag}", _param(spec), default=None, help=spec.help)(func)
-        else:
-            func = click.option(f"--{spec.flag}", _param(spec), type=_FieldType(spec), default=None, help=spec.help)(
-                func
-            )
+    func = field_options(config_mod.FIELDS)(func)
     return click.option(
         "--config",
         "config_file",
@@ -158,12 +168,19 @@ def synth_data(
     default=None,
     help="PNG to write (default: next to the metrics file)",
 )
-def report(metrics_file: Path, out_png: Path | None) -> None:
-    """Draw loss and AP curves of a run into a PNG."""
+@click.option("--gallery", default=0, show_default=True, help="also draw N validation images: predictions | truth")
+@field_options(tuple(config_mod.BY_FLAG[flag] for flag in ("resume", "data-path")))
+def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path | None, data_path: Path | None) -> None:
+    """Draw loss and AP curves of a run into a PNG; with --gallery N --resume CKPT, predictions on N
+    validation images beside their ground truth into a second PNG (report_gallery.png)."""
     from .report import draw_report
 
     path = _run(draw_report, metrics_file, out_png or metrics_file.with_name("report.png"))
     click.echo(str(path))
+    if gallery:
+        from .gallery import draw_gallery, gallery_path
+
+        click.echo(str(_run(draw_gallery, resume, gallery, gallery_path(path), data_path)))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
@@ -174,6 +191,9 @@ def status(args: tuple[str, ...]) -> None:
     The Kubernetes client lives on the launcher's side (no torch); this keeps the command where
     trainer users look for it without importing the launcher."""
     os.execv(sys.executable, [sys.executable, "-m", "maskrcnn_launcher", "status", *args])
+
+
+DEMO_GALLERY_IMAGES = 4  # a few seconds on CPU after training
 
 
 @main.command()
@@ -187,7 +207,7 @@ def status(args: tuple[str, ...]) -> None:
     help="pipeline: master, worker 1 and worker 2 as three launcher processes on loopback",
 )
 def demo(output_dir: Path, steps: int, engine: str) -> None:
-    """The embedded default: synthetic COCO, small Mask R-CNN, CPU, short schedule, evaluation, report.
+    """The embedded default: synthetic COCO, small Mask R-CNN, CPU, short schedule, evaluation, report, gallery.
 
     With the pipeline engine this is the three-machine job on one machine: `maskrcnn-launch local`
     starts the master and both stage workers with explicit identities on 127.0.0.1.
@@ -208,6 +228,31 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
         _run(run_train, _run(config_mod.build_config, None, flags))
     png = _run(draw_report, output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
+    from .gallery import draw_gallery, gallery_path
+
+    shown = _run(draw_gallery, output_dir / "checkpoints", DEMO_GALLERY_IMAGES, gallery_path(png))
+    click.echo(f"gallery: {shown}")
+
+
+@main.command()
+@field_options(config_mod.PREDICT_FIELDS + tuple(config_mod.BY_FLAG[f] for f in config_mod.PREDICT_TRAIN_FLAGS))
+@click.argument("inputs", nargs=-1, type=click.Path(path_type=Path))
+def predict(inputs: tuple[Path, ...], **kwargs: Any) -> None:
+    """Draw a model's detections on images and write them as COCO results (detections.json).
+
+    INPUTS are image files and folders (searched recursively), or --data-path with --split. The model
+    is --resume CHECKPOINT (built with the settings it was trained with) or --weights FILE (built from
+    --model, --min-size, --max-size). Labels are the categories the checkpoint stores, or "class k"."""
+    from .predict import predict_images
+
+    values = _collect(kwargs)
+    options = _run(config_mod.build_predict_config, {flag: values.pop(flag) for flag in config_mod.PREDICT_BY_FLAG})
+    flags = {flag: value for flag, value in values.items() if value is not None}
+    summary = _run(predict_images, list(inputs), options, flags)
+    click.echo(
+        f"{summary.images} images, {summary.drawn} detections drawn (score >= {options.score_threshold:g}), "
+        f"{summary.detections} in {summary.results}"
+    )
 
 
 if __name__ == "__main__":

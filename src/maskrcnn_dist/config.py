@@ -92,6 +92,12 @@ class ModelConfig:
         True, "channels_last (NHWC) memory format for the backbone, FPN and RPN head (fast bf16 convolutions)"
     )
 
+    def resolved_backbone_norm(self) -> str:
+        """The backbone's BatchNorm with these settings, "frozen" or "batch" ("auto" resolved)."""
+        if self.backbone_norm != "auto":
+            return self.backbone_norm
+        return "frozen" if (self.weights or self.weights_backbone) else "batch"
+
 
 @dataclass
 class OptimConfig:
@@ -301,10 +307,40 @@ def _specs(cls: type, section: str | None) -> Iterator[FieldSpec]:
         )
 
 
+@dataclass
+class PredictConfig:
+    """`maskrcnn-dist predict`'s own settings. The model, weights, device and amp flags are the train
+    flags named in PREDICT_TRAIN_FLAGS (one definition each)."""
+
+    out: Path | None = option(None, "folder for the drawings, detections.json and images.json (required)")
+    # The results file keeps everything the model returns, so that it scores what `eval` scores.
+    score_threshold: float = option(
+        0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0
+    )
+    split: str = option("val", "with --data-path: the split whose images to predict")
+    batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1)
+
+
+#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
+PREDICT_TRAIN_FLAGS = (
+    "resume",
+    "weights",
+    "data-path",
+    "model",
+    "min-size",
+    "max-size",
+    "device",
+    "amp",
+    "amp-dtype",
+    "threads",
+)
+
 #: Every setting, in declaration order.
 FIELDS: tuple[FieldSpec, ...] = tuple(_specs(TrainConfig, None))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
+PREDICT_FIELDS: tuple[FieldSpec, ...] = tuple(_specs(PredictConfig, None))
+PREDICT_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PREDICT_FIELDS}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,13 +348,14 @@ BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
 # ----------------------------------------------------------------------------------------------
 
 
-def apply_overrides(cfg: TrainConfig, values: dict[str, Any], source: str) -> TrainConfig:
-    """Set fields from a flag-name -> value mapping; unknown names are an error that names them."""
-    unknown = sorted(set(values) - set(BY_FLAG))
+def apply_overrides(cfg: Any, values: dict[str, Any], source: str, table: dict[str, FieldSpec] = BY_FLAG) -> Any:
+    """Set fields of `cfg` (a TrainConfig, or the dataclass `table` describes) from a flag-name -> value
+    mapping; unknown names are an error that names them."""
+    unknown = sorted(set(values) - set(table))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys are the train flags")
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys are the command's flags")
     for flag, value in values.items():
-        spec = BY_FLAG[flag]
+        spec = table[flag]
         try:
             spec.set(cfg, spec.parse(value))
         except ValueError as exc:
@@ -349,6 +386,38 @@ def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainCon
     apply_overrides(cfg, {k: v for k, v in cli_values.items() if v is not None}, "command line")
     cfg.validate()
     return cfg
+
+
+def build_predict_config(values: dict[str, Any]) -> PredictConfig:
+    """predict's own flags (None: not given) over PredictConfig's defaults, checked like the train flags."""
+    cfg = apply_overrides(
+        PredictConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PREDICT_BY_FLAG
+    )
+    errors = [problem for spec in PREDICT_FIELDS if (problem := spec.problem(spec.get(cfg)))]
+    if cfg.out is None:
+        errors.append("--out DIR is required")
+    if errors:
+        raise ConfigError("invalid predict options: " + "; ".join(errors))
+    return cfg
+
+
+def saved_model_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a checkpoint's config (config_to_dict's form) as flag-name -> value, so a
+    checkpoint rebuilds the model it was trained with. Weight files are left out: they were the starting
+    point, the checkpoint holds the result (and they need not exist where the checkpoint is read)."""
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(model, dict):
+        return {}
+    skip = ("weights", "weights_backbone")
+    flags = {s.flag: model[s.name] for s in FIELDS if s.section == "model" and s.name in model and s.name not in skip}
+    # Without the weight files "auto" would mean another BatchNorm (and another state dict layout).
+    as_trained = ModelConfig(
+        weights=model.get("weights"),
+        weights_backbone=model.get("weights_backbone"),
+        backbone_norm=model.get("backbone_norm", "auto"),
+    )
+    flags["backbone-norm"] = as_trained.resolved_backbone_norm()
+    return flags
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -24,3 +24,10 @@ class TrainingError(Exception):
 
 class PeerLostError(TrainingError):
     """A distributed peer stopped answering: the job exits so the group can restart and resume."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, shortened: torch's messages can run to a page (and put the
+    detail on later lines), and the CLI prints a user error as one line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

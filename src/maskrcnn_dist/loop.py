@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .categories import Categories
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, config_to_dict
 from .data import build_train_loader
@@ -158,6 +159,8 @@ class Trainer:
             "rng": torch.get_rng_state(),
             "engine": self.engine.name,
             "config": config_to_dict(self.cfg),
+            # label -> (category id, name): predict labels its drawings without the dataset.
+            "categories": Categories.of_dataset(self.train_set).to_state(),
         }
         path = save_checkpoint(state, self.checkpoint_dir, p.step, self.cfg.keep_checkpoints)
         log.info("saved %s", path)

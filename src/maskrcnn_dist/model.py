@@ -15,7 +15,7 @@ from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
 from torchvision.ops import misc as misc_nn_ops
 
 from .config import ModelConfig
-from .errors import WeightsError
+from .errors import WeightsError, one_line
 from .perf import keep_head_outputs_fp32, to_channels_last
 from .roi_align import use_sparse_roi_align
 
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 # Layers whose shape depends on the number of classes: a COCO-pretrained file fits everything else.
 CLASS_DEPENDENT_PREFIXES = ("roi_heads.box_predictor.", "roi_heads.mask_predictor.mask_fcn_logits.")
+CLASS_SCORE_WEIGHT = "roi_heads.box_predictor.cls_score.weight"  # [num_classes, features]
 
 
 # The small variant also samples fewer proposals: at 128 px the box and mask heads, not the trunk,
@@ -37,8 +38,7 @@ SMALL_VARIANT_SAMPLING = dict(
 
 
 def _norm_layer(cfg: ModelConfig) -> type[nn.Module]:
-    frozen = cfg.backbone_norm == "frozen" or (cfg.backbone_norm == "auto" and (cfg.weights or cfg.weights_backbone))
-    return misc_nn_ops.FrozenBatchNorm2d if frozen else nn.BatchNorm2d
+    return misc_nn_ops.FrozenBatchNorm2d if cfg.resolved_backbone_norm() == "frozen" else nn.BatchNorm2d
 
 
 def _trainable_layers(cfg: ModelConfig) -> int:
@@ -48,13 +48,19 @@ def _trainable_layers(cfg: ModelConfig) -> int:
     return 3 if (cfg.weights or cfg.weights_backbone) else 5
 
 
-def _read_state_dict(path: Path, what: str) -> dict[str, torch.Tensor]:
+def state_num_classes(state: dict[str, torch.Tensor]) -> int | None:
+    """Classes (background included) a Mask R-CNN state dict was trained for; None without a box predictor."""
+    weight = state.get(CLASS_SCORE_WEIGHT)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+
+def read_state_dict(path: Path, what: str) -> dict[str, torch.Tensor]:
     if not Path(path).is_file():
         raise WeightsError(f"{what} file {path} does not exist (weights are never downloaded; give a local file)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file; the user needs the path.
-        raise WeightsError(f"{what} file {path} is not a readable PyTorch state dict: {exc}") from exc
+        raise WeightsError(f"{what} file {path} is not a readable PyTorch state dict: {one_line(exc)}") from exc
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a maskrcnn-dist or torchvision-reference checkpoint
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -90,7 +96,7 @@ def _load_into(
 
 
 def _load_file(module: nn.Module, path: Path, what: str, skippable: tuple[str, ...]) -> None:
-    _load_into(module, _read_state_dict(path, what), path, what, skippable=skippable)
+    _load_into(module, read_state_dict(path, what), path, what, skippable=skippable)
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:

@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 from .metrics import read_metrics
 
 
-def draw_report(metrics_file: Path, out_png: Path) -> Path:
-    """Training and validation loss (left), COCO bbox/segm AP (right). Returns the PNG's path."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only backend (no display in pods or CI); imported only when drawing."""
     import matplotlib
 
-    matplotlib.use("Agg")  # no display in pods or CI
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig: Any, out_png: Path) -> Path:
+    """Write `fig` to `out_png` (folders created) and release it."""
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    pyplot().close(fig)
+    return out_png
+
+
+def draw_report(metrics_file: Path, out_png: Path) -> Path:
+    """Training and validation loss (left), COCO bbox/segm AP (right). Returns the PNG's path."""
+    plt = pyplot()
     if not Path(metrics_file).is_file():
         raise UserError(f"report: {metrics_file} does not exist (train writes OUTPUT_DIR/metrics.jsonl)")
     records = read_metrics(metrics_file)
@@ -39,8 +55,4 @@ def draw_report(metrics_file: Path, out_png: Path) -> Path:
     ax_ap.set(xlabel="step", ylabel="COCO AP", title="Evaluation", ylim=(0, 1))
     ax_ap.legend()
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png)

@@ -171,20 +171,26 @@ def hflip(image: torch.Tensor, target: Target) -> tuple[torch.Tensor, Target]:
 # loading
 
 
-def _load_image(sample: _Sample) -> torch.Tensor:
+def read_image(path: Path, name: str | None = None) -> torch.Tensor:
+    """An image file as float32 [3, H, W] in [0, 1]; a DatasetError naming the file (`name`) if it cannot be decoded."""
     try:
-        with Image.open(sample.path) as im:
+        with Image.open(path) as im:
             im.load()  # decode now, so a truncated file fails here with its name
             array = _to_rgb_float(im)
     except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise DatasetError(f"{sample.path} (image id {sample.image_id}): cannot read image: {e}") from e
-    h, w = array.shape[:2]
+        raise DatasetError(f"{name or path}: cannot read image: {e}") from e
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _load_image(sample: _Sample) -> torch.Tensor:
+    image = read_image(sample.path, f"{sample.path} (image id {sample.image_id})")
+    h, w = image.shape[-2:]
     if (w, h) != (sample.width, sample.height):
         raise DatasetError(
             f"{sample.path} (image id {sample.image_id}): image is {w}x{h} but the annotation file "
             f"says {sample.width}x{sample.height}"
         )
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    return image
 
 
 def _to_rgb_float(im: Image.Image) -> np.ndarray:

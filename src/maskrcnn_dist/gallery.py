@@ -1,0 +1,80 @@
+"""The report's gallery: a few validation images, the model's predictions beside their ground truth.
+
+A second PNG next to the curves (report_gallery.png for report.png) rather than a panel inside them:
+the curves are a fixed-size chart, the gallery is as tall as the number of images asked for, and each
+image keeps its own pixels (enlarged by whole factors) instead of being resampled into a chart's cell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import Subset
+
+from .data import build_eval_loader
+from .draw import draw_detections, to_uint8
+from .errors import ConfigError
+from .predict import draw_prediction, legible_scale, load_predictor, open_split
+from .report import pyplot, save_figure
+
+GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images on CPU
+
+
+def gallery_path(report_png: Path) -> Path:
+    """report.png -> report_gallery.png, beside it."""
+    report_png = Path(report_png)
+    return report_png.with_name(f"{report_png.stem}_gallery.png")
+
+
+def draw_gallery(
+    resume: Path | None,
+    count: int,
+    out_png: Path,
+    data_path: Path | None = None,
+    split: str = "val",
+    score_threshold: float = 0.5,
+    device: str = "cpu",
+) -> Path:
+    """The first `count` images of `split` (under `data_path`, default: the dataset the checkpoint was
+    trained on): predictions of checkpoint `resume` (left) and ground truth (right), one row each."""
+    if resume is None:
+        raise ConfigError("report --gallery N needs --resume CHECKPOINT (the model whose predictions to draw)")
+    predictor = load_predictor({"resume": resume, "device": device})
+    data_path = data_path or predictor.saved_config.get("data", {}).get("data_path")
+    if data_path is None:
+        raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
+    dataset = open_split(Path(data_path), split)
+    categories = predictor.categories_for(dataset)
+    rows: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    subset = Subset(dataset, range(min(count, len(dataset))))
+    for images, targets in build_eval_loader(subset, GALLERY_BATCH):
+        for image, target, detection in zip(images, targets, predictor.predict(images)):
+            truth = draw_detections(
+                to_uint8(image),
+                target["boxes"],
+                target["masks"],
+                [categories.caption(int(label)) for label in target["labels"]],
+                "no objects",
+                legible_scale(image),
+            )
+            rows.append(
+                (int(target["image_id"]), draw_prediction(image, detection, categories, score_threshold), truth)
+            )
+    if not rows:
+        raise ConfigError(f"report --gallery: the {split} split under {data_path} holds no images")
+
+    height = max(p.shape[-2] for _, p, _ in rows) / 100
+    width = max(p.shape[-1] for _, p, _ in rows) / 100
+    fig, axes = pyplot().subplots(len(rows), 2, figsize=(2 * width + 0.4, len(rows) * (height + 0.45)), squeeze=False)
+    for (image_id, predicted, truth), (ax_pred, ax_truth) in zip(rows, axes):
+        ax_pred.imshow(predicted.permute(1, 2, 0).numpy(), interpolation="nearest")
+        ax_pred.set_title(f"image {image_id}: predicted (score >= {score_threshold:g})", fontsize=9)
+        ax_truth.imshow(truth.permute(1, 2, 0).numpy(), interpolation="nearest")
+        ax_truth.set_title(f"image {image_id}: ground truth", fontsize=9)
+        for ax in (ax_pred, ax_truth):
+            ax.axis("off")
+    after = f" after {predictor.step} steps" if predictor.step is not None else ""
+    fig.suptitle(f"{predictor.source}{after}: the first {len(rows)} {split} images", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, out_png)

@@ -1,0 +1,247 @@
+"""Predict: images (files, folders, or a dataset split) -> detections -> drawings and COCO results.
+
+The model comes from a checkpoint (--resume) or a weights file (--weights) the way `eval` gets it: the
+train flags through config.build_config, model.build_model inside the local engine, whose `predict`
+runs under perf.autocast_context and returns CPU detections in original image coordinates. The results
+are evaluation.detections_to_coco's records, the ones `eval` scores: on a dataset split, with the same
+batches, detections.json scores exactly `eval`'s AP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .categories import Categories
+from .checkpoint import load_checkpoint
+from .config import PredictConfig, build_config, saved_model_flags
+from .data import CocoInstanceDataset, build_eval_loader, find_split, read_image
+from .draw import draw_detections, to_uint8
+from .engines.torch_engine import TorchEngine
+from .errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
+from .evaluation import detections_to_coco
+from .model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from .train import setup_process
+
+RESULTS_FILE = "detections.json"  # COCO results: a list of {image_id, category_id, bbox, score, segmentation}
+IMAGES_FILE = "images.json"  # COCO images + categories, so that COCO(IMAGES_FILE).loadRes(RESULTS_FILE) works
+# Files of these kinds are taken from folders (recursively); a file named on the command line is always read.
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
+# Drawings of images smaller than this (short side, pixels) are enlarged, so that captions stay legible.
+LEGIBLE_SIDE = 256
+
+
+@dataclass
+class Predictor:
+    """A model ready to predict, with what its labels mean."""
+
+    engine: TorchEngine
+    categories: Categories  # the checkpoint's, or "class k" by index
+    source: str  # "checkpoint PATH" / "weights file PATH": how messages name it
+    saved_config: dict[str, Any]  # the config it was trained with ({} for weights files)
+    step: int | None = None  # the checkpoint's optimizer steps
+
+    def predict(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return self.engine.predict(images)
+
+    def categories_for(self, dataset: CocoInstanceDataset | None) -> Categories:
+        """The dataset's categories (real COCO ids) when there is one, which must be as many as the model's."""
+        if dataset is None:
+            return self.categories
+        theirs = Categories.of_dataset(dataset)
+        if theirs.num_classes != self.categories.num_classes:
+            raise DatasetError(
+                f"{dataset.annotation_file}: {theirs.num_classes - 1} categories, but {self.source} "
+                f"was trained for {self.categories.num_classes - 1}"
+            )
+        return theirs
+
+
+def load_predictor(flags: dict[str, Any]) -> Predictor:
+    """The model of `flags["resume"]` (a checkpoint) or `flags["weights"]` (a state dict), built from the
+    other train flags in `flags` over, for a checkpoint, the model settings it was trained with."""
+    resume, weights = flags.get("resume"), flags.get("weights")
+    if (resume is None) == (weights is None):
+        raise ConfigError("predict needs one of --resume CHECKPOINT or --weights FILE")
+    if resume is not None:
+        source = f"checkpoint {resume}"
+        state = load_checkpoint(Path(resume))
+        model_state, saved, step = state["model"], state.get("config") or {}, state.get("step")
+        categories = Categories.from_state(state.get("categories"), source)
+    else:
+        source = f"weights file {weights}"
+        model_state, saved, categories, step = read_state_dict(Path(weights), "weights"), {}, None, None
+    num_classes = state_num_classes(model_state)
+    if num_classes is None:
+        raise CheckpointError(f"{source} is not a Mask R-CNN model: it has no {CLASS_SCORE_WEIGHT}")
+    if categories is not None and categories.num_classes != num_classes:
+        raise CheckpointError(
+            f"{source}: its categories name {categories.num_classes - 1} classes, its model has {num_classes - 1}"
+        )
+    cfg = build_config(None, {**saved_model_flags(saved), **flags})
+    setup_process(cfg)  # --threads and denormal flushing, as for eval
+    # With --weights, build_model loads the file (eval's path); its class count is the file's, so nothing is skipped.
+    engine = TorchEngine(cfg, num_classes, iters_per_epoch=1)
+    if resume is not None:
+        try:
+            engine.load_state_dict({"model": model_state})
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise CheckpointError(f"{source} does not fit the model {cfg.model.name}: {one_line(exc)}") from exc
+    return Predictor(engine, categories or Categories.by_index(num_classes), source, saved, step)
+
+
+# ---------------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass(frozen=True)
+class InputImage:
+    image_id: int
+    path: Path
+    name: str  # the drawing's file name without suffix, unique within a run
+
+
+def collect_images(inputs: Sequence[Path]) -> list[InputImage]:
+    """Image files as given, and the image files in given folders and their subfolders, sorted; ids 1..N."""
+    paths: list[Path] = []
+    for given in map(Path, inputs):
+        if given.is_dir():
+            found = sorted(p for p in given.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise UserError(f"{given}: no image files ({' '.join(IMAGE_SUFFIXES)}) in this folder or below")
+            paths += found
+        elif given.is_file():
+            paths.append(given)  # named explicitly: read whatever it is; a non-image fails with its name
+        else:
+            raise UserError(f"{given}: no such file or folder")
+    return _named(list(enumerate(paths, start=1)))
+
+
+def dataset_images(dataset: CocoInstanceDataset) -> list[InputImage]:
+    """A split's images in dataset order (the order of eval's loader)."""
+    return _named([(iid, dataset.image_dir / dataset.coco.imgs[iid]["file_name"]) for iid in dataset.image_ids])
+
+
+def _named(items: list[tuple[int, Path]]) -> list[InputImage]:
+    stems = Counter(path.stem for _, path in items)
+    return [InputImage(iid, path, path.stem if stems[path.stem] == 1 else f"{path.stem}-{iid}") for iid, path in items]
+
+
+def open_split(data_path: Path, split: str) -> CocoInstanceDataset:
+    image_dir, annotation_file = find_split(Path(data_path), split)
+    return CocoInstanceDataset(image_dir, annotation_file, train=False)
+
+
+def _batches(
+    images: list[InputImage], dataset: CocoInstanceDataset | None, batch_size: int
+) -> Iterator[tuple[list[InputImage], list[torch.Tensor]]]:
+    if dataset is not None:
+        # eval's loader: the model pads each batch to its largest image, so only the same batches give
+        # bit-identical detections.
+        loader = build_eval_loader(dataset, batch_size)
+        for start, (tensors, _targets) in zip(range(0, len(images), batch_size), loader):
+            yield images[start : start + batch_size], tensors
+        return
+    for start in range(0, len(images), batch_size):
+        chunk = images[start : start + batch_size]
+        yield chunk, [read_image(item.path) for item in chunk]
+
+
+# ---------------------------------------------------------------------------------------------------
+# outputs
+
+
+def legible_scale(image: torch.Tensor) -> int:
+    """The integer enlargement that brings the image's short side to at least LEGIBLE_SIDE pixels."""
+    return max(1, math.ceil(LEGIBLE_SIDE / max(1, min(image.shape[-2:]))))
+
+
+def draw_prediction(
+    image: torch.Tensor, detection: dict[str, torch.Tensor], categories: Categories, threshold: float
+) -> torch.Tensor:
+    """The detections scoring at least `threshold` on `image` (float [3, H, W]), as a uint8 drawing."""
+    keep = detection["scores"] >= threshold
+    masks = detection["masks"][keep, 0] > 0.5 if "masks" in detection else None
+    captions = [
+        f"{categories.caption(int(label))} {score:.2f}"
+        for label, score in zip(detection["labels"][keep], detection["scores"][keep].tolist())
+    ]
+    note = f"no detections above {threshold:g}"
+    return draw_detections(to_uint8(image), detection["boxes"][keep], masks, captions, note, legible_scale(image))
+
+
+def save_png(image: torch.Tensor, path: Path) -> None:
+    Image.fromarray(np.ascontiguousarray(image.permute(1, 2, 0).numpy())).save(path)
+
+
+def _check_output_dir(out: Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: an existing file, not a folder")
+    return out
+
+
+@dataclass
+class PredictSummary:
+    images: int
+    detections: int  # records in the results file
+    drawn: int  # detections at or above the score threshold
+    out: Path
+    results: Path
+
+
+def predict_images(
+    inputs: Sequence[Path], options: PredictConfig, flags: dict[str, Any], stream: TextIO | None = None
+) -> PredictSummary:
+    """Predict the images in `inputs` (files, folders) or, with flags["data-path"], in `options.split`;
+    write one drawing per image, RESULTS_FILE and IMAGES_FILE into `options.out`. `flags`: the train
+    flags given (config.PREDICT_TRAIN_FLAGS). Progress goes to `stream` (stderr) when it is a terminal."""
+    assert options.out is not None  # config.build_predict_config requires it
+    out = _check_output_dir(options.out)  # made once inputs and model are known to be good
+    data_path = flags.get("data-path")
+    if bool(inputs) == (data_path is not None):
+        raise ConfigError("predict: give image files or folders, or --data-path with --split: one of them")
+    dataset = open_split(data_path, options.split) if data_path is not None else None
+    images = dataset_images(dataset) if dataset is not None else collect_images(inputs)
+    predictor = load_predictor(flags)  # after the inputs: a typo fails before the model is built
+    categories = predictor.categories_for(dataset)
+    out.mkdir(parents=True, exist_ok=True)
+    stream = stream or sys.stderr
+    results: list[dict[str, Any]] = []
+    sizes: dict[int, tuple[int, int]] = {}
+    drawn = 0
+    for batch, tensors in _batches(images, dataset, options.batch_size):
+        for item, image, detection in zip(batch, tensors, predictor.predict(tensors)):
+            results += detections_to_coco(item.image_id, detection, list(categories.ids))
+            save_png(draw_prediction(image, detection, categories, options.score_threshold), out / f"{item.name}.png")
+            drawn += int((detection["scores"] >= options.score_threshold).sum())
+            sizes[item.image_id] = (image.shape[-1], image.shape[-2])
+        _progress(stream, len(sizes), len(images))
+    if stream.isatty():
+        stream.write("\n")
+    coco_images = [
+        {"id": i.image_id, "file_name": str(i.path), "width": sizes[i.image_id][0], "height": sizes[i.image_id][1]}
+        for i in images
+    ]
+    (out / IMAGES_FILE).write_text(
+        json.dumps({"images": coco_images, "annotations": [], "categories": categories.coco_categories()})
+    )
+    (out / RESULTS_FILE).write_text(json.dumps(results))
+    return PredictSummary(len(images), len(results), drawn, out, out / RESULTS_FILE)
+
+
+def _progress(stream: TextIO, done: int, total: int) -> None:
+    """A one-line counter on a terminal; nothing in logs (carriage returns make them unreadable)."""
+    if stream.isatty():
+        stream.write(f"\rpredict: {done}/{total} images")
+        stream.flush()

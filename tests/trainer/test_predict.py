@@ -1,0 +1,227 @@
+"""predict: its COCO results score exactly eval's AP; drawings put colour where the masks are; checkpoints
+carry the category names; bad input is one clear line naming the file, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pycocotools.coco import COCO
+
+from maskrcnn_dist.categories import Categories
+from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
+from maskrcnn_dist.config import PredictConfig, saved_model_flags
+from maskrcnn_dist.data import write_train_val
+from maskrcnn_dist.draw import MASK_ALPHA, PALETTE, draw_detections
+from maskrcnn_dist.evaluation import coco_ap
+from maskrcnn_dist.gallery import draw_gallery
+from maskrcnn_dist.predict import RESULTS_FILE, draw_prediction, load_predictor, open_split, predict_images
+from maskrcnn_dist.train import train
+
+from .conftest import fast_config
+
+# Enough steps from scratch for a non-zero AP on tiny_coco (24 steps: bbox AP50 about 0.1), so that a
+# results file that lost detections scores differently.
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of the small model after STEPS steps on tiny_coco."""
+    out = tmp_path_factory.mktemp("predict_run")
+    cfg = fast_config(tiny_coco, out, **{"max-steps": STEPS, "epochs": 100, "lr-steps": "1000", "val-period": 0})
+    train(cfg)
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    assert checkpoint is not None
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------------
+# results and AP
+
+
+def test_results_file_scores_exactly_evals_ap(trained: Path, tiny_coco: Path, tmp_path: Path):
+    cfg = fast_config(tiny_coco, tmp_path / "eval", resume=trained, **{"test-only": True})
+    eval_ap = train(cfg).eval
+    assert eval_ap["bbox_AP50"] > 0 and eval_ap["segm_AP50"] > 0  # else equality would prove nothing
+
+    options = PredictConfig(out=tmp_path / "pred", batch_size=cfg.data.val_batch_size)
+    summary = predict_images([], options, {"resume": trained, "data-path": tiny_coco, "device": "cpu"})
+    assert summary.images == 4 and summary.detections > summary.drawn  # the file keeps low scores too
+
+    gt = COCO(str(tiny_coco / "val" / "annotations.json"))
+    loaded = gt.loadRes(str(tmp_path / "pred" / RESULTS_FILE))  # pycocotools accepts the file as written
+    records = json.loads((tmp_path / "pred" / RESULTS_FILE).read_text())
+    assert len(loaded.getAnnIds()) == len(records) == summary.detections
+    first = records[0]
+    assert isinstance(first["segmentation"]["counts"], str) and len(first["bbox"]) == 4
+    assert {r["category_id"] for r in records} <= set(gt.getCatIds())
+    predicted_ap = coco_ap(gt, records, gt.getImgIds())
+    for key, value in predicted_ap.items():
+        assert value == pytest.approx(eval_ap[key], abs=1e-9), key
+
+
+def test_categories_round_trip_through_the_checkpoint(trained: Path, tiny_coco: Path, tmp_path: Path):
+    train_set = open_split(tiny_coco, "train")
+    stored = load_checkpoint(trained)["categories"]
+    assert stored == [
+        [-1, "__background__"],
+        *([i, n] for i, n in zip(train_set.label_to_category_id[1:], train_set.category_names[1:])),
+    ]
+    predictor = load_predictor({"resume": trained, "device": "cpu"})
+    assert predictor.categories == Categories.of_dataset(train_set)
+    assert predictor.categories.caption(1) == train_set.category_names[1]
+
+    # A checkpoint written before checkpoints carried categories still loads, labelled by index.
+    old = torch.load(trained, weights_only=True)
+    del old["categories"]
+    torch.save(old, tmp_path / "old.pt")
+    old_predictor = load_predictor({"resume": tmp_path / "old.pt", "device": "cpu"})
+    assert old_predictor.categories.names[1:] == ("class 1", "class 2", "class 3")
+    # So does a plain state dict given as --weights (its model settings are flags).
+    torch.save(old["model"], tmp_path / "weights.pt")
+    model_flags = {"model": "maskrcnn_resnet18_fpn", "min-size": 96, "max-size": 96, "backbone-norm": "batch"}
+    by_weights = load_predictor({"weights": tmp_path / "weights.pt", "device": "cpu", **model_flags})
+    assert by_weights.categories.num_classes == 4
+    image = [open_split(tiny_coco, "val")[0][0]]
+    torch.testing.assert_close(by_weights.predict(image), old_predictor.predict(image))
+
+
+def test_a_checkpoint_rebuilds_its_model_without_the_files_it_started_from():
+    saved = {"model": {"name": "maskrcnn_resnet18_fpn", "min_size": 96, "weights_backbone": "/gone/r18.pth"}}
+    flags = saved_model_flags(saved)
+    assert flags["model"] == "maskrcnn_resnet18_fpn" and flags["min-size"] == 96
+    assert "weights-backbone" not in flags and flags["backbone-norm"] == "frozen"  # what "auto" meant then
+    assert saved_model_flags({"model": {"backbone_norm": "auto"}})["backbone-norm"] == "batch"
+
+
+def test_gallery_draws_predictions_beside_truth(trained: Path, tmp_path: Path):
+    png = draw_gallery(trained, 2, tmp_path / "report_gallery.png")  # the dataset the checkpoint names
+    from PIL import Image
+
+    with Image.open(png) as im:
+        assert im.width > im.height / 2 > 100  # two columns, two rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# drawing
+
+
+def _grey(height: int = 80, width: int = 96) -> torch.Tensor:
+    return torch.full((3, height, width), 100, dtype=torch.uint8)
+
+
+def test_drawing_colours_the_mask_and_leaves_the_rest():
+    image = _grey()
+    mask = torch.zeros(1, 80, 96, dtype=torch.bool)
+    mask[0, 40:60, 30:50] = True
+    box = torch.tensor([[20.0, 30.0, 60.0, 70.0]])  # 10 px around the mask
+    drawn = draw_detections(image, box, mask, ["a"], "none")  # the caption sits inside the box, top left
+    colour = torch.tensor(PALETTE[0], dtype=torch.float32)[:, None, None]
+    expected = (image.float() * (1 - MASK_ALPHA) + colour * MASK_ALPHA).to(torch.uint8)
+    inside = mask[0]
+    assert (
+        drawn[:, inside].int() - expected[:, inside].int()
+    ).abs().max() <= 1  # every mask pixel, blended with its colour
+    between = torch.zeros(80, 96, dtype=torch.bool)
+    between[46:68, 23:58] = True  # inside the box, clear of its 1 px outline and the caption
+    between &= ~inside
+    assert torch.equal(drawn[:, between], image[:, between])  # no colour beside the mask
+    far = torch.ones(80, 96, dtype=torch.bool)
+    far[15:75, 15:65] = False  # the box, its caption above it, and a margin
+    assert torch.equal(drawn[:, far], image[:, far])
+
+
+def test_each_instance_has_its_own_colour():
+    masks = torch.zeros(2, 80, 96, dtype=torch.bool)
+    masks[0, 10:30, 10:30] = True
+    masks[1, 40:70, 50:90] = True
+    boxes = torch.tensor([[5.0, 5.0, 35.0, 35.0], [45.0, 35.0, 95.0, 75.0]])
+    drawn = draw_detections(_grey(), boxes, masks, ["a", "b"], "none")
+    first, second = drawn[:, 25, 25], drawn[:, 65, 80]
+    assert not torch.equal(first, second) and not torch.equal(first, _grey()[:, 0, 0])
+
+
+def test_low_scores_are_not_drawn_and_an_empty_image_gets_a_note():
+    image = torch.full((3, 80, 96), 0.4)
+    masks = torch.zeros(1, 1, 80, 96)
+    masks[0, 0, 40:60, 30:50] = 0.9
+    detection = {
+        "boxes": torch.tensor([[30.0, 40.0, 50.0, 60.0]]),
+        "labels": torch.tensor([1]),
+        "scores": torch.tensor([0.3]),
+        "masks": masks,
+    }
+    categories = Categories.by_index(2)
+    drawn = draw_prediction(image, detection, categories, threshold=0.5)
+    plain = draw_prediction(image, {**detection, "scores": torch.tensor([0.0])}, categories, threshold=0.5)
+    assert torch.equal(drawn, plain)
+    scale = drawn.shape[-1] // 96  # small images are enlarged for legible captions
+    changed = (drawn != torch.full_like(drawn, 102)).any(0)  # 0.4 * 255 rounds to 102
+    rows, cols = changed.nonzero().max(0).values.tolist()
+    assert changed.any() and rows < 20 and cols < drawn.shape[-1] // 2  # only the note, top left
+    shown = draw_prediction(image, detection, categories, threshold=0.2)
+    assert (shown[:, 45 * scale, 40 * scale] != 102).all()  # drawn once the threshold admits it
+
+
+# ---------------------------------------------------------------------------------------------------
+# bad input, through the CLI in a subprocess
+
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO) ")
+
+
+def _predict_cli(*args: object) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    argv = [sys.executable, "-m", "maskrcnn_dist.cli", "predict", "--device", "cpu", *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+
+
+def _the_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one line of stderr that is not an INFO log record; exit status 2."""
+    lines = [line for line in result.stderr.splitlines() if not LOG_RECORD.match(line)]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bad_inputs")
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    (root / "notes.txt").write_text("a text file, not an image\n")
+    (root / "garbage.pt").write_bytes(b"not a zip")
+    torch.save({"something": 1}, root / "foreign.pt")
+    (root / "taken").write_text("a file where the output folder should go\n")
+    write_train_val(root / "two_classes", num_train=2, num_val=2, seed=1, image_size=(48, 64), num_classes=2)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("broken image", r"broken.png: cannot read image"),
+        ("text file as image", r"notes.txt: cannot read image"),
+        ("unreadable checkpoint", r"checkpoint .*garbage.pt cannot be read"),
+        ("foreign checkpoint", r"checkpoint .*foreign.pt is not a maskrcnn-dist checkpoint"),
+        ("class count", r"two_classes/val/annotations.json: 2 categories, but checkpoint .* was trained for 3"),
+        ("out is a file", r"--out .*taken: an existing file, not a folder"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, case: str, message: str):
+    out = bad_inputs / f"out-{case.replace(' ', '-')}"
+    args = {
+        "broken image": ["--resume", trained, "--out", out, bad_inputs / "broken.png"],
+        "text file as image": ["--resume", trained, "--out", out, bad_inputs / "notes.txt"],
+        "unreadable checkpoint": ["--resume", bad_inputs / "garbage.pt", "--out", out, bad_inputs / "broken.png"],
+        "foreign checkpoint": ["--resume", bad_inputs / "foreign.pt", "--out", out, bad_inputs / "broken.png"],
+        "class count": ["--resume", trained, "--out", out, "--data-path", bad_inputs / "two_classes"],
+        "out is a file": ["--resume", trained, "--out", bad_inputs / "taken", bad_inputs / "broken.png"],
+    }[case]
+    line = _the_error_line(_predict_cli(*args))
+    assert line.startswith("error: ") and re.search(message, line), line
