@@ -717,16 +717,36 @@ def scenario_jobset_user_error(settings: Settings) -> dict[str, Any]:
         for path in (broken.parent, broken, broken / "images"):
             path.chmod(0o755)
         js.start()
-        state = _run_jobset(d, timeout=300)
-        require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
-        require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
-        require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
-        master = js.pods("master")[0]
-        require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
-        line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
-        require(line is not None and "not valid JSON" in line, "no 'error: ... not valid JSON' line in the master log")
-        exits = _check_finished_for_good(d)
-        return {**_jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
+        return _failed_at_once(d, started, "not valid JSON")
+
+
+def scenario_jobset_user_error_ddp(settings: Settings) -> dict[str, Any]:
+    """JobSet, ddp (torchrun in each pod): a --data-path that does not exist makes every rank exit 2;
+    torchrun alone would exit 1 (and the group would be retried up to maxRestarts), the trainer's
+    torchrun wrapper keeps the 2, so the JobSet fails at once as for the pipeline."""
+    with Deployment(settings, "jobset-user-error-ddp") as d:
+        started = time.monotonic()
+        args = trainer_args(4, 2, synthetic=False)
+        args[args.index("--data-path") + 1] = "/data/missing"
+        d.render_jobset(DDP_VALUES, {**DDP_CPU_OVERLAY, "trainer": {"args": args}})
+        return _failed_at_once(d, started, "/data/missing")
+
+
+def _failed_at_once(d: Deployment, started: float, error_text: str) -> dict[str, Any]:
+    """A user error: the JobSet fails through its UserError rule without a restart, the master exits 2
+    with an `error: ...` line holding `error_text`, and nothing runs afterwards."""
+    js = d.jobset
+    assert js is not None, "render_jobset first"
+    state = _run_jobset(d, timeout=300)
+    require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
+    require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
+    require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
+    master = js.pods("master")[0]
+    require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
+    line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
+    require(line is not None and error_text in line, f"no 'error: ... {error_text}' line in the master log")
+    exits = _check_finished_for_good(d)
+    return {**_jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
 
 
 def scenario_jobset_max_restarts(settings: Settings) -> dict[str, Any]:
@@ -763,7 +783,8 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "jobset": scenario_jobset,
     "jobset-lost-worker": scenario_jobset_lost_worker,
     "jobset-user-error": scenario_jobset_user_error,
+    "jobset-user-error-ddp": scenario_jobset_user_error_ddp,
     "jobset-max-restarts": scenario_jobset_max_restarts,
 }
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
-DDP_ONLY = ("ddp", "ddp-fault")
+DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp")
