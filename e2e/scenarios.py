@@ -343,11 +343,10 @@ def scenario_pipeline(settings: Settings) -> dict[str, Any]:
         for w in d.workers:
             require(d.log_has(w, r"accepts connections"), f"{w}: never reached the master's port")
         # A finished group restarted (restartPolicy Always): resume finds the plan done.
-        before = checks.read_records(d.run_dir)
+        restarted_at = time.time()
         d.cluster.start(*d.workers, d.master)
         d.wait_success(timeout=300)
-        after = checks.read_records(d.run_dir)
-        new = [r for r in after[len(before) :] if r.get("kind") in ("train", "eval")]
+        new = [r for r in checks.records_since(d.run_dir, restarted_at) if r.get("kind") in ("train", "eval")]
         require(not new, f"restarting the finished job trained or evaluated again: {new[:3]}")
         require(checks.checkpoint_steps(d.run_dir) == ckpts, "restarting the finished job wrote checkpoints")
         return {
@@ -424,15 +423,15 @@ def _kill_and_recover(d: Deployment, victim: str, steps: int, period: int, resum
         f"steps {resume_from + 1}..{lost_at} lost: more than one checkpoint interval ({period})",
     )
     checks.check_checkpoints(d.run_dir, just_crashed=True)  # what the crash left: every checkpoint loads
-    before = len(checks.read_records(d.run_dir))
+    restarted_at = time.time()
     # The StatefulSet controller / kubelet restarts every pod (same names, same addresses).
     d.cluster.start(*d.workers, d.master)
     d.wait_until(
         f"training to go on after restarting the pods (from step {resume_from})",
-        lambda: bool(checks.train_steps(checks.read_records(d.run_dir)[before:])),
+        lambda: bool(checks.train_steps(checks.records_since(d.run_dir, restarted_at))),
         600,
     )
-    first = checks.train_steps(checks.read_records(d.run_dir)[before:])[0]
+    first = checks.train_steps(checks.records_since(d.run_dir, restarted_at))[0]
     require(
         first == resume_from + 1,
         f"after the restart training went on at step {first}, expected {resume_from + 1} "
@@ -447,7 +446,7 @@ def _kill_and_recover(d: Deployment, victim: str, steps: int, period: int, resum
         "peers_exited_after_s": round(exit_s, 1),
         "resumed_from_checkpoint": resume_from,
         "steps_lost": lost_at - resume_from,
-        "_before": before,
+        "_restarted_at": restarted_at,
     }
 
 
@@ -469,14 +468,13 @@ def _faults(settings: Settings, name: str, victims: list[str], ddp: bool = False
             faults.append(_kill_and_recover(d, victim, steps, period, resumed_from))
             resumed_from = faults[-1]["resumed_from_checkpoint"]
         d.wait_success(timeout=600)
-        records = checks.read_records(d.run_dir)
-        resumed = checks.train_steps(records[faults[-1].pop("_before") :])
+        resumed = checks.train_steps(checks.records_since(d.run_dir, faults[-1]["_restarted_at"]))
         require(resumed == list(range(resumed_from + 1, steps + 1)), f"steps after the last restart: {resumed}")
         checks.check_training_complete(d.run_dir, steps)
         expected = expected_checkpoints(steps, period, iters_per_epoch)
         ckpts = checks.check_checkpoints(d.run_dir, expected_steps=expected)
         for f in faults:
-            f.pop("_before", None)
+            f.pop("_restarted_at", None)
         return {"planned_steps": steps, "faults": faults, "checkpoints": ckpts}
 
 
@@ -655,14 +653,14 @@ def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
     steps = 2 * period + 1
     with Deployment(settings, "jobset-lost-worker") as d:
         started = time.monotonic()
-        resumes: list[dict[str, int]] = []
+        resumes: list[dict[str, float]] = []
         js = d.render_jobset(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
 
         def note_resume(attempt: Attempt) -> None:
             # The old group is gone (BlockingRecreate): what it left is what the new one resumes from.
             if attempt.number > 0:
                 newest = max(checks.checkpoint_steps(d.run_dir), default=0)
-                resumes.append({"records": len(checks.read_records(d.run_dir)), "checkpoint": newest})
+                resumes.append({"since": time.time(), "checkpoint": newest})
 
         js.on_attempt = note_resume
 
@@ -679,7 +677,7 @@ def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
         require(state == "Completed", f"the JobSet ended {state}: {js.condition} ({js.describe()})")
         require(js.restarts == 1 and len(resumes) == 1, f"{js.restarts} restarts, expected 1 ({js.events})")
         _check_finished_for_good(d)
-        resumed = checks.train_steps(checks.read_records(d.run_dir)[resumes[0]["records"] :])
+        resumed = checks.train_steps(checks.records_since(d.run_dir, resumes[0]["since"]))
         resume_from = resumes[0]["checkpoint"]
         require(
             resumed == list(range(resume_from + 1, steps + 1)),
