@@ -140,7 +140,7 @@ def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
 
 
 def _train(console, out: Path, *extra: str, steps: int = 2):
-    args = [*TINY, "--max-steps", str(steps), "--synthetic-images", "4", "--batch-size", "2"]
+    args = [*TINY, "--max-steps", str(steps), "--epochs", "10", "--synthetic-images", "4", "--batch-size", "2"]
     return console("maskrcnn-dist", "train", *args, "--checkpoint-period", "1", "--output-dir", str(out), *extra)
 
 

@@ -227,7 +227,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         ("broken image", r"broken.png: cannot read image"),
         ("text file as image", r"notes.txt: cannot read image"),
-        ("unreadable checkpoint", r"checkpoint .*garbage.pt cannot be read"),
+        ("unreadable checkpoint", r"checkpoint .*garbage.pt is not a PyTorch file"),
         ("foreign checkpoint", r"checkpoint .*foreign.pt is not a maskrcnn-dist checkpoint"),
         ("class count", r"two_classes/val/annotations.json: 2 categories, but checkpoint .* was trained for 3"),
         ("out is a file", r"--out .*taken: an existing file, not a folder"),
