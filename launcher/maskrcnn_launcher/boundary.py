@@ -55,6 +55,14 @@ class Failure:
         return cls(code, tuple(one_line(line) for line in lines))
 
 
+class ExitWith(Exception):  # noqa: N818 (not an error: how a command asks for its exit code and line)
+    """Leave with `code` and one `error:` line, e.g. `maskrcnn-launch local` passing on a pod's failure."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+
+
 #: A package's own knowledge: its exceptions -> a Failure, or None to leave the decision to the boundary.
 Classifier = Callable[[BaseException], "Failure | None"]
 
@@ -82,6 +90,8 @@ def without_debug_flag(argv: Sequence[str]) -> list[str]:
 
 def classify_common(exc: BaseException) -> Failure:
     """What every entry point decides the same way."""
+    if isinstance(exc, ExitWith):
+        return Failure.of(exc.code, str(exc))
     if isinstance(exc, (KeyboardInterrupt, click.exceptions.Abort)):
         return Failure.of(EXIT_INTERRUPTED, "interrupted")
     if isinstance(exc, click.UsageError):
@@ -118,7 +128,7 @@ def report(failure: Failure, exc: BaseException, debug: bool, stream: Any = None
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
     lines = list(failure.lines) or ["failed"]
-    if failure.code == EXIT_RUNTIME and not debug:
+    if failure.code == EXIT_RUNTIME and not debug and not isinstance(exc, ExitWith):
         lines[-1] += f" ({DEBUG_FLAG} or {DEBUG_ENV}=1 shows the traceback)"
     for line in lines:
         print(f"error: {line}", file=stream)
@@ -151,6 +161,8 @@ class GuardedGroup(click.Group):
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         debug = debug_requested(argv, os.environ)
+        if debug:  # the processes this one starts (launch, local, torchrun) show their tracebacks too
+            os.environ[DEBUG_ENV] = "1"
         try:
             result = super().main(without_debug_flag(argv), prog_name, complete_var, standalone_mode=False, **extra)
         except SystemExit:

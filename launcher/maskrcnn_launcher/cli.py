@@ -5,8 +5,8 @@ through the error boundary (boundary.py): exit 2 on bad input (or a cluster that
 from __future__ import annotations
 
 import json
+import math
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.boundary import EXIT_USER_ERROR, GuardedGroup
+from maskrcnn_launcher.boundary import EXIT_USER_ERROR, ExitWith, GuardedGroup
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
@@ -27,6 +27,24 @@ from maskrcnn_launcher.topology import builtin_topologies, load_topology
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_INVALID = EXIT_USER_ERROR
+
+
+class _Seconds(click.ParamType):
+    """A finite number of seconds above 0 (click's FloatRange lets nan and inf through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} must be a finite number of seconds > 0", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
 
 
 def _topology_option(func: F) -> F:
@@ -97,9 +115,16 @@ def validate(topology_ref: str | None) -> None:
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--role", default=None, help=f"master or worker [env {contract.ROLE}; else the pod name].")
-@click.option("--index", type=int, default=None, help=f"0-based worker ordinal [env {contract.INDEX}].")
+@click.option(
+    "--index", type=click.IntRange(min=0), default=None, help=f"0-based worker ordinal [env {contract.INDEX}]."
+)
 @click.option("--master-addr", default=None, help=f"Master address [env {contract.MASTER_ADDR}; else its DNS name].")
-@click.option("--master-port", type=int, default=None, help=f"[env {contract.MASTER_PORT}; else the topology's].")
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help=f"[env {contract.MASTER_PORT}; else the topology's].",
+)
 @_topology_option
 @click.option(
     "--trainer-cmd",
@@ -109,7 +134,7 @@ def validate(topology_ref: str | None) -> None:
 )
 @click.option(
     "--wait-timeout",
-    type=float,
+    type=SECONDS,
     default=None,
     help=f"Seconds to wait for the master's DNS name and port [env {contract.WAIT_TIMEOUT}; "
     f"default {contract.DEFAULT_WAIT_TIMEOUT_S:g}].",
@@ -168,11 +193,11 @@ def launch(
     help="Loopback port of the master [default: a free one, picked by binding port 0].",
 )
 @click.option(
-    "--wait-timeout", type=float, default=120.0, show_default=True, help="Seconds each worker waits for the master."
+    "--wait-timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds each worker waits for the master."
 )
 @click.option(
     "--grace",
-    type=float,
+    type=SECONDS,
     default=60.0,
     show_default=True,
     help="After one pod fails, seconds the others get to stop on their own before being terminated "
@@ -197,7 +222,9 @@ def local(
 
     port = master_port if master_port is not None else free_port()
     pods = local_pods(topology_ref, port, trainer_args, wait_timeout)
-    sys.exit(run_local(pods, grace, echo=lambda line: click.echo(line)))
+    result = run_local(pods, grace, echo=lambda line: click.echo(line))
+    if result.code:  # the pods' output went to stdout; stderr gets the one line that says why
+        raise ExitWith(result.code, f"{result.pod}: {result.error or f'exited with {result.code}'}")
 
 
 @main.command()
@@ -240,6 +267,6 @@ def _wait_timeout(flag: float | None, env: dict[str, str]) -> float:
             value = float(raw) if raw else contract.DEFAULT_WAIT_TIMEOUT_S
         except ValueError:
             raise LauncherError(f"{contract.WAIT_TIMEOUT}: {raw!r} is not a number of seconds") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise LauncherError(f"wait timeout: {value:g} must be positive (--wait-timeout / {contract.WAIT_TIMEOUT})")
     return value

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from maskrcnn_launcher.boundary import EXIT_USER_ERROR
 from maskrcnn_launcher.launch import EXEC_MARK
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
@@ -67,8 +68,18 @@ def local_pods(
     ]
 
 
-def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], None] = print) -> int:
-    """Run the pods to completion; 0 if all succeeded, else the first failure's exit status."""
+@dataclass(frozen=True)
+class LocalResult:
+    """0 if every pod succeeded, else the first failure's exit status, its pod and its error line."""
+
+    code: int
+    pod: str | None = None
+    error: str | None = None
+
+
+def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], None] = print) -> LocalResult:
+    """Run the pods to completion. A pod's user error (exit 2) stops the others at once: restarting
+    them could not help, and the group cannot go on without it."""
     # A SIGTERM to this runner (Ctrl-C, `timeout`, a CI kill) must still stop the pods: unwind
     # through the `finally` below instead of dying with them orphaned.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -85,21 +96,24 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
         for pod in pods
     }
     trainer_started = {name: threading.Event() for name in procs}
+    errors: dict[str, str] = {}  # pod -> its last `error: ` line
     pumps = [
-        threading.Thread(target=_pump, args=(name, proc, echo, trainer_started[name]), daemon=True)
+        threading.Thread(target=_pump, args=(name, proc, echo, trainer_started[name], errors), daemon=True)
         for name, proc in procs.items()
     ]
     for pump in pumps:
         pump.start()
     first_failure: int | None = None
+    failed_pod: str | None = None
     deadline: float | None = None
     try:
         while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
             failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, 0)]
             if failed and first_failure is None:
-                first_failure = failed[0][1]
-                deadline = time.monotonic() + grace_s
-                echo(f"[local] {failed[0][0]} exited with {failed[0][1]}; others get {grace_s:g}s to stop")
+                failed_pod, first_failure = failed[0]
+                grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
+                deadline = time.monotonic() + grace
+                echo(f"[local] {failed_pod} exited with {first_failure}; others get {grace:g}s to stop")
                 waiting = [n for n, p in procs.items() if p.poll() is None and not trainer_started[n].is_set()]
                 if waiting:
                     echo(f"[local] {', '.join(waiting)}: still waiting for peers, stopping now")
@@ -114,8 +128,8 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
             pump.join(timeout=5)
         signal.signal(signal.SIGTERM, previous)
     if first_failure is None:
-        first_failure = next((p.returncode for p in procs.values() if p.returncode), None)
-    return first_failure or 0
+        failed_pod, first_failure = next(((n, p.returncode) for n, p in procs.items() if p.returncode), (None, 0))
+    return LocalResult(first_failure or 0, failed_pod, errors.get(failed_pod) if failed_pod else None)
 
 
 def _die_with_parent() -> None:
@@ -128,11 +142,19 @@ def _die_with_parent() -> None:
         pass  # not Linux/glibc: the SIGTERM handler above is the only safety net
 
 
-def _pump(name: str, proc: subprocess.Popen, echo: Callable[[str], None], trainer_started: threading.Event) -> None:
+def _pump(
+    name: str,
+    proc: subprocess.Popen,
+    echo: Callable[[str], None],
+    trainer_started: threading.Event,
+    errors: dict[str, str],
+) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("maskrcnn-launch: ") and EXEC_MARK in line:
             trainer_started.set()
+        if line.startswith("error: "):  # the boundary's line (boundary.py), kept for the runner's own
+            errors[name] = line.removeprefix("error: ").strip()
         echo(f"[{name}] {line.rstrip()}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -14,6 +16,12 @@ from maskrcnn_launcher.boundary import (
     GuardedGroup,
 )
 from maskrcnn_launcher.errors import PeerTimeout, TopologyError
+
+
+@pytest.fixture(autouse=True)
+def _debug_env_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--debug exports MASKRCNN_DEBUG=1 for the processes a command starts; undone after each test."""
+    monkeypatch.setenv("MASKRCNN_DEBUG", "0")
 
 
 class Mine(Exception):
@@ -70,6 +78,7 @@ def test_each_failure_leaves_with_its_code_and_lines(kind: str, code: int, lines
 @pytest.mark.parametrize("argv", [["--debug", "fail", "runtime"], ["fail", "--debug", "runtime"]])
 def test_debug_anywhere_prints_the_traceback(argv: list[str]):
     result = CliRunner().invoke(_group(), argv)
+    assert os.environ["MASKRCNN_DEBUG"] == "1"  # inherited by the trainer processes the launcher starts
     assert result.exit_code == EXIT_RUNTIME
     assert "Traceback (most recent call last)" in result.stderr
     assert result.stderr.splitlines()[-1] == "error: RuntimeError: boom second line of a long torch message"

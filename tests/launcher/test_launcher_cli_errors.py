@@ -14,8 +14,12 @@ CASES = [
     ("topology-not-yaml", ["validate", "--topology", "{bad-yaml}"], ["bad.yaml: not valid YAML"]),
     ("topology-list", ["validate", "--topology", "{list-yaml}"], ["expected a mapping"]),
     ("unknown-command", ["pla"], ["pla"]),
-    ("wait-timeout", ["launch", "--role", "master", "--wait-timeout", "-1"], ["wait timeout"]),
+    ("wait-timeout", ["launch", "--role", "master", "--wait-timeout", "-1"], ["--wait-timeout"]),
     ("no-identity", ["launch", "--dry-run"], []),
+    ("wait-timeout-nan", ["local", "--wait-timeout", "nan"], ["--wait-timeout", "finite"]),
+    ("grace-zero", ["local", "--grace", "0"], ["--grace"]),
+    ("master-port-range", ["launch", "--master-port", "70000"], ["--master-port"]),
+    ("index-negative", ["launch", "--index", "-1"], ["--index"]),
 ]
 
 

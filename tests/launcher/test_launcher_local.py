@@ -84,3 +84,23 @@ def test_pods_still_waiting_for_peers_are_stopped_at_once(tmp_path: Path) -> Non
     assert "master exited with 2" in result.stdout
     assert "worker1, worker2: still waiting for peers, stopping now" in result.stdout
     assert time.monotonic() - started < 25  # neither the 60 s grace nor the 30 s port wait
+
+
+USER_ERROR_WHILE_OTHERS_TRAIN = STAND_IN.replace(
+    "import json, os, socket, sys",
+    "import json, os, socket, sys, time\n"
+    "if os.environ['RANK'] == '1': print('error: --data-path /x: no train split found', flush=True); sys.exit(2)\n"
+    "if os.environ['RANK'] != '1': time.sleep(600)",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_user_error_stops_the_group_at_once_with_its_line(tmp_path: Path) -> None:
+    """Exit 2 cannot be helped by waiting: the other pods (already training) get no grace period, and
+    the runner's stderr is the failing pod's one error line."""
+    started = time.monotonic()
+    result = run_local(tmp_path, USER_ERROR_WHILE_OTHERS_TRAIN, "--grace", "60")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == ["error: worker1: --data-path /x: no train split found"]
+    assert time.monotonic() - started < 40  # not the 60 s grace, not the 600 s sleep

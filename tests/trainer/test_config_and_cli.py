@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from maskrcnn_dist.cli import main
-from maskrcnn_dist.config import BY_FLAG, build_config
+from maskrcnn_dist.config import BY_FLAG, FIELDS, build_config
 from maskrcnn_dist.errors import ConfigError
 
 
@@ -65,3 +65,24 @@ def test_synth_data_and_report_commands(tmp_path: Path):
     assert (tmp_path / "d/train/annotations.json").is_file() and (tmp_path / "d/val/images").is_dir()
     missing = runner.invoke(main, ["report", "--metrics", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and "none.jsonl does not exist" in missing.output
+
+
+NUMERIC = [s for s in FIELDS if s.kind in (int, float, tuple)]
+
+
+@pytest.mark.parametrize("spec", NUMERIC, ids=[s.flag for s in NUMERIC])
+def test_every_number_has_a_range_its_default_respects(spec, tmp_path: Path):
+    """No numeric flag is left unbounded, the defaults are valid, and a value below the range is refused
+    by the same check from the command line and from a --config file, naming the flag."""
+    bounds = spec.bounds
+    low = bounds.minimum if bounds.minimum is not None else bounds.above
+    assert low is not None, f"--{spec.flag} has no lower bound"
+    assert spec.problem(spec.default) is None
+    below = low - 1 if spec.kind is not float or bounds.minimum is not None else low
+    value = ",".join([str(below)]) if spec.kind is tuple else below
+    with pytest.raises(ConfigError, match=f"--{spec.flag} must be"):
+        build_config(None, {spec.flag: value})
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(f"{spec.flag}: {value}\n")
+    with pytest.raises(ConfigError, match=f"c.yaml: --{spec.flag} must be"):
+        build_config(config_file, {})
