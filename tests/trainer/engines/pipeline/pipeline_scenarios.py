@@ -13,12 +13,49 @@ from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
+# A schedule that changes at every step of the scheduled run: warm-up over 3 steps from a quarter of
+# the rate, then x0.1 at epoch 2 = iteration 4 (2 iterations per epoch): factors 0.5, 0.75, 1, 0.1.
+SCHEDULE = {"warmup_iters": 3, "warmup_factor": 0.25, "lr_steps": (2,), "lr_gamma": 0.1}
+SCHEDULE_ITERS = 2
+SCHEDULE_STEPS = 4
 
-def _pipeline(cfg, micro_batches: int, replicas=(1, 1)) -> PipelineEngine:
+
+def _pipeline(cfg, micro_batches: int, replicas=(1, 1), iters_per_epoch: int = 10) -> PipelineEngine:
     master, _ = make_plans(0, replicas=replicas)
     cfg = replace(cfg, pipeline=replace(cfg.pipeline, micro_batches=micro_batches))
     stages = [replace(s, devices=("cpu",) * r) for s, r in zip(master.stages, replicas)]
-    return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=10)
+    return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=iters_per_epoch)
+
+
+def _local_accumulating(cfg, steps: int, batch, micro_batches: int) -> tuple[list[dict[str, float]], dict]:
+    """The reference for pipeline M>1, written out here rather than taken from the engine: one
+    process runs the whole model on each contiguous micro-batch (seeded at (step, k) as the stages
+    are), weighs micro-batch k's loss terms by its share of the images (the terms are means within a
+    micro-batch), backpropagates their sum into accumulated gradients, clips globally, steps."""
+    engine = TorchEngine(replace(cfg, engine="local"), NUM_CLASSES, iters_per_epoch=10)
+    images, targets = batch
+    bounds = [round(i * len(images) / micro_batches) for i in range(micro_batches + 1)]
+    losses = []
+    for step in range(steps):
+        engine.model.train()
+        engine.optimizer.zero_grad(set_to_none=True)
+        total: dict[str, torch.Tensor] = {}
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            engine.seeder.at(step, micro=k)
+            terms = engine.model(images[a:b], targets[a:b])
+            for name, value in terms.items():
+                total[name] = total.get(name, 0) + value * ((b - a) / len(images))
+        sum(total.values()).backward()
+        torch.nn.utils.clip_grad_norm_(engine.model.parameters(), cfg.optim.clip_grad_norm)
+        engine.optimizer.step()
+        engine.scheduler.step()
+        losses.append({name: float(value.detach()) for name, value in total.items()})
+    return losses, engine.state_dict()
+
+
+def _stage_lrs(engine: PipelineEngine) -> list[float]:
+    """Every stage's current learning rate, read from its optimizer."""
+    return [h.rpc_sync().state()["optimizer"]["param_groups"][0]["lr"] for h in engine.hosts]
 
 
 def _train(engine, steps: int, batch) -> list[dict[str, float]]:
@@ -34,6 +71,14 @@ def compare(args: dict, cfg) -> None:
     local = TorchEngine(replace(cfg, engine="local"), NUM_CLASSES, iters_per_epoch=10)
     out["local_losses"] = _train(local, steps, batch)
     out["local_state"] = local.state_dict()
+    out["local_m2_losses"], out["local_m2_state"] = _local_accumulating(cfg, steps, batch, micro_batches=2)
+    scheduled = replace(cfg, optim=replace(cfg.optim, **SCHEDULE))
+    local_s = TorchEngine(replace(scheduled, engine="local"), NUM_CLASSES, iters_per_epoch=SCHEDULE_ITERS)
+    out["sched_local_lrs"] = []
+    for step in range(SCHEDULE_STEPS):
+        local_s.train_step(step, *batch)
+        out["sched_local_lrs"].append(local_s.lr())
+    out["sched_local_state"] = local_s.state_dict()
     with master_session(cfg, master):
         one = _pipeline(cfg, 1)
         out["m1_losses"] = _train(one, steps, batch)
@@ -53,6 +98,13 @@ def compare(args: dict, cfg) -> None:
         out["m2_losses"] = _train(two, steps, batch)
         out["m2_state"] = two.state_dict()
         two.close()
+        sched = _pipeline(scheduled, 1, iters_per_epoch=SCHEDULE_ITERS)
+        out["sched_pipe_lrs"] = []
+        for step in range(SCHEDULE_STEPS):
+            sched.train_step(step, *batch)
+            out["sched_pipe_lrs"].append(_stage_lrs(sched))
+        out["sched_pipe_state"] = sched.state_dict()
+        sched.close()
         rep = _pipeline(cfg, 2, replicas=(2, 2))
         out["r2_losses"] = _train(rep, steps, batch)
         out["r2_state"] = rep.state_dict()
