@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from pipeline_procs import make_plans
 from pipeline_toy import NUM_CLASSES, make_batch
+from reference import local_accumulating
 
 from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
@@ -25,32 +26,6 @@ def _pipeline(cfg, micro_batches: int, replicas=(1, 1), iters_per_epoch: int = 1
     cfg = replace(cfg, pipeline=replace(cfg.pipeline, micro_batches=micro_batches))
     stages = [replace(s, devices=("cpu",) * r) for s, r in zip(master.stages, replicas)]
     return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=iters_per_epoch)
-
-
-def _local_accumulating(cfg, steps: int, batch, micro_batches: int) -> tuple[list[dict[str, float]], dict]:
-    """The reference for pipeline M>1, written out here rather than taken from the engine: one
-    process runs the whole model on each contiguous micro-batch (seeded at (step, k) as the stages
-    are), weighs micro-batch k's loss terms by its share of the images (the terms are means within a
-    micro-batch), backpropagates their sum into accumulated gradients, clips globally, steps."""
-    engine = TorchEngine(replace(cfg, engine="local"), NUM_CLASSES, iters_per_epoch=10)
-    images, targets = batch
-    bounds = [round(i * len(images) / micro_batches) for i in range(micro_batches + 1)]
-    losses = []
-    for step in range(steps):
-        engine.model.train()
-        engine.optimizer.zero_grad(set_to_none=True)
-        total: dict[str, torch.Tensor] = {}
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-            engine.seeder.at(step, micro=k)
-            terms = engine.model(images[a:b], targets[a:b])
-            for name, value in terms.items():
-                total[name] = total.get(name, 0) + value * ((b - a) / len(images))
-        sum(total.values()).backward()
-        torch.nn.utils.clip_grad_norm_(engine.model.parameters(), cfg.optim.clip_grad_norm)
-        engine.optimizer.step()
-        engine.scheduler.step()
-        losses.append({name: float(value.detach()) for name, value in total.items()})
-    return losses, engine.state_dict()
 
 
 def _stage_lrs(engine: PipelineEngine) -> list[float]:
@@ -71,7 +46,8 @@ def compare(args: dict, cfg) -> None:
     local = TorchEngine(replace(cfg, engine="local"), NUM_CLASSES, iters_per_epoch=10)
     out["local_losses"] = _train(local, steps, batch)
     out["local_state"] = local.state_dict()
-    out["local_m2_losses"], out["local_m2_state"] = _local_accumulating(cfg, steps, batch, micro_batches=2)
+    reference = local_accumulating(cfg, steps, batch, micro_batches=2, num_classes=NUM_CLASSES)
+    out["local_m2_losses"], out["local_m2_state"] = reference
     scheduled = replace(cfg, optim=replace(cfg.optim, **SCHEDULE))
     local_s = TorchEngine(replace(scheduled, engine="local"), NUM_CLASSES, iters_per_epoch=SCHEDULE_ITERS)
     out["sched_local_lrs"] = []
