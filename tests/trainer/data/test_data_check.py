@@ -150,3 +150,16 @@ def test_check_data_command_exit_codes(broken_coco: Path, tmp_path: Path) -> Non
     assert "Traceback" not in bad.stderr
     missing = _check_data_cli("--data-path", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no train split found" in missing.stderr
+
+
+def test_pipeline_master_checks_before_joining_rpc(broken_coco: Path, tmp_path: Path, monkeypatch) -> None:
+    import maskrcnn_dist.engines.pipeline as pipeline
+    from maskrcnn_dist.train import train
+
+    from ..engines.pipeline.pipeline_procs import make_plans
+
+    monkeypatch.setattr(pipeline, "master_session", lambda *a: pytest.fail("joined RPC before checking the data"))
+    master, _ = make_plans(29500)
+    cfg = fast_config(broken_coco, tmp_path / "run", engine="pipeline")
+    with pytest.raises(DatasetError, match="5 of 10 images are bad"):
+        train(cfg, master)
