@@ -161,7 +161,8 @@ def synth_data(
 def check_data(data_path: Path | None, check_data: str | None, split: str) -> None:
     """Check every image of a COCO set as training does at start (--check-data, default header): prints
     each bad file and a summary per split; exit 2 when any image is bad."""
-    from .data.check import check_split, raise_if_bad
+    from .data.check import raise_if_bad
+    from .data.layout import check_split
 
     if data_path is None:
         raise click.UsageError("--data-path is required")

@@ -22,15 +22,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
 from PIL import Image
 
 from ..config import CHECK_MODES
 from ..errors import DatasetError
-
-if TYPE_CHECKING:  # coco.py imports this module for ImageEntry
-    from .coco import CocoInstanceDataset
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +48,18 @@ class ImageEntry:
     path: Path
     width: int
     height: int
+
+
+class CheckedDataset(Protocol):
+    """What the check needs of a split (coco.CocoInstanceDataset)."""
+
+    annotation_file: Path
+
+    def image_entries(self) -> list[ImageEntry]: ...
+
+    def drop_images(self, image_ids: set[int]) -> None: ...
+
+    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -192,15 +201,6 @@ class Progress:
                 self.next_log += 0.1
 
 
-def check_split(data_path: Path, splits: Sequence[str], mode: str) -> list[CheckReport]:
-    """`maskrcnn-dist check-data`: check the named splits under a --data-path."""
-    from .coco import CocoInstanceDataset  # coco.py imports this module
-    from .layout import find_split
-
-    datasets = [CocoInstanceDataset(*find_split(data_path, split), check_files=False) for split in splits]
-    return check_datasets(datasets, mode)
-
-
 def raise_if_bad(reports: Sequence[CheckReport]) -> None:
     if any(report.bad for report in reports):
         raise bad_images_error(reports)
@@ -217,7 +217,7 @@ def bad_images_error(reports: Sequence[CheckReport]) -> DatasetError:
     return DatasetError(" | ".join(parts) + " (fix or remove them, or pass --skip-bad-images to train without them)")
 
 
-def check_datasets(datasets: Sequence[CocoInstanceDataset], mode: str) -> list[CheckReport]:
+def check_datasets(datasets: Sequence[CheckedDataset], mode: str) -> list[CheckReport]:
     """Check every image of each split (with a progress bar or log lines), one report per split."""
     reports = []
     for dataset in datasets:
@@ -228,7 +228,7 @@ def check_datasets(datasets: Sequence[CocoInstanceDataset], mode: str) -> list[C
     return reports
 
 
-def settle(datasets: Sequence[CocoInstanceDataset], reports: Sequence[CheckReport], skip_bad: bool) -> None:
+def settle(datasets: Sequence[CheckedDataset], reports: Sequence[CheckReport], skip_bad: bool) -> None:
     """Act on the reports (computed here or received from the rank that checked): stop with one line
     listing the bad files, or, with `skip_bad`, drop them from their split with one warning."""
     if not any(report.bad for report in reports):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
+from .check import CheckReport, check_datasets
 from .coco import CocoInstanceDataset
 from .synthetic import write_train_val
 
@@ -79,3 +81,9 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
     if val_set.label_to_category_id != train_set.label_to_category_id:
         raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
     return train_set, val_set
+
+
+def check_split(data_path: Path, splits: Sequence[str], mode: str) -> list[CheckReport]:
+    """`maskrcnn-dist check-data`: check every image of the named splits under a --data-path."""
+    datasets = [CocoInstanceDataset(*find_split(data_path, split), check_files=False) for split in splits]
+    return check_datasets(datasets, mode)
