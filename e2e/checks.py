@@ -36,6 +36,12 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(path) if path.is_file() else []
 
 
+def records_since(run_dir: Path, since: float) -> list[dict[str, Any]]:
+    """The records written at or after `since` (time.time() here; the containers share the host's clock).
+    By time, not by position: a resumed run drops the records of the steps it trains again."""
+    return [r for r in read_records(run_dir) if float(r.get("time", 0)) >= since]
+
+
 def train_steps(records: list[dict[str, Any]]) -> list[int]:
     return [int(r["step"]) for r in records if r.get("kind") == "train"]
 

@@ -343,11 +343,10 @@ def scenario_pipeline(settings: Settings) -> dict[str, Any]:
         for w in d.workers:
             require(d.log_has(w, r"accepts connections"), f"{w}: never reached the master's port")
         # A finished group restarted (restartPolicy Always): resume finds the plan done.
-        before = checks.read_records(d.run_dir)
+        restarted_at = time.time()
         d.cluster.start(*d.workers, d.master)
         d.wait_success(timeout=300)
-        after = checks.read_records(d.run_dir)
-        new = [r for r in after[len(before) :] if r.get("kind") in ("train", "eval")]
+        new = [r for r in checks.records_since(d.run_dir, restarted_at) if r.get("kind") in ("train", "eval")]
         require(not new, f"restarting the finished job trained or evaluated again: {new[:3]}")
         require(checks.checkpoint_steps(d.run_dir) == ckpts, "restarting the finished job wrote checkpoints")
         return {
@@ -424,15 +423,15 @@ def _kill_and_recover(d: Deployment, victim: str, steps: int, period: int, resum
         f"steps {resume_from + 1}..{lost_at} lost: more than one checkpoint interval ({period})",
     )
     checks.check_checkpoints(d.run_dir, just_crashed=True)  # what the crash left: every checkpoint loads
-    before = len(checks.read_records(d.run_dir))
+    restarted_at = time.time()
     # The StatefulSet controller / kubelet restarts every pod (same names, same addresses).
     d.cluster.start(*d.workers, d.master)
     d.wait_until(
         f"training to go on after restarting the pods (from step {resume_from})",
-        lambda: bool(checks.train_steps(checks.read_records(d.run_dir)[before:])),
+        lambda: bool(checks.train_steps(checks.records_since(d.run_dir, restarted_at))),
         600,
     )
-    first = checks.train_steps(checks.read_records(d.run_dir)[before:])[0]
+    first = checks.train_steps(checks.records_since(d.run_dir, restarted_at))[0]
     require(
         first == resume_from + 1,
         f"after the restart training went on at step {first}, expected {resume_from + 1} "
@@ -447,7 +446,7 @@ def _kill_and_recover(d: Deployment, victim: str, steps: int, period: int, resum
         "peers_exited_after_s": round(exit_s, 1),
         "resumed_from_checkpoint": resume_from,
         "steps_lost": lost_at - resume_from,
-        "_before": before,
+        "_restarted_at": restarted_at,
     }
 
 
@@ -469,14 +468,13 @@ def _faults(settings: Settings, name: str, victims: list[str], ddp: bool = False
             faults.append(_kill_and_recover(d, victim, steps, period, resumed_from))
             resumed_from = faults[-1]["resumed_from_checkpoint"]
         d.wait_success(timeout=600)
-        records = checks.read_records(d.run_dir)
-        resumed = checks.train_steps(records[faults[-1].pop("_before") :])
+        resumed = checks.train_steps(checks.records_since(d.run_dir, faults[-1]["_restarted_at"]))
         require(resumed == list(range(resumed_from + 1, steps + 1)), f"steps after the last restart: {resumed}")
         checks.check_training_complete(d.run_dir, steps)
         expected = expected_checkpoints(steps, period, iters_per_epoch)
         ckpts = checks.check_checkpoints(d.run_dir, expected_steps=expected)
         for f in faults:
-            f.pop("_before", None)
+            f.pop("_restarted_at", None)
         return {"planned_steps": steps, "faults": faults, "checkpoints": ckpts}
 
 
@@ -655,14 +653,14 @@ def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
     steps = 2 * period + 1
     with Deployment(settings, "jobset-lost-worker") as d:
         started = time.monotonic()
-        resumes: list[dict[str, int]] = []
+        resumes: list[dict[str, float]] = []
         js = d.render_jobset(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
 
         def note_resume(attempt: Attempt) -> None:
             # The old group is gone (BlockingRecreate): what it left is what the new one resumes from.
             if attempt.number > 0:
                 newest = max(checks.checkpoint_steps(d.run_dir), default=0)
-                resumes.append({"records": len(checks.read_records(d.run_dir)), "checkpoint": newest})
+                resumes.append({"since": time.time(), "checkpoint": newest})
 
         js.on_attempt = note_resume
 
@@ -679,7 +677,7 @@ def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
         require(state == "Completed", f"the JobSet ended {state}: {js.condition} ({js.describe()})")
         require(js.restarts == 1 and len(resumes) == 1, f"{js.restarts} restarts, expected 1 ({js.events})")
         _check_finished_for_good(d)
-        resumed = checks.train_steps(checks.read_records(d.run_dir)[resumes[0]["records"] :])
+        resumed = checks.train_steps(checks.records_since(d.run_dir, resumes[0]["since"]))
         resume_from = resumes[0]["checkpoint"]
         require(
             resumed == list(range(resume_from + 1, steps + 1)),
@@ -717,16 +715,36 @@ def scenario_jobset_user_error(settings: Settings) -> dict[str, Any]:
         for path in (broken.parent, broken, broken / "images"):
             path.chmod(0o755)
         js.start()
-        state = _run_jobset(d, timeout=300)
-        require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
-        require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
-        require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
-        master = js.pods("master")[0]
-        require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
-        line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
-        require(line is not None and "not valid JSON" in line, "no 'error: ... not valid JSON' line in the master log")
-        exits = _check_finished_for_good(d)
-        return {**_jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
+        return _failed_at_once(d, started, "not valid JSON")
+
+
+def scenario_jobset_user_error_ddp(settings: Settings) -> dict[str, Any]:
+    """JobSet, ddp (torchrun in each pod): a --data-path that does not exist makes every rank exit 2;
+    torchrun alone would exit 1 (and the group would be retried up to maxRestarts), the trainer's
+    torchrun wrapper keeps the 2, so the JobSet fails at once as for the pipeline."""
+    with Deployment(settings, "jobset-user-error-ddp") as d:
+        started = time.monotonic()
+        args = trainer_args(4, 2, synthetic=False)
+        args[args.index("--data-path") + 1] = "/data/missing"
+        d.render_jobset(DDP_VALUES, {**DDP_CPU_OVERLAY, "trainer": {"args": args}})
+        return _failed_at_once(d, started, "/data/missing")
+
+
+def _failed_at_once(d: Deployment, started: float, error_text: str) -> dict[str, Any]:
+    """A user error: the JobSet fails through its UserError rule without a restart, the master exits 2
+    with an `error: ...` line holding `error_text`, and nothing runs afterwards."""
+    js = d.jobset
+    assert js is not None, "render_jobset first"
+    state = _run_jobset(d, timeout=300)
+    require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
+    require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
+    require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
+    master = js.pods("master")[0]
+    require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
+    line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
+    require(line is not None and error_text in line, f"no 'error: ... {error_text}' line in the master log")
+    exits = _check_finished_for_good(d)
+    return {**_jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
 
 
 def scenario_jobset_max_restarts(settings: Settings) -> dict[str, Any]:
@@ -763,7 +781,8 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "jobset": scenario_jobset,
     "jobset-lost-worker": scenario_jobset_lost_worker,
     "jobset-user-error": scenario_jobset_user_error,
+    "jobset-user-error-ddp": scenario_jobset_user_error_ddp,
     "jobset-max-restarts": scenario_jobset_max_restarts,
 }
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
-DDP_ONLY = ("ddp", "ddp-fault")
+DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp")

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
@@ -12,3 +20,53 @@ def free_port() -> int:
     `maskrcnn-launch local` uses), so tests and the launcher pick ports the same way. It is released
     before the test binds it: see that function for the small race this leaves."""
     return pick_free_port()
+
+
+# The trainer's and launcher's own log lines (cli._setup_logging's format), not part of an error.
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\[rank \d+\] )?(INFO|WARNING) ")
+
+
+@dataclass(frozen=True)
+class Console:
+    """The result of running a real console script: exit code and output."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        """stderr without the progress log records that precede a failure (INFO/WARNING lines)."""
+        return [line for line in self.stderr.splitlines() if line.strip() and not LOG_RECORD.match(line)]
+
+    def assert_one_error_line(self, code: int, *fragments: str) -> str:
+        """Exactly one non-empty stderr line, `error: ...` with every fragment in it, and exit `code`."""
+        shown = f"exit {self.code}\nstderr:\n{self.stderr[-3000:]}\nstdout:\n{self.stdout[-1000:]}"
+        assert self.code == code, shown
+        assert len(self.error_lines) == 1, shown
+        line = self.error_lines[0]
+        assert line.startswith("error: "), shown
+        for fragment in fragments:
+            assert fragment in line, shown
+        return line
+
+
+@pytest.fixture
+def console() -> Callable[..., Console]:
+    """console("maskrcnn-dist", *args, env=..., cwd=..., timeout=...) runs the installed console script
+    (beside this interpreter, as CI's venv has it) in a subprocess, as a user would."""
+    bin_dir = Path(sys.executable).parent
+
+    def run(
+        script: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+    ) -> Console:
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MASKRCNN_POD_PLAN", "MASKRCNN_DEBUG"):
+            if env is None or name not in env:
+                full_env.pop(name, None)
+        proc = subprocess.run(
+            [str(bin_dir / script), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+        )
+        return Console(proc.returncode, proc.stdout, proc.stderr)
+
+    return run

@@ -1,9 +1,9 @@
-"""`maskrcnn-launch`: plan, validate, launch, local, status. Thin over the library; exit 2 on bad
-input (or a cluster that cannot answer `status`), 3 on an unreachable master."""
+"""`maskrcnn-launch`: plan, validate, launch, local, status. Thin over the library; every failure leaves
+through the error boundary (boundary.py): exit 2 on bad input (or a cluster that cannot answer `status`),
+3 on an unreachable master, 1 otherwise, one `error:` line each."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import click
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.errors import LauncherError, PeerTimeout
+from maskrcnn_launcher.boundary import EXIT_USER_ERROR, GuardedGroup
+from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
 from maskrcnn_launcher.launch import must_wait, parse_trainer_cmd, trainer_command
@@ -25,23 +26,7 @@ from maskrcnn_launcher.topology import builtin_topologies, load_topology
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_INVALID = 2
-EXIT_UNREACHABLE = 3
-
-
-def _reports_errors(func: F) -> F:
-    """Print every collected problem, one per line, and exit non-zero instead of a traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except LauncherError as exc:
-            for line in exc.errors:
-                click.echo(f"error: {line}", err=True)
-            sys.exit(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_INVALID)
-
-    return wrapper  # type: ignore[return-value]
+EXIT_INVALID = EXIT_USER_ERROR
 
 
 def _topology_option(func: F) -> F:
@@ -56,7 +41,7 @@ def _topology_option(func: F) -> F:
     )(func)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Topology + pod identity -> rank, MASTER_ADDR, placement, device maps; then start the trainer."""
 
@@ -84,7 +69,6 @@ def main() -> None:
 )
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--cluster-domain", default=contract.DEFAULT_CLUSTER_DOMAIN, show_default=True)
-@_reports_errors
 def plan(
     topology_ref: str | None,
     as_json: bool,
@@ -103,7 +87,6 @@ def plan(
 
 @main.command()
 @_topology_option
-@_reports_errors
 def validate(topology_ref: str | None) -> None:
     """Check a topology; print every problem and exit 2 if there is any."""
     topology = load_topology(topology_ref)
@@ -135,7 +118,6 @@ def validate(topology_ref: str | None) -> None:
     "--dry-run", is_flag=True, help="Print the command and exported environment as JSON; do not wait or exec."
 )
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-@_reports_errors
 def launch(
     role: str | None,
     index: int | None,
@@ -197,7 +179,6 @@ def launch(
     "(pods whose trainer has not started yet are stopped at once).",
 )
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-@_reports_errors
 def local(
     topology_ref: str | None,
     master_port: int | None,
@@ -234,7 +215,6 @@ def local(
     help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@_reports_errors
 def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json: bool) -> None:
     """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress.
 

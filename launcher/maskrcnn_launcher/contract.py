@@ -16,8 +16,12 @@ once: the StatefulSet pod name (`pod_name`, `parse_pod_name`: the launcher deriv
 process-group backend (`process_group_backend`) and the trainer's console progress line
 (`format_progress_line`, `parse_progress_line`: the trainer writes it, `status` reads it back).
 
-Only the standard library is imported: the trainer imports this module next to torch, the launcher
-without it.
+The exit codes and the error boundary every entry point runs in (boundary.py) are re-exported here:
+Kubernetes acts on a pod's exit code (a JobSet fails at once on a user error), so the trainer's
+processes must exit the way the launcher's do.
+
+Only the standard library (and click, for the boundary) is imported: the trainer imports this module
+next to torch, the launcher without it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from maskrcnn_launcher.boundary import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from maskrcnn_launcher.boundary import EXIT_RUNTIME as EXIT_RUNTIME
+from maskrcnn_launcher.boundary import EXIT_USER_ERROR as EXIT_USER_ERROR
+from maskrcnn_launcher.boundary import Failure as Failure
+from maskrcnn_launcher.boundary import GuardedGroup as GuardedGroup
+from maskrcnn_launcher.boundary import one_line as one_line
+from maskrcnn_launcher.boundary import os_error_line as os_error_line
 from maskrcnn_launcher.errors import PlanFormatError
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +460,10 @@ class PodPlan:
         env = os.environ if env is None else env
         text = env.get(POD_PLAN)
         if not text:
-            raise PlanFormatError(f"{POD_PLAN} is not set: start the trainer through `maskrcnn-launch launch`")
+            raise PlanFormatError(
+                f"--engine pipeline runs under the launcher, but {POD_PLAN} is not set: start it with "
+                "`maskrcnn-launch launch -- ARGS` on each machine, or `maskrcnn-launch local -- ARGS` on one"
+            )
         return cls.from_json(text)
 
 

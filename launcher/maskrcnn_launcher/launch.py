@@ -6,10 +6,10 @@ the launcher stays behind to forward signals or to hold memory.
 
 pipeline: one process per pod, `python -m maskrcnn_dist.cli train --engine pipeline <args>` with the
 launcher's own interpreter (so a virtual environment that is not on PATH still works).
-ddp: `python -m torch.distributed.run --nnodes N --node-rank R --nproc-per-node P --master-addr A
---master-port PORT -m maskrcnn_dist.cli train --engine ddp <args>`: torch's own spawner starts one
-process per device (one on CPU) and sets RANK, LOCAL_RANK, WORLD_SIZE for each; the launcher never
-imports torch.
+ddp: `python -m maskrcnn_dist.torchrun --nnodes N --node-rank R --nproc-per-node P --master-addr A
+--master-port PORT -m maskrcnn_dist.cli train --engine ddp <args>`: torch's own spawner (torchrun, whose
+exit status the trainer's wrapper keeps at 2 for a user error) starts one process per device (one on
+CPU) and sets RANK, LOCAL_RANK, WORLD_SIZE for each; the launcher never imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
 from maskrcnn_launcher.plan import PodLaunch
 
 PIPELINE_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "pipeline")
+# torchrun's arguments, but a worker's exit 2 (a user error) stays the pod's exit 2: a JobSet fails at once.
+TORCHRUN_MODULE = "maskrcnn_dist.torchrun"
 DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
 
 # Printed just before the launcher hands its process to the trainer (`local` watches for it).
@@ -41,7 +43,7 @@ def trainer_command(
     torchrun = [
         python,
         "-m",
-        "torch.distributed.run",
+        TORCHRUN_MODULE,
         "--nnodes",
         str(pod.nnodes),
         "--node-rank",

@@ -114,7 +114,14 @@ def read_topology_text(ref: str | None) -> tuple[str, str]:
     ref = ref or DEFAULT_TOPOLOGY
     path = Path(ref)
     if path.is_file():
-        return path.name, path.read_text()
+        try:
+            return path.name, path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise TopologyError(
+                f"topology {path}: not a text (UTF-8 YAML) file ({exc.reason} at byte {exc.start})"
+            ) from exc
+        except OSError as exc:
+            raise TopologyError(f"topology {path}: cannot read it: {exc.strerror or exc}") from exc
     name = ref.removesuffix(".yaml")
     if "/" not in ref and name in builtin_topologies():
         text = (resources.files("maskrcnn_launcher") / "topologies" / f"{name}.yaml").read_text()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError, one_line
+from .errors import CheckpointError, UserError, one_line
 from .run_dir import CHECKPOINT_NAME, CHECKPOINT_TMP_GLOB, checkpoint_name, checkpoint_tmp_name
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,32 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         path = newest
     if not path.is_file():
         raise CheckpointError(f"--resume {path}: no such file")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, foreign or tampered files raise many types
-        raise CheckpointError(f"checkpoint {path} cannot be read: {one_line(exc)}") from exc
+    state = read_torch_file(path, "checkpoint", CheckpointError)
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a maskrcnn-dist checkpoint (format {FORMAT_VERSION})")
     log.info("loaded checkpoint %s (step %s)", path, state.get("step"))
     return state
+
+
+# torch.save writes a zip archive; files from torch < 1.6 are a pickle stream (protocol 2+ opcode).
+_TORCH_FILE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def read_torch_file(path: Path, what: str, error: type[UserError]) -> Any:
+    """torch.load(path) with weights_only=True, on CPU. Anything that is not a readable torch file raises
+    `error` naming `what` and the file: torch's own message for a text file is a bare KeyError ('101')."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError as exc:
+        raise error(f"{what} file {path}: {exc.strerror or exc}") from exc
+    if not head.startswith(_TORCH_FILE_MAGIC):
+        kind = "empty" if not head else f"starts with {head!r}"
+        raise error(f"{what} file {path} is not a PyTorch file (torch.save writes a zip archive; this one {kind})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, foreign or tampered files raise many types
+        raise error(f"{what} file {path} cannot be read: {one_line(exc)}") from exc
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+from maskrcnn_launcher.contract import GuardedGroup
 
 from . import config as config_mod
-from .errors import TrainingError, UserError
+from .errors import classify as classify_error
 
 
 class _FieldType(click.ParamType):
@@ -38,7 +39,7 @@ def field_options(specs: tuple[config_mod.FieldSpec, ...]):
                 func = click.option(f"--{spec.flag}/--no-{spec.flag}", _param(spec), default=None, help=spec.help)(func)
             else:
                 func = click.option(
-                    f"--{spec.flag}", _param(spec), type=_FieldType(spec), default=None, help=spec.help
+                    f"--{spec.flag}", _param(spec), type=_FieldType(spec), default=None, help=_help(spec)
                 )(func)
         return func
 
@@ -54,6 +55,11 @@ def train_options(func):
         type=click.Path(path_type=Path),
         help="YAML file of flag names -> values (flags given here win)",
     )(func)
+
+
+def _help(spec: config_mod.FieldSpec) -> str:
+    bounds = spec.bounds.describe()
+    return f"{spec.help} [{bounds}]" if bounds else spec.help
 
 
 def _param(spec: config_mod.FieldSpec) -> str:
@@ -75,19 +81,11 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
-def _run(func, *args: Any) -> Any:
-    """Turn the errors a user can act on into one line and an exit code, never a deep traceback."""
-    try:
-        return func(*args)
-    except UserError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except TrainingError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=GuardedGroup,
+    classify=classify_error,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
 @click.option("-v", "--verbose", is_flag=True, help="debug logging")
 def main(verbose: bool) -> None:
     """Train torchvision's Mask R-CNN on one machine or several (ddp, pipeline)."""
@@ -100,8 +98,8 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
     """Train (flags named like torchvision's detection references)."""
     from .train import train as run_train
 
-    cfg = _run(config_mod.build_config, config_file, _collect(kwargs))
-    result = _run(run_train, cfg)  # None on a pipeline stage worker
+    cfg = config_mod.build_config(config_file, _collect(kwargs))
+    result = run_train(cfg)  # None on a pipeline stage worker
     if result is not None and result.eval:
         click.echo(json.dumps({"step": result.position.step, **result.eval}))
 
@@ -113,19 +111,21 @@ def eval_command(config_file: Path | None, **kwargs: Any) -> None:
     from .train import train as run_train
 
     values = {**_collect(kwargs), "test-only": True}
-    cfg = _run(config_mod.build_config, config_file, values)
-    result = _run(run_train, cfg)
+    cfg = config_mod.build_config(config_file, values)
+    result = run_train(cfg)
     click.echo(json.dumps(result.eval))
 
 
 @main.command("synth-data")
 @click.option("--output", type=click.Path(path_type=Path), required=True, help="folder to write train/ and val/ into")
-@click.option("--train-images", default=64, show_default=True)
-@click.option("--val-images", default=16, show_default=True)
-@click.option("--image-size", default=128, show_default=True, help="largest side, pixels")
-@click.option("--classes", default=3, show_default=True, help="number of shape classes (1-5)")
-@click.option("--max-objects", default=4, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--train-images", type=click.IntRange(1, 1_000_000), default=64, show_default=True)
+@click.option("--val-images", type=click.IntRange(1, 1_000_000), default=16, show_default=True)
+@click.option(
+    "--image-size", type=click.IntRange(32, 4096), default=128, show_default=True, help="largest side, pixels"
+)
+@click.option("--classes", type=click.IntRange(1, 5), default=3, show_default=True, help="number of shape classes")
+@click.option("--max-objects", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--seed", type=click.IntRange(0, config_mod.INT64_MAX), default=0, show_default=True)
 def synth_data(
     output: Path,
     train_images: int,
@@ -137,7 +137,11 @@ def synth_data(
 ) -> None:
     """Write a deterministic synthetic COCO instance-segmentation set (real PNGs + instances JSON)."""
     from .data import write_train_val
+    from .errors import ConfigError
+    from .run_dir import output_folder_problem
 
+    if problem := output_folder_problem(output, "--output"):
+        raise ConfigError(problem)
     try:
         splits = write_train_val(
             output,
@@ -167,12 +171,12 @@ def check_data(data_path: Path | None, check_data: str | None, split: str) -> No
     if data_path is None:
         raise click.UsageError("--data-path is required")
     splits = ("train", "val") if split == "both" else (split,)
-    reports = _run(check_split, data_path, splits, check_data or "header")
+    reports = check_split(data_path, splits, check_data or "header")
     for report in reports:
         for bad in report.bad:
             click.echo(f"bad: {bad}")
         click.echo(report.summary())
-    _run(raise_if_bad, reports)
+    raise_if_bad(reports)
 
 
 @main.command()
@@ -190,19 +194,25 @@ def check_data(data_path: Path | None, check_data: str | None, split: str) -> No
     default=None,
     help="PNG to write (default: next to the metrics file)",
 )
-@click.option("--gallery", default=0, show_default=True, help="also draw N validation images: predictions | truth")
+@click.option(
+    "--gallery",
+    type=click.IntRange(0, 1000),
+    default=0,
+    show_default=True,
+    help="also draw N validation images: predictions | truth",
+)
 @field_options(tuple(config_mod.BY_FLAG[flag] for flag in ("resume", "data-path")))
 def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path | None, data_path: Path | None) -> None:
     """Draw loss and AP curves of a run into a PNG; with --gallery N --resume CKPT, predictions on N
     validation images beside their ground truth into a second PNG (report_gallery.png)."""
     from .report import draw_report
 
-    path = _run(draw_report, metrics_file, out_png or metrics_file.with_name("report.png"))
+    path = draw_report(metrics_file, out_png or metrics_file.with_name("report.png"))
     click.echo(str(path))
     if gallery:
         from .gallery import draw_gallery, gallery_path
 
-        click.echo(str(_run(draw_gallery, resume, gallery, gallery_path(path), data_path)))
+        click.echo(str(draw_gallery(resume, gallery, gallery_path(path), data_path)))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
@@ -247,12 +257,12 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
         if code:
             sys.exit(code)
     else:
-        _run(run_train, _run(config_mod.build_config, None, flags))
-    png = _run(draw_report, output_dir / "metrics.jsonl", output_dir / "report.png")
+        run_train(config_mod.build_config(None, flags))
+    png = draw_report(output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
     from .gallery import draw_gallery, gallery_path
 
-    shown = _run(draw_gallery, output_dir / "checkpoints", DEMO_GALLERY_IMAGES, gallery_path(png))
+    shown = draw_gallery(output_dir / "checkpoints", DEMO_GALLERY_IMAGES, gallery_path(png))
     click.echo(f"gallery: {shown}")
 
 
@@ -268,9 +278,9 @@ def predict(inputs: tuple[Path, ...], **kwargs: Any) -> None:
     from .predict import predict_images
 
     values = _collect(kwargs)
-    options = _run(config_mod.build_predict_config, {flag: values.pop(flag) for flag in config_mod.PREDICT_BY_FLAG})
+    options = config_mod.build_predict_config({flag: values.pop(flag) for flag in config_mod.PREDICT_BY_FLAG})
     flags = {flag: value for flag, value in values.items() if value is not None}
-    summary = _run(predict_images, list(inputs), options, flags)
+    summary = predict_images(list(inputs), options, flags)
     click.echo(
         f"{summary.images} images, {summary.drawn} detections drawn (score >= {options.score_threshold:g}), "
         f"{summary.detections} in {summary.results}"

@@ -38,11 +38,51 @@ def option(
     flag: str | None = None,
     choices: tuple[str, ...] | None = None,
     minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
 ) -> Any:
-    """A config field with its CLI/YAML description. `flag` defaults to the field name with dashes;
-    `minimum` bounds numbers (inclusive); non-finite floats are always refused."""
-    meta = {"help": help, "flag": flag, "choices": choices, "minimum": minimum}
+    """A config field with its CLI/YAML description. `flag` defaults to the field name with dashes.
+    Numbers (and each integer of a list) are bounded by `minimum`/`maximum` (inclusive) and `above`/`below`
+    (exclusive); non-finite floats and integers beyond 64 bits are always refused."""
+    meta = {"help": help, "flag": flag, "choices": choices, "bounds": Bounds(minimum, maximum, above, below)}
     return field(default=default, metadata=meta)
+
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The allowed range of a number: inclusive `minimum`/`maximum`, exclusive `above`/`below`."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    below: float | None = None
+
+    def problem(self, value: float) -> str | None:
+        """What is out of range, e.g. "must be >= 1", or None."""
+        if not -(2**63) <= value <= INT64_MAX and isinstance(value, int):
+            return "must fit in a signed 64-bit integer"
+        for limit, ok, text in (
+            (self.minimum, lambda v, lim: v >= lim, ">="),
+            (self.maximum, lambda v, lim: v <= lim, "<="),
+            (self.above, lambda v, lim: v > lim, ">"),
+            (self.below, lambda v, lim: v < lim, "<"),
+        ):
+            if limit is not None and not ok(value, limit):
+                return f"must be {text} {_number(limit)}"
+        return None
+
+    def describe(self) -> str:
+        """The range for help texts, e.g. ">= 1, <= 64"; empty when unbounded."""
+        limits = ((">=", self.minimum), (">", self.above), ("<=", self.maximum), ("<", self.below))
+        return ", ".join(f"{text} {_number(limit)}" for text, limit in limits if limit is not None)
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -57,14 +97,19 @@ class DataConfig:
         None, "COCO root: {train,val}/annotations.json + images/, or annotations/instances_*2017.json"
     )
     synthetic_images: int = option(
-        0, "generate a synthetic COCO set of N training images (at --data-path or OUTPUT_DIR/data)", minimum=0
+        0,
+        "generate a synthetic COCO set of N training images (at --data-path or OUTPUT_DIR/data)",
+        minimum=0,
+        maximum=1_000_000,
     )
-    synthetic_image_size: int = option(128, "largest side of the synthetic images, pixels")
-    batch_size: int = option(2, "images per step per process", minimum=1)
-    workers: int = option(2, "DataLoader worker processes", minimum=0)
+    synthetic_image_size: int = option(128, "largest side of the synthetic images, pixels", minimum=32, maximum=4096)
+    batch_size: int = option(2, "images per step per process", minimum=1, maximum=4096)
+    workers: int = option(2, "DataLoader worker processes", minimum=0, maximum=256)
     # torchvision's default: group images of similar aspect ratio into batches (less padding).
-    aspect_ratio_group_factor: int = option(3, "group images by aspect ratio into batches (-1: off)")
-    val_batch_size: int = option(2, "images per evaluation batch", minimum=1)
+    aspect_ratio_group_factor: int = option(
+        3, "group images by aspect ratio into batches (-1: off)", minimum=-1, maximum=100
+    )
+    val_batch_size: int = option(2, "images per evaluation batch", minimum=1, maximum=4096)
     check_data: str = option(
         "header",
         "check every image before training: header (opens, size as annotated, not truncated), "
@@ -84,15 +129,15 @@ class ModelConfig:
         flag="model",
         choices=MODEL_NAMES,
     )
-    min_size: int = option(800, "resize so the short side is this many pixels", minimum=32)
-    max_size: int = option(1333, "... and the long side at most this", minimum=32)
+    min_size: int = option(800, "resize so the short side is this many pixels", minimum=32, maximum=8192)
+    max_size: int = option(1333, "... and the long side at most this", minimum=32, maximum=8192)
     # Local files only: nothing is downloaded at run time.
     weights: Path | None = option(
         None, "local file of Mask R-CNN weights (class-dependent layers re-initialised if the class count differs)"
     )
     weights_backbone: Path | None = option(None, "local file of ResNet (ImageNet) weights")
     trainable_backbone_layers: int | None = option(
-        None, "0-5 backbone stages to train (default 3 with weights, else 5)"
+        None, "0-5 backbone stages to train (default 3 with weights, else 5)", minimum=0, maximum=5
     )
     # "auto": frozen BatchNorm when pretrained weights are given (torchvision's choice), batch stats otherwise.
     backbone_norm: str = option("auto", "auto, frozen or batch BatchNorm in the backbone", choices=BACKBONE_NORMS)
@@ -112,16 +157,18 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     # torchvision's 0.02 is for 16 images per step; it diverges from scratch on small batches.
-    lr: float = option(0.01, "base learning rate")
-    momentum: float = option(0.9, "SGD momentum")
-    weight_decay: float = option(1e-4, "SGD weight decay")
+    lr: float = option(0.01, "base learning rate", above=0)
+    # 1 or more never forgets a gradient: the update grows without bound.
+    momentum: float = option(0.9, "SGD momentum", minimum=0, below=1)
+    weight_decay: float = option(1e-4, "SGD weight decay", minimum=0)
     lr_steps: tuple[int, ...] = option(
-        (16, 22), "epochs at which the rate is multiplied by --lr-gamma, comma separated"
+        (16, 22), "epochs at which the rate is multiplied by --lr-gamma, comma separated", minimum=0
     )
-    lr_gamma: float = option(0.1, "decay factor at each of --lr-steps")
+    lr_gamma: float = option(0.1, "decay factor at each of --lr-steps", above=0, maximum=1)
     warmup_iters: int = option(1000, "linear warm-up steps", minimum=0)
-    warmup_factor: float = option(1e-3, "starting fraction of the rate during warm-up")
-    clip_grad_norm: float | None = option(None, "clip the global gradient norm to this value")
+    warmup_factor: float = option(1e-3, "starting fraction of the rate during warm-up", above=0, maximum=1)
+    # A negative coefficient would reverse the gradients.
+    clip_grad_norm: float | None = option(None, "clip the global gradient norm to this value", above=0)
 
 
 @dataclass
@@ -129,17 +176,20 @@ class PeersConfig:
     """How long this process waits for the others: shared by the ddp process group and the pipeline's RPC."""
 
     timeout: float = option(
-        120.0, "seconds before a silent peer counts as lost (RPC and process-group timeouts)", flag="rpc-timeout"
+        120.0,
+        "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
+        flag="rpc-timeout",
+        above=0,
     )
     # torch's own bound on forming the group is 30 minutes.
     join_timeout: float = option(
-        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero"
+        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero", above=0
     )
 
 
 @dataclass
 class PipelineConfig:
-    micro_batches: int = option(2, "pipeline: micro-batches per batch", minimum=1)
+    micro_batches: int = option(2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096)
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
     bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
 
@@ -152,13 +202,13 @@ class TrainConfig:
         "pipeline (model parallel over RPC, under the launcher)",
         choices=ENGINES,
     )
-    epochs: int = option(26, "number of epochs", minimum=1)
+    epochs: int = option(26, "number of epochs", minimum=1, maximum=1_000_000)
     # Short schedules and smoke tests; None runs the whole schedule.
     max_steps: int | None = option(None, "stop after this many optimizer steps in total", minimum=1)
-    seed: int = option(0, "seed for weights, data order, flips and sampling")
+    seed: int = option(0, "seed for weights, data order, flips and sampling", minimum=0, maximum=INT64_MAX)
     output_dir: Path = option(Path("runs/train"), "metrics, checkpoints, report")
     device: str = option("auto", "auto, cpu or cuda", choices=DEVICES)
-    threads: int | None = option(None, "CPU threads per process (torch.set_num_threads)")
+    threads: int | None = option(None, "CPU threads per process (torch.set_num_threads)", minimum=1, maximum=1024)
     amp: bool = option(
         False,
         "mixed precision: bf16 autocast on CPU, fp16 + grad scaler on CUDA (see --amp-dtype); "
@@ -171,11 +221,15 @@ class TrainConfig:
     resume: Path | None = option(
         None, "checkpoint file, directory, or 'auto' (newest in OUTPUT_DIR/checkpoints, if any)"
     )
+    # Never silently: a fresh run into a used --output-dir is refused unless this or --resume is given.
+    overwrite: bool = option(
+        False, "train into an --output-dir that holds a previous run: first move its files into replaced-<time>/"
+    )
     test_only: bool = option(False, "only evaluate (with --resume or --weights)")
-    print_freq: int = option(20, "log every N steps")
+    print_freq: int = option(20, "log every N steps", minimum=1)
     # Periods in optimizer steps; 0 disables the periodic run (epoch ends always run both).
-    val_period: int = option(0, "validation loss every N steps (0: at epoch ends only)")
-    checkpoint_period: int = option(0, "checkpoint every N steps (0: at epoch ends only)")
+    val_period: int = option(0, "validation loss every N steps (0: at epoch ends only)", minimum=0)
+    checkpoint_period: int = option(0, "checkpoint every N steps (0: at epoch ends only)", minimum=0)
     keep_checkpoints: int = option(3, "keep the newest K checkpoints", minimum=1)
     eval_every_epoch: bool = option(True, "COCO AP at every epoch end")
     data: DataConfig = field(default_factory=DataConfig)
@@ -187,14 +241,46 @@ class TrainConfig:
     def validate(self) -> None:
         """Reject values that would fail later, deep inside torch, with a message naming the flag."""
         errors = [problem for spec in FIELDS if (problem := spec.problem(spec.get(self)))]
-        checks = [
-            (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
-            (self.optim.lr > 0, "--lr must be > 0"),
-            (self.model.max_size >= self.model.min_size, "--min-size must be >= 32 and <= --max-size"),
-        ]
-        errors += [message for ok, message in checks if not ok]
+        errors += self.combination_problems()
         if errors:
             raise ConfigError("invalid configuration: " + "; ".join(errors))
+
+    def combination_problems(self) -> list[str]:
+        """Flags that are each valid but cannot work together, each problem naming them."""
+        checks = [
+            (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
+            (self.model.max_size >= self.model.min_size, "--min-size must be <= --max-size"),
+            (
+                self.engine != "pipeline" or self.pipeline.micro_batches <= self.data.batch_size,
+                f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
+                "every micro-batch needs at least one image",
+            ),
+            (
+                not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
+                "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
+                "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16",
+            ),
+            (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
+            (
+                not self.test_only or self.resume is not None or self.model.weights is not None,
+                "--test-only (eval) needs --resume CHECKPOINT or --weights FILE",
+            ),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if self.device == "cpu" and (fp16 := fp16_on_cpu_problem(self.amp, self.amp_dtype)):
+            problems.append(fp16)
+        return problems
+
+
+def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:
+    """Why fp16 autocast cannot run on a CPU (checked at parse time for --device cpu, and by the engine
+    once --device auto has resolved to the CPU), or None."""
+    if amp and amp_dtype == "float16":
+        return (
+            "--amp-dtype float16 on the CPU: CPUs have no fast fp16 kernels and no gradient scaler runs there "
+            "(about 3x slower than fp32); use --amp-dtype bfloat16 (the CPU default) or --device cuda"
+        )
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,7 +300,7 @@ class FieldSpec:
     optional: bool  # None is a valid value
     default: Any
     choices: tuple[str, ...] | None
-    minimum: float | None
+    bounds: Bounds
 
     def get(self, cfg: TrainConfig) -> Any:
         return getattr(self._owner(cfg), self.name)
@@ -262,8 +348,10 @@ class FieldSpec:
             return f"--{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
         if self.kind is float and not math.isfinite(value):
             return f"--{self.flag} must be a finite number, got {value}"
-        if self.minimum is not None and value < self.minimum:
-            return f"--{self.flag} must be >= {self.minimum:g}"
+        numbers = value if self.kind is tuple else (value,) if self.kind in (int, float) else ()
+        for number in numbers:
+            if (out_of_range := self.bounds.problem(number)) is not None:
+                return f"--{self.flag} {out_of_range}, got {number}"
         return None
 
     @property
@@ -313,7 +401,7 @@ def _specs(cls: type, section: str | None) -> Iterator[FieldSpec]:
             optional=optional,
             default=default,
             choices=meta.get("choices"),
-            minimum=meta.get("minimum"),
+            bounds=meta.get("bounds", Bounds()),
         )
 
 
@@ -325,10 +413,10 @@ class PredictConfig:
     out: Path | None = option(None, "folder for the drawings, detections.json and images.json (required)")
     # The results file keeps everything the model returns, so that it scores what `eval` scores.
     score_threshold: float = option(
-        0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0
+        0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0, maximum=1.0
     )
     split: str = option("val", "with --data-path: the split whose images to predict")
-    batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1)
+    batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1, maximum=4096)
 
 
 #: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
@@ -367,24 +455,31 @@ def apply_overrides(cfg: Any, values: dict[str, Any], source: str, table: dict[s
     for flag, value in values.items():
         spec = table[flag]
         try:
-            spec.set(cfg, spec.parse(value))
+            parsed = spec.parse(value)
         except ValueError as exc:
             raise ConfigError(f"{source}: {flag}: value {value!r} does not fit ({exc})") from exc
+        if problem := spec.problem(parsed):
+            raise ConfigError(f"{source}: {problem}")
+        spec.set(cfg, parsed)
     return cfg
 
 
 def load_yaml_config(path: Path) -> dict[str, Any]:
     """Read a YAML config file of flag names (dashes or underscores) -> values."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ConfigError(f"config file {path} does not exist") from exc
+        raise ConfigError(f"--config {path}: the file does not exist") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not a text (UTF-8 YAML) file ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of flag names to values")
+        raise ConfigError(f"--config {path}: must hold a mapping of flag names to values")
     return {str(k).replace("_", "-"): v for k, v in raw.items()}
 
 
@@ -495,6 +590,7 @@ def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
         lr_steps="1000",
         eval_every_epoch=False,  # COCO AP once, at the end; validation loss at every epoch end
         output_dir=output_dir,
+        overwrite=True,  # a second `make demo` moves the first one's files aside, into replaced-<time>/
         print_freq=10,
         # pipeline: three processes share this machine's cores
         **({"threads": 1, "micro_batches": 2, "rpc_timeout": 60} if engine == "pipeline" else {}),

@@ -1,4 +1,13 @@
-"""Errors the user can fix: bad input files, fields or flags."""
+"""Errors the user can fix (bad input files, fields or flags) and how every trainer failure leaves the
+process: `classify` is the trainer's part of the error boundary (maskrcnn_launcher.boundary, through the
+contract), which prints one `error:` line and exits 2 for the user's mistakes, 1 for the rest."""
+
+from __future__ import annotations
+
+import re
+
+from maskrcnn_launcher.contract import EXIT_RUNTIME, EXIT_USER_ERROR, Failure
+from maskrcnn_launcher.contract import one_line as _one_line
 
 
 class UserError(Exception):
@@ -29,5 +38,35 @@ class PeerLostError(TrainingError):
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's message on one line, shortened: torch's messages can run to a page (and put the
     detail on later lines), and the CLI prints a user error as one line."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return _one_line(str(exc), limit) or type(exc).__name__
+
+
+# torch re-raises an exception from a DataLoader worker as the same type, its message replaced by
+# "Caught X in DataLoader worker process N.\nOriginal Traceback ...\n<module>.X: <message>".
+_WORKER_WRAPPED = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: ")
+
+
+def original_message(exc: BaseException) -> str:
+    """`exc`'s own message, without the worker traceback torch wraps around it."""
+    text = str(exc)
+    if not _WORKER_WRAPPED.match(text):
+        return text
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)), default=None)
+    if last is None:
+        return lines[-1] if lines else text
+    return " ".join([_EXCEPTION_LINE.sub("", lines[last]), *lines[last + 1 :]])
+
+
+def classify(exc: BaseException) -> Failure | None:
+    """The trainer's exceptions for the error boundary; None leaves the rest to it."""
+    if isinstance(exc, UserError):
+        return Failure.of(EXIT_USER_ERROR, original_message(exc))
+    if isinstance(exc, TrainingError):
+        return Failure.of(EXIT_RUNTIME, original_message(exc))
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), without importing torch here
+        return Failure.of(EXIT_RUNTIME, "out of GPU memory: lower --batch-size or the image size, or use --amp")
+    if _WORKER_WRAPPED.match(str(exc)):
+        return Failure.of(EXIT_RUNTIME, f"in a DataLoader worker: {type(exc).__name__}: {original_message(exc)}")
+    return None

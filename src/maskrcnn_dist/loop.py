@@ -68,6 +68,9 @@ class Trainer:
 
     def fit(self) -> Position:
         self.resume()
+        # Steps after the checkpoint are trained again: their old records would appear twice.
+        if dropped := self.metrics.truncate_after(self.position.step):
+            log.info("%s: dropped %d record(s) after step %d", self.metrics.path, dropped, self.position.step)
         while self.position.step < self.total_steps:
             epoch = self.position.epoch
             for images, targets in self._loader(epoch, start_batch=self.position.batch):

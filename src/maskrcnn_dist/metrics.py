@@ -8,6 +8,7 @@ Only the main process writes. On a terminal the console shows a one-line progres
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 from maskrcnn_launcher.contract import format_progress_bar, format_progress_line
 from maskrcnn_launcher.contract import parse_progress_line as parse_progress_line
 
-from .run_dir import METRICS_FILE
+from .run_dir import METRICS_FILE, TENSORBOARD_DIR
 
 
 class MetricsWriter:
@@ -38,14 +39,14 @@ class MetricsWriter:
         self.interactive = self.stream.isatty()
         self._tb = None
         self._jsonl = None
+        self.path = Path(output_dir) / METRICS_FILE
         if enabled:
-            output_dir = Path(output_dir)
-            output_dir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(output_dir / METRICS_FILE, "a", buffering=1)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(self.path, "a", buffering=1)
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter  # heavy import: only where used
 
-                self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+                self._tb = SummaryWriter(str(output_dir / TENSORBOARD_DIR))
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         """Record one event: kind is 'train', 'val' or 'eval'; values are floats or small lists."""
@@ -58,6 +59,22 @@ class MetricsWriter:
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
         self._console(kind, step, values)
+
+    def truncate_after(self, step: int) -> int:
+        """Drop the records of steps after `step` (and a torn last line): a resumed run re-runs them, and
+        readers must see one record per step. The file is replaced atomically; returns how many went."""
+        if not self.enabled or not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+        if len(kept) == len(lines):
+            return 0
+        self._jsonl.close()
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+        self._jsonl = open(self.path, "a", buffering=1)
+        return len(lines) - len(kept)
 
     def _console(self, kind: str, step: int, values: dict[str, Any]) -> None:
         # Engine extras ("link/...", "stage1/...") go to the JSON lines and TensorBoard, not the console
@@ -78,6 +95,16 @@ class MetricsWriter:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _step_of(line: str) -> int | None:
+    """The step of one metrics line; None for a torn or foreign line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

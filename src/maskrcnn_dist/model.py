@@ -14,8 +14,9 @@ from torchvision.models.detection import MaskRCNN, maskrcnn_resnet50_fpn, maskrc
 from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
 from torchvision.ops import misc as misc_nn_ops
 
+from .checkpoint import read_torch_file
 from .config import ModelConfig
-from .errors import WeightsError, one_line
+from .errors import WeightsError
 from .perf import keep_head_outputs_fp32, to_channels_last
 from .roi_align import use_sparse_roi_align
 
@@ -57,10 +58,7 @@ def state_num_classes(state: dict[str, torch.Tensor]) -> int | None:
 def read_state_dict(path: Path, what: str) -> dict[str, torch.Tensor]:
     if not Path(path).is_file():
         raise WeightsError(f"{what} file {path} does not exist (weights are never downloaded; give a local file)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad file; the user needs the path.
-        raise WeightsError(f"{what} file {path} is not a readable PyTorch state dict: {one_line(exc)}") from exc
+    state = read_torch_file(path, what, WeightsError)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a maskrcnn-dist or torchvision-reference checkpoint
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

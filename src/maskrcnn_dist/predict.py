@@ -31,6 +31,7 @@ from .engines.torch_engine import TorchEngine
 from .errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from .evaluation import detections_to_coco
 from .model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from .run_dir import output_folder_problem
 from .train import setup_process
 
 RESULTS_FILE = "detections.json"  # COCO results: a list of {image_id, category_id, bbox, score, segmentation}
@@ -185,10 +186,9 @@ def save_png(image: torch.Tensor, path: Path) -> None:
 
 
 def _check_output_dir(out: Path) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: an existing file, not a folder")
-    return out
+    if problem := output_folder_problem(out, "--out"):
+        raise UserError(problem)
+    return Path(out)
 
 
 @dataclass

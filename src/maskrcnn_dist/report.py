@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .metrics import read_metrics
+from .run_dir import output_folder_problem
 
 
 def pyplot() -> Any:
@@ -28,12 +29,44 @@ def save_figure(fig: Any, out_png: Path) -> Path:
     return out_png
 
 
+# What each kind of record must carry for the curves (numbers); eval records are drawn by the AP keys they have.
+REQUIRED_KEYS = {"train": ("step", "loss"), "val": ("step", "loss"), "eval": ("step",)}
+
+
+def read_report_records(metrics_file: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file, each checked for what the report draws; a UserError names the file
+    and line of the first record that does not fit. A torn last line (a writer killed mid-line) is skipped."""
+    path = Path(metrics_file)
+    if not path.is_file():
+        raise UserError(f"report: {path} does not exist (train writes OUTPUT_DIR/metrics.jsonl)")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise UserError(f"report: {path} is not a text file ({exc.reason} at byte {exc.start})") from exc
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue
+            raise UserError(f"report: {path} line {number}: not JSON") from None
+        if not isinstance(record, dict):
+            raise UserError(f"report: {path} line {number}: a JSON {type(record).__name__}, not a metrics record")
+        for key in REQUIRED_KEYS.get(record.get("kind"), ()):
+            value = record.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserError(f"report: {path} line {number}: a {record['kind']!r} record without a numeric {key!r}")
+        records.append(record)
+    return records
+
+
 def draw_report(metrics_file: Path, out_png: Path) -> Path:
     """Training and validation loss (left), COCO bbox/segm AP (right). Returns the PNG's path."""
+    records = read_report_records(metrics_file)
+    if problem := output_folder_problem(Path(out_png).parent, "--out"):
+        raise UserError(problem)
     plt = pyplot()
-    if not Path(metrics_file).is_file():
-        raise UserError(f"report: {metrics_file} does not exist (train writes OUTPUT_DIR/metrics.jsonl)")
-    records = read_metrics(metrics_file)
     train = [r for r in records if r.get("kind") == "train"]
     if not train:
         raise UserError(f"report: {metrics_file} holds no training records")

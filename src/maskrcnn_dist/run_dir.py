@@ -6,6 +6,7 @@ this module without pulling in the trainer.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -30,3 +31,58 @@ def checkpoint_tmp_name(step: int, pid: int) -> str:
 
 def checkpoint_dir(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
+
+
+# What a training run leaves in its --output-dir (besides inputs such as a generated data/ folder):
+# a new run refuses to write over them, and --overwrite moves them aside.
+TENSORBOARD_DIR = "tensorboard"
+GALLERY_FILE = REPORT_FILE.removesuffix(".png") + "_gallery.png"  # gallery.gallery_path
+RUN_OUTPUTS = (METRICS_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, REPORT_FILE, GALLERY_FILE)
+REPLACED_PREFIX = "replaced-"
+
+
+def previous_run(output_dir: Path) -> list[str]:
+    """What in `output_dir` shows that a run already trained there: a non-empty metrics file and the
+    complete checkpoints (described for the user), or [] when nothing would be lost."""
+    output_dir = Path(output_dir)
+    found = []
+    metrics = output_dir / METRICS_FILE
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(METRICS_FILE)
+    folder = checkpoint_dir(output_dir)
+    if folder.is_dir():
+        count = sum(1 for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name))
+        if count:
+            found.append(f"{count} checkpoint(s) in {CHECKPOINT_DIR}/")
+    return found
+
+
+def move_aside(output_dir: Path, stamp: str) -> Path | None:
+    """Move a previous run's outputs into `output_dir/replaced-<stamp>/` (nothing is deleted); the
+    folder, or None when there was nothing to move."""
+    output_dir = Path(output_dir)
+    present = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    if not present:
+        return None
+    target = output_dir / f"{REPLACED_PREFIX}{stamp}"
+    suffix = 1
+    while target.exists():  # two --overwrite runs in the same second
+        target, suffix = output_dir / f"{REPLACED_PREFIX}{stamp}-{suffix}", suffix + 1
+    target.mkdir()
+    for path in present:
+        path.rename(target / path.name)
+    return target
+
+
+def output_folder_problem(path: Path, flag: str) -> str | None:
+    """Why the folder a flag names cannot receive output (an existing file, a file on the way to it, a
+    folder this user may not write), or None. Checked before any work, so nothing is lost to it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"{flag} {path}: an existing file, not a folder"
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{flag} {path}: {existing} is a file, not a folder"
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {path}: {existing} is not writable by this user"
+    return None

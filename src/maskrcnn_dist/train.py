@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
-from maskrcnn_launcher.contract import PodPlan
+from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
 from .config import TrainConfig
 from .data import CocoInstanceDataset, load_datasets, num_train_batches
@@ -31,6 +34,7 @@ from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .loop import Trainer, TrainResult
 from .perf import set_flush_denormal
+from .run_dir import move_aside, output_folder_problem, previous_run
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,12 @@ def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:
             setup_process(cfg, default_threads=1)
             serve(cfg, plan)
             return None
+    if cfg.engine == "ddp":
+        require_torchrun_environment()
     setup_process(cfg)
+    check_input_files(cfg)
+    if not cfg.test_only and is_main_process(cfg):
+        guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
     datasets = load_datasets(cfg)
     if cfg.engine != "ddp":
         check_data(cfg, datasets)
@@ -86,6 +95,53 @@ def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lam
     splits = [d for d in datasets if d is not None]
     reports = run_once(lambda: check_datasets(splits, cfg.data.check_data))
     settle(splits, reports, cfg.data.skip_bad_images)
+
+
+def is_main_process(cfg: TrainConfig) -> bool:
+    """The process that writes the run's metrics and checkpoints: ddp's rank 0, the pipeline's master
+    (its stage workers never get this far), the local engine's only process."""
+    return cfg.engine != "ddp" or os.environ.get(RANK, "0") == "0"
+
+
+def require_torchrun_environment() -> None:
+    """--engine ddp needs the variables torchrun (or the launcher) sets; say so before any work."""
+    missing = [name for name in (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) if not os.environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"--engine ddp runs under torchrun or the launcher, but {', '.join(missing)} not set: "
+            "`torchrun --nproc-per-node N -m maskrcnn_dist.cli train --engine ddp ...`, or `maskrcnn-launch`"
+        )
+
+
+def check_input_files(cfg: TrainConfig) -> None:
+    """The files the flags name exist, before any data is loaded or generated (their contents are read,
+    and checked, where they are used)."""
+    named = [
+        ("--resume", cfg.resume),
+        ("--weights", cfg.model.weights),
+        ("--weights-backbone", cfg.model.weights_backbone),
+    ]
+    for flag, path in named:
+        if path is not None and str(path) != "auto" and not Path(path).exists():
+            raise ConfigError(f"{flag} {path}: no such file")
+
+
+def guard_output_dir(cfg: TrainConfig) -> None:
+    """Never write over another run: a fresh run into an --output-dir with metrics or checkpoints is
+    refused unless --resume continues it or --overwrite moves its files aside first."""
+    if problem := output_folder_problem(cfg.output_dir, "--output-dir"):
+        raise ConfigError(problem)
+    found = previous_run(cfg.output_dir)
+    if not found or cfg.resume is not None:
+        return
+    if not cfg.overwrite:
+        raise ConfigError(
+            f"--output-dir {cfg.output_dir} already holds a run ({', '.join(found)}): add --resume auto to "
+            "continue it, --overwrite to move its files into a replaced-<time>/ folder there, or choose another "
+            "--output-dir"
+        )
+    moved = move_aside(cfg.output_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    log.warning("--overwrite: the previous run's files in %s were moved to %s", cfg.output_dir, moved)
 
 
 @contextmanager
@@ -118,8 +174,6 @@ def _run(cfg: TrainConfig, datasets: Datasets, make_engine: EngineFactory, data_
     trainer = Trainer(cfg, engine, train_set, val_set, iters)
     try:
         if cfg.test_only:
-            if cfg.resume is None and cfg.model.weights is None:
-                raise ConfigError("--test-only needs --resume CHECKPOINT or --weights FILE")
             if val_set is None:
                 raise DatasetError(f"--test-only: no val split under {cfg.data.data_path}")
             trainer.resume()

@@ -293,7 +293,7 @@ def test_ddp_trainer_command_uses_torchrun() -> None:
     assert argv == [
         "/venv/bin/python",
         "-m",
-        "torch.distributed.run",
+        "maskrcnn_dist.torchrun",
         "--nnodes",
         "3",
         "--node-rank",

@@ -42,7 +42,7 @@ def torchrun(nproc: int, port: int, trainer_args: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "maskrcnn_dist.torchrun",  # torchrun, keeping a worker's exit 2
         "--nnodes",
         "1",
         "--nproc-per-node",

@@ -38,8 +38,12 @@ def test_a_failed_write_leaves_no_partial_checkpoint(tmp_path: Path, monkeypatch
 
 def test_unreadable_or_foreign_checkpoints_are_clear_errors(tmp_path: Path):
     (tmp_path / "garbage.pt").write_bytes(b"not a zip")
-    with pytest.raises(CheckpointError, match="garbage.pt cannot be read"):
+    with pytest.raises(CheckpointError, match="garbage.pt is not a PyTorch file"):
         load_checkpoint(tmp_path / "garbage.pt")
+    torch.save({"format_version": 1, "model": {"w": torch.zeros(1000)}}, tmp_path / "whole.pt")
+    (tmp_path / "torn.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:600])  # a zip cut short
+    with pytest.raises(CheckpointError, match="torn.pt cannot be read"):
+        load_checkpoint(tmp_path / "torn.pt")
     torch.save({"something": 1}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="foreign.pt is not a maskrcnn-dist checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt")

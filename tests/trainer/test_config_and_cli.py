@@ -27,8 +27,8 @@ def test_yaml_then_flags_override_defaults(tmp_path: Path):
     [
         ("batch-szie: 4\n", r"c.yaml: unknown key\(s\) batch-szie"),
         ("epochs: many\n", r"c.yaml: epochs: value 'many' does not fit"),
-        ("- a list\n", r"c.yaml must hold a mapping"),
-        ("lr: [unclosed\n", r"c.yaml is not valid YAML"),
+        ("- a list\n", r"c.yaml: must hold a mapping"),
+        ("lr: [unclosed\n", r"c.yaml: not valid YAML"),
         ("batch-size: 0\n", r"--batch-size must be >= 1"),
     ],
 )
@@ -43,39 +43,6 @@ def test_every_flag_is_on_the_cli():
     help_text = CliRunner().invoke(main, ["train", "--help"]).output
     for flag in BY_FLAG:
         assert f"--{flag}" in help_text
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--data-path", "/nonexistent/coco"], "--data-path /nonexistent/coco: no train split found"),
-        (["--batch-size", "0"], "--batch-size must be >= 1"),
-        (["--engine", "mpi"], "--engine must be one of local, ddp, pipeline"),
-        (["--synthetic-images", "4", "--weights", "/no/such.pt"], "weights file /no/such.pt does not exist"),
-        (["--resume", "/no/ckpt.pt", "--synthetic-images", "4"], "--resume /no/ckpt.pt: no such file"),
-    ],
-)
-def test_user_errors_are_one_line_with_exit_2(tmp_path: Path, args: list[str], message: str):
-    result = CliRunner().invoke(
-        main,
-        [
-            "train",
-            "--output-dir",
-            str(tmp_path),
-            "--model",
-            "maskrcnn_resnet18_fpn",
-            "--min-size",
-            "64",
-            "--max-size",
-            "64",
-            "--max-steps",
-            "1",
-            *args,
-        ],
-    )
-    assert result.exit_code == 2, result.output
-    assert message in result.output
-    assert "Traceback" not in result.output
 
 
 def test_synth_data_and_report_commands(tmp_path: Path):

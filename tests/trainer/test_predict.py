@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,10 +33,29 @@ STEPS = 24
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint of the small model after STEPS steps on tiny_coco."""
+def sparse_coco(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_coco with sparse category ids, as COCO's own (1..90 with gaps): a results file or a drawing
+    that used label indices as category ids would then name categories the dataset does not have."""
+    root = tmp_path_factory.mktemp("sparse_coco") / "data"
+    shutil.copytree(tiny_coco, root)
+    split_files = sorted(root.glob("*/annotations.json"))
+    assert len(split_files) == 2  # train and val
+    for split_file in split_files:
+        coco = json.loads(split_file.read_text())
+        sparse = {c["id"]: 10 * c["id"] + 7 for c in coco["categories"]}
+        for category in coco["categories"]:
+            category["id"] = sparse[category["id"]]
+        for annotation in coco["annotations"]:
+            annotation["category_id"] = sparse[annotation["category_id"]]
+        split_file.write_text(json.dumps(coco))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(sparse_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of the small model after STEPS steps on sparse_coco."""
     out = tmp_path_factory.mktemp("predict_run")
-    cfg = fast_config(tiny_coco, out, **{"max-steps": STEPS, "epochs": 100, "lr-steps": "1000", "val-period": 0})
+    cfg = fast_config(sparse_coco, out, **{"max-steps": STEPS, "epochs": 100, "lr-steps": "1000", "val-period": 0})
     train(cfg)
     checkpoint = latest_checkpoint(out / "checkpoints")
     assert checkpoint is not None
@@ -46,16 +66,16 @@ def trained(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 # results and AP
 
 
-def test_results_file_scores_exactly_evals_ap(trained: Path, tiny_coco: Path, tmp_path: Path):
-    cfg = fast_config(tiny_coco, tmp_path / "eval", resume=trained, **{"test-only": True})
+def test_results_file_scores_exactly_evals_ap(trained: Path, sparse_coco: Path, tmp_path: Path):
+    cfg = fast_config(sparse_coco, tmp_path / "eval", resume=trained, **{"test-only": True})
     eval_ap = train(cfg).eval
     assert eval_ap["bbox_AP50"] > 0 and eval_ap["segm_AP50"] > 0  # else equality would prove nothing
 
     options = PredictConfig(out=tmp_path / "pred", batch_size=cfg.data.val_batch_size)
-    summary = predict_images([], options, {"resume": trained, "data-path": tiny_coco, "device": "cpu"})
+    summary = predict_images([], options, {"resume": trained, "data-path": sparse_coco, "device": "cpu"})
     assert summary.images == 4 and summary.detections > summary.drawn  # the file keeps low scores too
 
-    gt = COCO(str(tiny_coco / "val" / "annotations.json"))
+    gt = COCO(str(sparse_coco / "val" / "annotations.json"))
     loaded = gt.loadRes(str(tmp_path / "pred" / RESULTS_FILE))  # pycocotools accepts the file as written
     records = json.loads((tmp_path / "pred" / RESULTS_FILE).read_text())
     assert len(loaded.getAnnIds()) == len(records) == summary.detections
@@ -67,8 +87,8 @@ def test_results_file_scores_exactly_evals_ap(trained: Path, tiny_coco: Path, tm
         assert value == pytest.approx(eval_ap[key], abs=1e-9), key
 
 
-def test_categories_round_trip_through_the_checkpoint(trained: Path, tiny_coco: Path, tmp_path: Path):
-    train_set = open_split(tiny_coco, "train")
+def test_categories_round_trip_through_the_checkpoint(trained: Path, sparse_coco: Path, tmp_path: Path):
+    train_set = open_split(sparse_coco, "train")
     stored = load_checkpoint(trained)["categories"]
     assert stored == [
         [-1, "__background__"],
@@ -89,7 +109,7 @@ def test_categories_round_trip_through_the_checkpoint(trained: Path, tiny_coco: 
     model_flags = {"model": "maskrcnn_resnet18_fpn", "min-size": 96, "max-size": 96, "backbone-norm": "batch"}
     by_weights = load_predictor({"weights": tmp_path / "weights.pt", "device": "cpu", **model_flags})
     assert by_weights.categories.num_classes == 4
-    image = [open_split(tiny_coco, "val")[0][0]]
+    image = [open_split(sparse_coco, "val")[0][0]]
     torch.testing.assert_close(by_weights.predict(image), old_predictor.predict(image))
 
 
@@ -207,7 +227,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         ("broken image", r"broken.png: cannot read image"),
         ("text file as image", r"notes.txt: cannot read image"),
-        ("unreadable checkpoint", r"checkpoint .*garbage.pt cannot be read"),
+        ("unreadable checkpoint", r"checkpoint .*garbage.pt is not a PyTorch file"),
         ("foreign checkpoint", r"checkpoint .*foreign.pt is not a maskrcnn-dist checkpoint"),
         ("class count", r"two_classes/val/annotations.json: 2 categories, but checkpoint .* was trained for 3"),
         ("out is a file", r"--out .*taken: an existing file, not a folder"),

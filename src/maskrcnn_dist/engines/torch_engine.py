@@ -22,7 +22,7 @@ import torch.distributed as dist
 from maskrcnn_launcher.contract import process_group_backend
 from torch.nn.parallel import DistributedDataParallel
 
-from ..config import TrainConfig
+from ..config import TrainConfig, fp16_on_cpu_problem
 from ..errors import ConfigError, TrainingError, UserError
 from ..model import build_model, side_effect_free_losses
 from ..optim import build_optimizer, build_scheduler
@@ -108,6 +108,8 @@ class TorchEngine(Engine):
         self.cfg = cfg
         self.name = "ddp" if distributed else "local"
         self.device = resolve_device(cfg.device, local_rank())
+        if self.device.type == "cpu" and (problem := fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype)):
+            raise ConfigError(problem)  # --device auto found no GPU; --device cpu was refused at parse time
         self.pin_memory = self.device.type == "cuda"
         if distributed:
             self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()

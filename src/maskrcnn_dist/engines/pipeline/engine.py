@@ -27,7 +27,7 @@ from maskrcnn_launcher.contract import StagePlacement, validate_placement
 from torch import Tensor
 
 from ...config import TrainConfig
-from ...errors import ConfigError, PeerLostError, TrainingError
+from ...errors import PeerLostError, TrainingError
 from ..base import Engine, Images, Targets
 from ..torch_engine import check_finite
 from .host import StageHost
@@ -77,11 +77,6 @@ class PipelineEngine(Engine):
     ) -> None:
         """`stages`: the pod plan's placements, in pipeline order. RPC must be initialised, as "master"."""
         validate_placement([s.modules for s in stages])
-        if cfg.amp and cfg.amp_dtype == "float16":
-            raise ConfigError(
-                "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
-                "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16"
-            )
         self.cfg = cfg
         self.timeout = cfg.peers.timeout
         self.micro_batches = cfg.pipeline.micro_batches

@@ -1,0 +1,165 @@
+"""The error boundary of every entry point: `maskrcnn-launch`, `maskrcnn-dist`, and the trainer processes
+the launcher starts (`python -m maskrcnn_dist.cli ...`, under torchrun or not).
+
+Exit codes are part of the pod contract: a JobSet's podFailurePolicy fails the job at once on
+EXIT_USER_ERROR instead of restarting the group over the same mistake, and anything else counts as a
+crash to recover from. So every failure leaves through here, as one line on stderr:
+
+    EXIT_USER_ERROR (2)   the user can fix it: a flag, a field, a file (its name is in the line)
+    EXIT_RUNTIME (1)      anything else; the traceback only with --debug or MASKRCNN_DEBUG=1
+    EXIT_UNREACHABLE (3)  the launcher could not reach the master
+    EXIT_INTERRUPTED (130) Ctrl-C / SIGINT
+
+Each package adds what it knows about its own exceptions through `classify`; what is common (click's
+usage errors, the launcher's errors, OS errors on a named path) is decided here, once. Standard library
+and click only: the launcher imports this without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from maskrcnn_launcher.errors import LauncherError, PeerTimeout
+
+EXIT_RUNTIME = 1
+EXIT_USER_ERROR = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+
+#: Set to 1 to print the traceback of a runtime failure (same as the --debug flag of either CLI).
+DEBUG_ENV = "MASKRCNN_DEBUG"
+DEBUG_FLAG = "--debug"
+_TRUE = ("1", "true", "yes", "on")
+LINE_LIMIT = 400  # torch's messages can run to a page; one line is what a user (and `kubectl logs`) reads
+
+# OS errors that mean "this path is not what the user said it is", as opposed to the machine failing.
+_USER_PATH_ERRNOS = {"ENOENT", "EACCES", "EPERM", "EISDIR", "ENOTDIR", "EROFS", "EEXIST", "ENAMETOOLONG", "ELOOP"}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a failure leaves the process: its exit code and the lines printed after `error: `."""
+
+    code: int
+    lines: tuple[str, ...]
+
+    @classmethod
+    def of(cls, code: int, *lines: str) -> Failure:
+        return cls(code, tuple(one_line(line) for line in lines))
+
+
+#: A package's own knowledge: its exceptions -> a Failure, or None to leave the decision to the boundary.
+Classifier = Callable[[BaseException], "Failure | None"]
+
+
+def one_line(text: str, limit: int = LINE_LIMIT) -> str:
+    """`text` on one line, shortened to `limit` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def debug_requested(argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    return DEBUG_FLAG in _options_part(argv) or env.get(DEBUG_ENV, "").strip().lower() in _TRUE
+
+
+def _options_part(argv: Sequence[str]) -> Sequence[str]:
+    """argv up to `--` (after it come another program's arguments, e.g. `launch -- <trainer args>`)."""
+    return argv[: argv.index("--")] if "--" in argv else argv
+
+
+def without_debug_flag(argv: Sequence[str]) -> list[str]:
+    """argv without --debug, wherever the user put it before `--` (it belongs to no single command)."""
+    head = [a for a in _options_part(argv) if a != DEBUG_FLAG]
+    return head + list(argv[len(_options_part(argv)) :])
+
+
+def classify_common(exc: BaseException) -> Failure:
+    """What every entry point decides the same way."""
+    if isinstance(exc, (KeyboardInterrupt, click.exceptions.Abort)):
+        return Failure.of(EXIT_INTERRUPTED, "interrupted")
+    if isinstance(exc, click.UsageError):
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        return Failure.of(EXIT_USER_ERROR, exc.format_message() + where)
+    if isinstance(exc, click.ClickException):
+        return Failure.of(exc.exit_code, exc.format_message())
+    if isinstance(exc, LauncherError):
+        return Failure.of(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_USER_ERROR, *exc.errors)
+    if isinstance(exc, OSError) and exc.filename is not None and _errno_name(exc) in _USER_PATH_ERRNOS:
+        return Failure.of(EXIT_USER_ERROR, os_error_line(exc))
+    if isinstance(exc, MemoryError):
+        return Failure.of(EXIT_RUNTIME, "out of memory (host RAM): lower --batch-size, --workers or the image size")
+    return Failure.of(EXIT_RUNTIME, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
+def os_error_line(exc: OSError) -> str:
+    """`PATH: reason` (and the second path of a rename/copy)."""
+    reason = exc.strerror or str(exc)
+    if exc.filename2 is not None:
+        return f"{exc.filename} -> {exc.filename2}: {reason}"
+    return f"{exc.filename}: {reason}"
+
+
+def _errno_name(exc: OSError) -> str:
+    import errno
+
+    return errno.errorcode.get(exc.errno or 0, "")
+
+
+def report(failure: Failure, exc: BaseException, debug: bool, stream: Any = None) -> None:
+    """Print `failure` (and, under --debug, the traceback) to stderr."""
+    stream = stream or sys.stderr
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+    lines = list(failure.lines) or ["failed"]
+    if failure.code == EXIT_RUNTIME and not debug:
+        lines[-1] += f" ({DEBUG_FLAG} or {DEBUG_ENV}=1 shows the traceback)"
+    for line in lines:
+        print(f"error: {line}", file=stream)
+    stream.flush()
+
+
+class GuardedGroup(click.Group):
+    """A click group whose every command runs inside the boundary: the console script, `python -m`, and
+    click's CliRunner in tests all go through `main`. `classify` adds the package's own exceptions."""
+
+    def __init__(self, *args: Any, classify: Classifier | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.classify = classify
+        self.params.append(
+            click.Option(
+                [DEBUG_FLAG],
+                is_flag=True,
+                expose_value=False,
+                help=f"on a failure, print the traceback too (also {DEBUG_ENV}=1; may be given anywhere)",
+            )
+        )
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        debug = debug_requested(argv, os.environ)
+        try:
+            result = super().main(without_debug_flag(argv), prog_name, complete_var, standalone_mode=False, **extra)
+        except SystemExit:
+            raise
+        except BaseException as exc:  # the boundary: KeyboardInterrupt included
+            failure = (self.classify(exc) if self.classify else None) or classify_common(exc)
+            report(failure, exc, debug)
+            sys.exit(failure.code)
+        code = result if isinstance(result, int) else 0  # click returns --help's 0 without standalone_mode
+        if standalone_mode:
+            sys.exit(code)
+        return result

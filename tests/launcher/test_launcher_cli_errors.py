@@ -1,0 +1,35 @@
+"""`maskrcnn-launch`'s user mistakes: one `error:` line per problem on stderr, exit 2 (3: master
+unreachable), through the real console script in a subprocess."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CASES = [
+    ("topology-binary", ["plan", "--topology", "{binary}"], ["topology", "binary.yaml", "not a text"]),
+    ("topology-folder", ["plan", "--topology", "{tmp}"], ["neither a file nor a packaged topology"]),
+    ("topology-missing", ["validate", "--topology", "{tmp}/none.yaml"], ["neither a file nor a packaged topology"]),
+    ("topology-not-yaml", ["validate", "--topology", "{bad-yaml}"], ["bad.yaml: not valid YAML"]),
+    ("topology-list", ["validate", "--topology", "{list-yaml}"], ["expected a mapping"]),
+    ("unknown-command", ["pla"], ["pla"]),
+    ("wait-timeout", ["launch", "--role", "master", "--wait-timeout", "-1"], ["wait timeout"]),
+    ("no-identity", ["launch", "--dry-run"], []),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "fragments"), CASES, ids=[c[0] for c in CASES])
+def test_launcher_user_errors_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments: list[str]):
+    files = {"binary": tmp_path / "binary.yaml", "bad-yaml": tmp_path / "bad.yaml", "list-yaml": tmp_path / "l.yaml"}
+    files["binary"].write_bytes(bytes(range(256)))
+    files["bad-yaml"].write_text("engine: [unclosed\n")
+    files["list-yaml"].write_text("- 1\n")
+    values = {"tmp": str(tmp_path), **{k: str(v) for k, v in files.items()}}
+    env = {"POD_NAME": "", "HOSTNAME": "not-a-pod", "MASKRCNN_TOPOLOGY": ""}
+    result = console("maskrcnn-launch", *[a.format(**values) for a in args], env=env)
+    assert result.code == 2, result.stderr
+    assert result.error_lines and all(line.startswith("error: ") for line in result.error_lines), result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

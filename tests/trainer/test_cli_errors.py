@@ -1,0 +1,194 @@
+"""Every user mistake on `maskrcnn-dist` is one `error:` line on stderr naming the file, flag or field,
+with exit 2, and loses nothing; run through the real console script in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from maskrcnn_dist.config import small_cpu_run, to_argv
+from maskrcnn_dist.run_dir import REPLACED_PREFIX
+
+# The data check before training would find a bad image first; the loader-worker path is tested without it.
+CHECK_OFF: list[str] = []
+# The small run every case starts from (the flag under test comes after it and wins).
+TINY = to_argv(small_cpu_run(64, max_steps=1, epochs=1, workers=0, warmup_iters=1, print_freq=1))
+
+
+def _files(tmp: Path) -> dict[str, Path]:
+    """User inputs of the kinds the cases need."""
+    made = {
+        "file": tmp / "a-file",
+        "binary": tmp / "binary.yaml",
+        "list-yaml": tmp / "list.yaml",
+        "range-yaml": tmp / "range.yaml",
+        "text-weights": tmp / "weights.pt",
+        "no-loss": tmp / "no-loss.jsonl",
+        "json-list": tmp / "list.jsonl",
+        "binary-metrics": tmp / "binary.jsonl",
+    }
+    made["file"].write_text("not a folder\n")
+    made["binary"].write_bytes(bytes(range(256)))
+    made["list-yaml"].write_text("- a list\n")
+    made["range-yaml"].write_text("threads: -1\n")
+    made["text-weights"].write_text("hello\n")
+    made["no-loss"].write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
+    made["json-list"].write_text("[1, 2]\n")
+    made["binary-metrics"].write_bytes(b"\xff\xfe\x00garbage\n")
+    return made
+
+
+# (case id, argv with {name} placeholders for _files and {tmp}, fragments the one error line must hold)
+TRAIN_CASES = [
+    ("config-is-a-folder", ["--config", "{tmp}"], ["--config", "{tmp}"]),
+    ("config-binary", ["--config", "{binary}"], ["--config", "binary.yaml", "not a text"]),
+    ("config-missing", ["--config", "{tmp}/none.yaml"], ["--config", "does not exist"]),
+    ("config-not-a-mapping", ["--config", "{list-yaml}"], ["list.yaml", "mapping"]),
+    ("config-value-out-of-range", ["--config", "{range-yaml}"], ["range.yaml", "--threads must be >= 1"]),
+    ("output-dir-is-a-file", ["--output-dir", "{file}"], ["--output-dir", "a-file", "not a folder"]),
+    ("output-dir-under-a-file", ["--output-dir", "{file}/run"], ["--output-dir", "a-file is a file"]),
+    ("threads-negative", ["--threads", "-1"], ["--threads must be >= 1"]),
+    ("threads-zero", ["--threads", "0"], ["--threads must be >= 1"]),
+    ("synthetic-image-size-zero", ["--synthetic-image-size", "0"], ["--synthetic-image-size must be >= 32"]),
+    ("backbone-layers", ["--trainable-backbone-layers", "9"], ["--trainable-backbone-layers must be <= 5"]),
+    ("seed-beyond-64-bits", ["--seed", str(2**70)], ["--seed must fit in a signed 64-bit integer"]),
+    ("seed-negative", ["--seed", "-1"], ["--seed must be >= 0"]),
+    ("clip-negative", ["--clip-grad-norm", "-1"], ["--clip-grad-norm must be > 0"]),
+    ("momentum-nan", ["--momentum", "nan"], ["--momentum must be a finite number"]),
+    ("momentum-one", ["--momentum", "1"], ["--momentum must be < 1"]),
+    ("lr-zero", ["--lr", "0"], ["--lr must be > 0"]),
+    ("lr-inf", ["--lr", "inf"], ["--lr must be a finite number"]),
+    ("lr-not-a-number", ["--lr", "fast"], ["--lr", "not a number"]),
+    ("weight-decay-negative", ["--weight-decay", "-1"], ["--weight-decay must be >= 0"]),
+    ("gamma-above-one", ["--lr-gamma", "2"], ["--lr-gamma must be <= 1"]),
+    ("lr-steps-negative", ["--lr-steps", "-3,5"], ["--lr-steps must be >= 0"]),
+    ("checkpoint-period-negative", ["--checkpoint-period", "-1"], ["--checkpoint-period must be >= 0"]),
+    ("print-freq-zero", ["--print-freq", "0"], ["--print-freq must be >= 1"]),
+    ("batch-size-zero", ["--batch-size", "0"], ["--batch-size must be >= 1"]),
+    ("rpc-timeout-zero", ["--rpc-timeout", "0"], ["--rpc-timeout must be > 0"]),
+    ("epochs-zero", ["--epochs", "0"], ["--epochs must be >= 1"]),
+    ("unknown-flag", ["--batch-szie", "4"], ["--batch-szie"]),
+    ("engine-unknown", ["--engine", "mpi"], ["--engine must be one of local, ddp, pipeline"]),
+    ("fp16-on-cpu", ["--amp", "--amp-dtype", "float16", "--device", "cpu"], ["--amp-dtype float16 on the CPU"]),
+    (
+        "micro-batches-above-batch",
+        ["--engine", "pipeline", "--micro-batches", "8", "--batch-size", "2"],
+        ["--micro-batches 8 > --batch-size 2"],
+    ),
+    ("fp16-pipeline", ["--engine", "pipeline", "--amp", "--amp-dtype", "float16"], ["--engine pipeline"]),
+    ("overwrite-and-resume", ["--overwrite", "--resume", "auto"], ["--overwrite and --resume"]),
+    ("ddp-outside-torchrun", ["--engine", "ddp", "--synthetic-images", "4"], ["--engine ddp", "RANK"]),
+    ("pipeline-outside-launcher", ["--engine", "pipeline"], ["--engine pipeline", "MASKRCNN_POD_PLAN"]),
+    ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no train split found"]),
+    ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
+    ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
+    (
+        "weights-text-file",
+        ["--weights", "{text-weights}", "--synthetic-images", "4"],
+        ["weights file", "weights.pt", "not a PyTorch file"],
+    ),
+]
+
+OTHER_CASES = [
+    ("eval-without-model", ["eval", *TINY, "--synthetic-images", "4"], ["--test-only", "--resume"]),
+    ("report-missing", ["report", "--metrics", "{tmp}/none.jsonl"], ["none.jsonl does not exist"]),
+    ("report-without-loss", ["report", "--metrics", "{no-loss}"], ["no-loss.jsonl line 1", "'loss'"]),
+    ("report-json-list", ["report", "--metrics", "{json-list}"], ["list.jsonl line 1", "JSON list"]),
+    ("report-binary", ["report", "--metrics", "{binary-metrics}"], ["binary.jsonl", "not a text file"]),
+    (
+        "report-out-under-a-file",
+        ["report", "--metrics", "{no-loss}", "--out", "{file}/r.png"],
+        ["no-loss.jsonl line 1"],  # the metrics are read (and refused) before anything is written
+    ),
+    ("report-gallery-negative", ["report", "--metrics", "{no-loss}", "--gallery", "-1"], ["--gallery"]),
+    ("synth-data-onto-a-file", ["synth-data", "--output", "{file}"], ["--output", "a-file", "not a folder"]),
+    ("synth-data-classes", ["synth-data", "--output", "{tmp}/d", "--classes", "9"], ["--classes"]),
+    ("unknown-command", ["trian"], ["trian"]),
+]
+
+
+def _fill(words: list[str], tmp: Path, files: dict[str, Path]) -> list[str]:
+    values = {"tmp": str(tmp), **{k: str(v) for k, v in files.items()}}
+    return [w.format(**values) for w in words]
+
+
+@pytest.mark.parametrize(("case", "args", "fragments"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_train_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments):
+    files = _files(tmp_path)
+    output = ["--output-dir", str(tmp_path / "run")]
+    result = console("maskrcnn-dist", "train", *TINY, *output, *_fill(args, tmp_path, files))
+    result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training wrote anything
+
+
+@pytest.mark.parametrize(("case", "args", "fragments"), OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
+def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args, fragments):
+    files = _files(tmp_path)
+    result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
+    result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
+    assert files["file"].read_text() == "not a folder\n"
+
+
+def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
+    for args, env in ((["--debug"], None), ([], {"MASKRCNN_DEBUG": "1"})):
+        result = console("maskrcnn-dist", *args, "train", "--threads", "0", env=env)
+        assert result.code == 2
+        assert "Traceback (most recent call last)" in result.stderr
+        assert result.error_lines[-1] == "error: command line: --threads must be >= 1, got 0"
+
+
+def _train(console, out: Path, *extra: str, steps: int = 2):
+    args = [*TINY, "--max-steps", str(steps), "--epochs", "10", "--synthetic-images", "4", "--batch-size", "2"]
+    return console("maskrcnn-dist", "train", *args, "--checkpoint-period", "1", "--output-dir", str(out), *extra)
+
+
+@pytest.mark.slow
+def test_a_run_is_never_overwritten(console, tmp_path: Path):
+    out = tmp_path / "run"
+    first = _train(console, out)
+    assert first.code == 0, first.stderr[-3000:]
+    metrics = (out / "metrics.jsonl").read_text()
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+
+    again = _train(console, out)
+    again.assert_one_error_line(2, f"--output-dir {out} already holds a run", "--resume auto", "--overwrite")
+    assert (out / "metrics.jsonl").read_text() == metrics
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == checkpoints
+
+    replaced = _train(console, out, "--overwrite")
+    assert replaced.code == 0, replaced.stderr[-3000:]
+    (moved,) = [p for p in out.iterdir() if p.name.startswith(REPLACED_PREFIX)]
+    assert (moved / "metrics.jsonl").read_text() == metrics  # moved aside, byte for byte
+    assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == checkpoints
+    assert (out / "metrics.jsonl").read_text().count('"kind": "train"') == 2  # the new run's own records
+
+
+@pytest.mark.slow
+def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
+    out = tmp_path / "run"
+    assert _train(console, out, steps=2).code == 0
+    # The crash after checkpoint 2: records of steps 3 and 4 were written, their checkpoint was not.
+    with open(out / "metrics.jsonl", "a") as handle:
+        for step in (3, 4):
+            handle.write(json.dumps({"kind": "train", "step": step, "loss": 9.0, "time": 0}) + "\n")
+        handle.write('{"kind": "train", "st')  # torn by the kill
+    resumed = _train(console, out, "--resume", "auto", steps=4)
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4]
+    assert all(r["loss"] != 9.0 for r in records if r["kind"] == "train")  # steps 3-4 are the re-run's
+
+
+@pytest.mark.slow
+def test_a_bad_image_found_by_a_loader_worker_is_one_line(console, tmp_path: Path):
+    data = tmp_path / "data"
+    made = console("maskrcnn-dist", "synth-data", "--output", str(data), "--train-images", "4", "--val-images", "2")
+    assert made.code == 0, made.stderr
+    bad = sorted((data / "train" / "images").iterdir())[0]
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)  # a truncated PNG: the header passes, decoding fails
+    args = [*TINY, "--data-path", str(data), "--workers", "1", "--output-dir", str(tmp_path / "run")]
+    result = console("maskrcnn-dist", "train", *args, *CHECK_OFF)
+    result.assert_one_error_line(2, bad.name, "cannot read image")
