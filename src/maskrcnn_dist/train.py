@@ -89,10 +89,11 @@ def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:
 def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lambda check: check()) -> None:
     """Check every image of the splits (--check-data) and stop, or drop the bad ones with
     --skip-bad-images. `run_once` runs the check in one process and gives every process its result.
-    A generated synthetic set is written by this program and is not checked."""
+    A generated synthetic set is written by this program and is not checked; --test-only checks val only."""
     if cfg.data.synthetic_images:
         return
-    splits = [d for d in datasets if d is not None]
+    # Evaluation reads only the val split.
+    splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
     reports = run_once(lambda: check_datasets(splits, cfg.data.check_data))
     settle(splits, reports, cfg.data.skip_bad_images)
 

@@ -115,6 +115,13 @@ def test_skip_bad_images_drops_exactly_those(broken_coco: Path, tmp_path: Path, 
     assert len(warnings) == 1 and "5 of 10" in warnings[0].getMessage()
 
 
+def test_evaluation_checks_only_the_val_split(broken_coco: Path, tmp_path: Path) -> None:
+    cfg = replace(fast_config(broken_coco, tmp_path / "run"), test_only=True)
+    train_set, _ = datasets = load_datasets(cfg)
+    check_data(cfg, datasets)  # the broken train split is not read by evaluation
+    assert len(train_set) == 10
+
+
 def test_check_data_off_still_refuses_missing_files(broken_coco: Path, tmp_path: Path) -> None:
     cfg = fast_config(broken_coco, tmp_path / "run", **{"check-data": "off"})
     with pytest.raises(DatasetError, match=r"1 of 10 images are bad: .*000008.png \(image id 8\): file not found"):
