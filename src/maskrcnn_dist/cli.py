@@ -157,6 +157,28 @@ def synth_data(
     click.echo(f"train: {splits.train.annotation_file}\nval:   {splits.val.annotation_file}")
 
 
+@main.command("check-data")
+@field_options(tuple(config_mod.BY_FLAG[flag] for flag in ("data-path", "check-data")))
+@click.option(
+    "--split", type=click.Choice(["train", "val", "both"]), default="both", show_default=True, help="splits to check"
+)
+def check_data(data_path: Path | None, check_data: str | None, split: str) -> None:
+    """Check every image of a COCO set as training does at start (--check-data, default header): prints
+    each bad file and a summary per split; exit 2 when any image is bad."""
+    from .data.check import raise_if_bad
+    from .data.layout import check_split
+
+    if data_path is None:
+        raise click.UsageError("--data-path is required")
+    splits = ("train", "val") if split == "both" else (split,)
+    reports = check_split(data_path, splits, check_data or "header")
+    for report in reports:
+        for bad in report.bad:
+            click.echo(f"bad: {bad}")
+        click.echo(report.summary())
+    raise_if_bad(reports)
+
+
 @main.command()
 @click.option(
     "--metrics",

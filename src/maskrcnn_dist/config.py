@@ -28,6 +28,7 @@ ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
+CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
 
 
 def option(
@@ -109,6 +110,15 @@ class DataConfig:
         3, "group images by aspect ratio into batches (-1: off)", minimum=-1, maximum=100
     )
     val_batch_size: int = option(2, "images per evaluation batch", minimum=1, maximum=4096)
+    check_data: str = option(
+        "header",
+        "check every image before training: header (opens, size as annotated, not truncated), "
+        "full (also decode every pixel) or off (only that the files exist)",
+        choices=CHECK_MODES,
+    )
+    skip_bad_images: bool = option(
+        False, "train without the images that fail --check-data (one warning) instead of stopping"
+    )
 
 
 @dataclass

@@ -5,6 +5,9 @@
     set up the process once (threads, denormal flushing)
     pipeline stage worker?  -> serve the master's stages until it is done
     load the data once (the pipeline master before joining RPC: a bad --data-path stops it alone)
+    check every image once (data/check.py): local and the pipeline master before any session, so
+        no worker is asked to hold a GPU for a dataset that cannot be read; ddp on rank 0 as soon
+        as the group is open, the verdict broadcast so every rank drops the same images
     open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
     build the engine and the Trainer with the same iterations per epoch, then fit or evaluate
 
@@ -26,6 +29,7 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 from .config import TrainConfig
 from .data import CocoInstanceDataset, load_datasets, num_train_batches
+from .data.check import CheckReport, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .loop import Trainer, TrainResult
@@ -37,6 +41,8 @@ log = logging.getLogger(__name__)
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
 # (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
 EngineFactory = Callable[[int, int], Engine]
+# Runs the data check where it must run once and hands every process its reports.
+CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
 
 def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:
@@ -70,8 +76,26 @@ def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:
     if not cfg.test_only and is_main_process(cfg):
         guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
     datasets = load_datasets(cfg)
+    if cfg.engine != "ddp":
+        check_data(cfg, datasets)
     with _engine_session(cfg, plan) as (make_engine, data_world_size):
+        if cfg.engine == "ddp":
+            from .engines.torch_engine import on_rank0
+
+            check_data(cfg, datasets, on_rank0)
         return _run(cfg, datasets, make_engine, data_world_size)
+
+
+def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lambda check: check()) -> None:
+    """Check every image of the splits (--check-data) and stop, or drop the bad ones with
+    --skip-bad-images. `run_once` runs the check in one process and gives every process its result.
+    A generated synthetic set is written by this program and is not checked; --test-only checks val only."""
+    if cfg.data.synthetic_images:
+        return
+    # Evaluation reads only the val split.
+    splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
+    reports = run_once(lambda: check_datasets(splits, cfg.data.check_data))
+    settle(splits, reports, cfg.data.skip_bad_images)
 
 
 def is_main_process(cfg: TrainConfig) -> bool:

@@ -67,6 +67,23 @@ def test_edge_rois_match_torchvision(memory_format, scale, ratio, size) -> None:
     assert torch.count_nonzero(ours[-1]) == 0  # the RoI outside the map pools nothing
 
 
+# Boxes whose samples fall exactly on the bounds of torchvision's inside test (-1 <= coord <= size):
+# at 2 x 2 bins with one sample per bin, [-2, -2, 2, 2] samples at -1 and 1; [16, 12, 20, 16] on the
+# 17 x 13 map samples at x = 17 = width and y = 13 = height. Those samples count, clamped to the edge.
+BORDER_ROIS = [[0, -2, -2, 2, 2], [1, 16, 12, 20, 16], [0, -2, 3, 2, 7]]
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_samples_on_the_border_at_minus_one_and_at_the_size_match_torchvision(memory_format) -> None:
+    features = torch.randn(2, 8, 13, 17, generator=torch.Generator().manual_seed(4))
+    features = features.contiguous(memory_format=memory_format)
+    ours, ref, grad, ref_grad = both(features, torch.tensor(BORDER_ROIS, dtype=torch.float32), (2, 2), 1.0, 1)
+    # The bins whose one sample lies on a bound pool the edge pixel: not zero.
+    assert torch.count_nonzero(ref[0, :, 0, 0]) == ref.shape[1] and torch.count_nonzero(ref[1, :, 0, 0])
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5)
+
+
 def test_many_random_rois_on_a_large_map_match_torchvision() -> None:
     features = torch.randn(2, 32, 50, 68, generator=torch.Generator().manual_seed(2))
     rois = random_rois(300, 2, width=272, height=200, seed=3)

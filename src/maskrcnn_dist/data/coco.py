@@ -22,6 +22,7 @@ from PIL import Image, UnidentifiedImageError
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
+from maskrcnn_dist.data.check import ImageEntry
 from maskrcnn_dist.data.masks import decode_masks
 from maskrcnn_dist.errors import DatasetError
 
@@ -50,6 +51,8 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     `train=True` enables a horizontal flip that is a pure function of (flip_seed, epoch, index), so a
     resumed run sees the same flips; call `set_epoch` before each epoch. `flip_seed=None` means 0.
     Category ids are mapped to contiguous labels 1..K sorted by id; label 0 is the background.
+    `check_files=False` leaves missing image files to the caller's check (data/check.py), which can
+    drop them (--skip-bad-images) rather than stop.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         *,
         train: bool = False,
         flip_seed: int | None = None,
+        check_files: bool = True,
     ) -> None:
         self.image_dir = Path(image_dir)
         self.annotation_file = Path(annotation_file)
@@ -93,7 +97,10 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         self.coco = _build_coco({**data, "annotations": kept})
         self.image_ids: list[int] = sorted(images)
         self._samples = self._build_samples(images, kept)
-        _check_files_exist(self._samples, self.image_dir, where)
+        if not self.image_dir.is_dir():
+            raise DatasetError(f"{where}: image folder {self.image_dir} does not exist")
+        if check_files:
+            _check_files_exist(self._samples, self.image_dir, where)
 
     def _build_samples(self, images: dict[int, dict], annotations: list[dict]) -> list[_Sample]:
         per_image: dict[int, list[dict]] = {iid: [] for iid in images}
@@ -113,6 +120,15 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
             )
             for iid in self.image_ids
         ]
+
+    def image_entries(self) -> list[ImageEntry]:
+        """Every image with the size the annotation file gives it, for data/check.py."""
+        return [ImageEntry(s.image_id, s.path, s.width, s.height) for s in self._samples]
+
+    def drop_images(self, image_ids: set[int]) -> None:
+        """Leave these images out of training and evaluation (they failed the data check)."""
+        self._samples = [s for s in self._samples if s.image_id not in image_ids]
+        self.image_ids = [s.image_id for s in self._samples]
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -230,8 +246,6 @@ def _build_coco(dataset: dict[str, Any]) -> COCO:
 
 
 def _check_files_exist(samples: list[_Sample], image_dir: Path, where: str) -> None:
-    if not image_dir.is_dir():
-        raise DatasetError(f"{where}: image folder {image_dir} does not exist")
     missing = [s for s in samples if not s.path.is_file()]
     if missing:
         examples = ", ".join(f"{s.path.name} (image id {s.image_id})" for s in missing[:_MAX_EXAMPLES])

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
+from .check import CheckReport, check_datasets
 from .coco import CocoInstanceDataset
 from .synthetic import write_train_val
 
@@ -62,19 +64,26 @@ def ensure_synthetic(cfg: TrainConfig) -> Path:
 
 def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDataset | None]:
     """The train split and, when there is one, the val split. With --synthetic-images the set is
-    generated first and `cfg.data.data_path` is set to it (the checkpoint's config records where)."""
+    generated first and `cfg.data.data_path` is set to it (the checkpoint's config records where).
+    The image files are not opened here: train.py has them checked once (data/check.py)."""
     if cfg.data.synthetic_images:
         cfg.data.data_path = ensure_synthetic(cfg)
     if cfg.data.data_path is None:
         raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
     train_images, train_ann = find_split(cfg.data.data_path, "train")
-    train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed)
+    train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False)
     try:
         val_images, val_ann = find_split(cfg.data.data_path, "val")
     except DatasetError:
         log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
         return train_set, None
-    val_set = CocoInstanceDataset(val_images, val_ann, train=False)
+    val_set = CocoInstanceDataset(val_images, val_ann, train=False, check_files=False)
     if val_set.label_to_category_id != train_set.label_to_category_id:
         raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
     return train_set, val_set
+
+
+def check_split(data_path: Path, splits: Sequence[str], mode: str) -> list[CheckReport]:
+    """`maskrcnn-dist check-data`: check every image of the named splits under a --data-path."""
+    datasets = [CocoInstanceDataset(*find_split(data_path, split), check_files=False) for split in splits]
+    return check_datasets(datasets, mode)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ from maskrcnn_launcher.contract import process_group_backend
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig, fp16_on_cpu_problem
-from ..errors import ConfigError, TrainingError
+from ..errors import ConfigError, TrainingError, UserError
 from ..model import build_model, side_effect_free_losses
 from ..optim import build_optimizer, build_scheduler
 from ..perf import autocast_context, grad_scaler
@@ -31,6 +31,7 @@ from ..rng import StepSeeder
 from .base import Engine, Images, Targets
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
@@ -81,6 +82,22 @@ def process_group(cfg: TrainConfig) -> Iterator[int]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def on_rank0(compute: Callable[[], T]) -> T:
+    """`compute()` on rank 0 only, its result broadcast to every rank (the data check runs once).
+    A user error on rank 0 is raised on every rank, so no rank waits for a result that never comes."""
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload = [(True, compute())]
+        except UserError as exc:
+            payload = [(False, exc)]
+    dist.broadcast_object_list(payload, src=0)
+    ok, value = payload[0]
+    if not ok:
+        raise value
+    return value
 
 
 class TorchEngine(Engine):

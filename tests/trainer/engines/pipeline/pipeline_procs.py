@@ -40,7 +40,8 @@ def spawn(role: str, args: dict, log_dir: Path) -> subprocess.Popen:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        # HERE.parent: reference.py, shared with the ddp tests
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     }
     log = open(log_dir / f"{role}-{args.get('index', 0)}.log", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(

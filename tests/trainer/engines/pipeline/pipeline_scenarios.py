@@ -8,17 +8,29 @@ from pathlib import Path
 import torch
 from pipeline_procs import make_plans
 from pipeline_toy import NUM_CLASSES, make_batch
+from reference import local_accumulating
 
 from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
+# A schedule that changes at every step of the scheduled run: warm-up over 3 steps from a quarter of
+# the rate, then x0.1 at epoch 2 = iteration 4 (2 iterations per epoch): factors 0.5, 0.75, 1, 0.1.
+SCHEDULE = {"warmup_iters": 3, "warmup_factor": 0.25, "lr_steps": (2,), "lr_gamma": 0.1}
+SCHEDULE_ITERS = 2
+SCHEDULE_STEPS = 4
 
-def _pipeline(cfg, micro_batches: int, replicas=(1, 1)) -> PipelineEngine:
+
+def _pipeline(cfg, micro_batches: int, replicas=(1, 1), iters_per_epoch: int = 10) -> PipelineEngine:
     master, _ = make_plans(0, replicas=replicas)
     cfg = replace(cfg, pipeline=replace(cfg.pipeline, micro_batches=micro_batches))
     stages = [replace(s, devices=("cpu",) * r) for s, r in zip(master.stages, replicas)]
-    return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=10)
+    return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=iters_per_epoch)
+
+
+def _stage_lrs(engine: PipelineEngine) -> list[float]:
+    """Every stage's current learning rate, read from its optimizer."""
+    return [h.rpc_sync().state()["optimizer"]["param_groups"][0]["lr"] for h in engine.hosts]
 
 
 def _train(engine, steps: int, batch) -> list[dict[str, float]]:
@@ -34,6 +46,15 @@ def compare(args: dict, cfg) -> None:
     local = TorchEngine(replace(cfg, engine="local"), NUM_CLASSES, iters_per_epoch=10)
     out["local_losses"] = _train(local, steps, batch)
     out["local_state"] = local.state_dict()
+    reference = local_accumulating(cfg, steps, batch, micro_batches=2, num_classes=NUM_CLASSES)
+    out["local_m2_losses"], out["local_m2_state"] = reference
+    scheduled = replace(cfg, optim=replace(cfg.optim, **SCHEDULE))
+    local_s = TorchEngine(replace(scheduled, engine="local"), NUM_CLASSES, iters_per_epoch=SCHEDULE_ITERS)
+    out["sched_local_lrs"] = []
+    for step in range(SCHEDULE_STEPS):
+        local_s.train_step(step, *batch)
+        out["sched_local_lrs"].append(local_s.lr())
+    out["sched_local_state"] = local_s.state_dict()
     with master_session(cfg, master):
         one = _pipeline(cfg, 1)
         out["m1_losses"] = _train(one, steps, batch)
@@ -53,6 +74,13 @@ def compare(args: dict, cfg) -> None:
         out["m2_losses"] = _train(two, steps, batch)
         out["m2_state"] = two.state_dict()
         two.close()
+        sched = _pipeline(scheduled, 1, iters_per_epoch=SCHEDULE_ITERS)
+        out["sched_pipe_lrs"] = []
+        for step in range(SCHEDULE_STEPS):
+            sched.train_step(step, *batch)
+            out["sched_pipe_lrs"].append(_stage_lrs(sched))
+        out["sched_pipe_state"] = sched.state_dict()
+        sched.close()
         rep = _pipeline(cfg, 2, replicas=(2, 2))
         out["r2_losses"] = _train(rep, steps, batch)
         out["r2_state"] = rep.state_dict()

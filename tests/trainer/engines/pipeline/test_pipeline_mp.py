@@ -12,7 +12,7 @@ from maskrcnn_launcher.peers import free_port as pick_free_port
 
 from .pipeline_procs import spawn, stop_all
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
 def run_job(tmp: Path, port: int, scenario: str, timeout: float, replicas=(1, 1), **extra) -> tuple[int, str, float]:
@@ -35,7 +35,7 @@ def run_job(tmp: Path, port: int, scenario: str, timeout: float, replicas=(1, 1)
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("compare")
-    code, log, _ = run_job(tmp, pick_free_port(), "compare", timeout=200, micro_batches=2)
+    code, log, _ = run_job(tmp, pick_free_port(), "compare", timeout=400, micro_batches=2)
     assert code == 0, log
     return torch.load(tmp / "result.pt", weights_only=False)
 
@@ -63,6 +63,29 @@ def test_m2_close_to_single_process(compared) -> None:
     for name in expected:
         assert first[name] == pytest.approx(expected[name], rel=0.25, abs=0.05), name
     assert _max_diff(compared["m2_state"]["model"], compared["local_state"]["model"], buffers=False) < 2e-2
+
+
+def test_m2_equals_local_accumulating_the_same_micro_batches(compared) -> None:
+    # The exact reference for M=2 (pipeline_scenarios._local_accumulating): same micro-batches, same
+    # seeds, same weights. Only summation order may differ.
+    for got, expected in zip(compared["m2_losses"], compared["local_m2_losses"], strict=True):
+        assert got.keys() == expected.keys()
+        for name in expected:
+            assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+    got, expected = compared["m2_state"]["model"], compared["local_m2_state"]["model"]
+    for key in expected:
+        torch.testing.assert_close(got[key].float(), expected[key].float(), rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_stage_schedulers_follow_the_local_schedule(compared) -> None:
+    # Warm-up then a decay step: every stage's rate after each step equals the local engine's.
+    local = compared["sched_local_lrs"]
+    assert len(set(local)) == len(local), f"the test schedule must change at every step: {local}"
+    for step, (stages, expected) in enumerate(zip(compared["sched_pipe_lrs"], local, strict=True)):
+        assert stages == pytest.approx([expected] * len(stages), rel=1e-12), f"after step {step}"
+    got, expected = compared["sched_pipe_state"], compared["sched_local_state"]
+    assert got["scheduler"]["last_epoch"] == expected["scheduler"]["last_epoch"]
+    assert _max_diff(got["model"], expected["model"]) < 1e-5
 
 
 def test_replicas_stay_identical_and_match_one_replica(compared) -> None:

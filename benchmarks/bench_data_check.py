@@ -1,0 +1,86 @@
+"""The data check's speed (data/check.py): images/s in header and full mode, and what that makes of
+COCO 2017's 118,287 train images.
+
+    .venv/bin/python benchmarks/bench_data_check.py [--images 20000] [--full-images 2000] [--processes N]
+
+Writes a COCO-layout folder (annotations/instances_train2017.json + train2017/) of N JPEGs at COCO's
+typical 640 x 480, copied from 16 distinct encoded images (content matters to decoding, not to the
+header check), then times `check_images` on it with the process pool the trainer uses. The files were
+just written, so they are in the page cache: this measures the check's CPU cost, not a cold disk's or
+a network volume's read speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from maskrcnn_dist.data.check import available_cores, check_images
+from maskrcnn_dist.data.coco import CocoInstanceDataset
+
+COCO_TRAIN_IMAGES = 118_287
+SIZE = (640, 480)
+TEMPLATES = 16
+
+
+def _jpeg(seed: int) -> bytes:
+    """A smooth random picture with some noise: about the size a COCO photo has at this resolution."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0, 255, (SIZE[1] // 32, SIZE[0] // 32, 3)).astype(np.uint8)
+    smooth = Image.fromarray(coarse).resize(SIZE, Image.BILINEAR)
+    pixels = np.asarray(smooth, dtype=np.int16) + rng.integers(-12, 13, (SIZE[1], SIZE[0], 3))
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def write_folder(root: Path, count: int) -> Path:
+    """A COCO 2017 layout of `count` images (no annotations: the check reads only `images`)."""
+    images = root / "train2017"
+    images.mkdir(parents=True)
+    templates = [_jpeg(seed) for seed in range(TEMPLATES)]
+    entries = []
+    for i in range(1, count + 1):
+        name = f"{i:012d}.jpg"
+        (images / name).write_bytes(templates[i % TEMPLATES])
+        entries.append({"id": i, "file_name": name, "width": SIZE[0], "height": SIZE[1]})
+    annotations = root / "annotations" / "instances_train2017.json"
+    annotations.parent.mkdir()
+    data = {"images": entries, "annotations": [], "categories": [{"id": 1, "name": "thing"}]}
+    annotations.write_text(json.dumps(data))
+    return annotations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=20_000, help="images in the folder (header mode)")
+    parser.add_argument("--full-images", type=int, default=2_000, help="the first N of them, decoded (full mode)")
+    parser.add_argument("--processes", type=int, default=None, help="pool size (default: the available cores)")
+    args = parser.parse_args()
+    processes = args.processes or available_cores()
+    root = Path(tempfile.mkdtemp(prefix="bench_data_check_"))
+    try:
+        annotations = write_folder(root, args.images)
+        entries = CocoInstanceDataset(root / "train2017", annotations).image_entries()
+        print(f"{args.images} JPEGs of {SIZE[0]}x{SIZE[1]} under {root}, {processes} processes")
+        for mode, subset in (("header", entries), ("full", entries[: args.full_images])):
+            report = check_images(subset, mode, source=str(annotations), processes=processes)
+            assert not report.bad, report.bad[:3]
+            rate = report.images_per_second
+            print(
+                f"{mode:6s}: {report.checked} images in {report.seconds:.2f} s = {rate:.0f} images/s; "
+                f"COCO train ({COCO_TRAIN_IMAGES}) would take {COCO_TRAIN_IMAGES / rate:.0f} s"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
