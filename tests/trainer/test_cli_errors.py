@@ -12,7 +12,7 @@ from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.run_dir import REPLACED_PREFIX
 
 # The data check before training would find a bad image first; the loader-worker path is tested without it.
-CHECK_OFF: list[str] = []
+CHECK_OFF = ["--check-data", "off"]
 # The small run every case starts from (the flag under test comes after it and wins).
 TINY = to_argv(small_cpu_run(64, max_steps=1, epochs=1, workers=0, warmup_iters=1, print_freq=1))
 
