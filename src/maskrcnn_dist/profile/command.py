@@ -1,0 +1,116 @@
+"""`maskrcnn-dist profile` as a library call: measure, model every candidate, rank, write."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from maskrcnn_launcher.errors import LauncherError
+from maskrcnn_launcher.topology import Topology, load_topology
+
+from ..config import ProfileConfig, TrainConfig
+from ..errors import UserError
+from ..train import setup_process
+from .candidates import Candidate, candidates
+from .measure import Measurements, measure
+from .model import Prediction, Setting, predict
+from .recommend import limits, rank, recommended, table, why
+from .write import topology_document, write_topology
+
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    measurements: Measurements
+    setting: Setting
+    ranked: list[Prediction]
+    best: Prediction | None
+
+    def lines(self) -> list[str]:
+        m = self.measurements
+        head = [
+            f"profile: {m.device}, {m.threads} thread(s), micro-batch of {m.micro_batch_images} image(s) of "
+            f"{m.image_size[0]}x{m.image_size[1]} px, batch {self.setting.batch}, {self.setting.micro_batches} "
+            f"micro-batch(es)",
+            "module      fwd s    bwd s    opt s    params    activations  bytes out fwd/bwd",
+        ]
+        cuts = {c.after: c for c in m.cuts}
+        for mod in m.modules:
+            cut = cuts.get(mod.name)
+            out = f"{cut.forward_bytes / 1e6:.2f}/{cut.backward_bytes / 1e6:.2f} MB" if cut else "-"
+            head.append(
+                f"{mod.name:<10}  {mod.forward_s:7.3f}  {mod.backward_s:7.3f}  {mod.optimizer_s:7.3f}  "
+                f"{mod.param_bytes / 1e6:6.1f} MB  {mod.activation_bytes / 1e6:8.1f} MB  {out}"
+            )
+        return [
+            *head,
+            "",
+            *table(self.ranked),
+            "",
+            why(self.best, self.ranked),
+            "limits:",
+            *[f"  - {line}" for line in limits(m, self.setting)],
+        ]
+
+
+def device_memory_bytes(options: ProfileConfig, device: torch.device, processes_on_host: int) -> int:
+    """The capacity of one device: the flag, else the GPU's memory, else this host's RAM shared by the
+    processes that run on it."""
+    if options.device_memory_gib is not None:
+        return int(options.device_memory_gib * _GIB)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(1, processes_on_host)
+
+
+def load(ref: str | None) -> Topology:
+    try:
+        return load_topology(ref)
+    except LauncherError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
+    """Measure on this device, predict every candidate of the topology, rank; write the best's
+    topology when asked (never one that does not fit)."""
+    topology = load(options.topology)
+    setup_process(cfg)
+    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    estimate = topology.estimate
+    meas = measure(cfg, estimate.image_size, estimate.instances_per_image, options.iterations, device)
+    processes = topology.nnodes if options.shared_host else 1
+    setting = Setting(
+        batch=cfg.data.batch_size,
+        micro_batches=cfg.pipeline.micro_batches,
+        link_gbps=options.link_gbps,
+        device_memory_bytes=device_memory_bytes(options, device, processes),
+        shared_cores=(os.cpu_count() or 1) if options.shared_host and device.type == "cpu" else None,
+    )
+    ranked = rank([predict(meas, cand, setting) for cand in candidates(topology)])
+    best = recommended(ranked)
+    if options.write_topology is not None:
+        if best is None:
+            raise UserError(f"--write-topology {options.write_topology}: no candidate fits in memory, nothing written")
+        write(best.candidate, topology, cfg, meas, options)
+    return ProfileReport(meas, setting, ranked, best)
+
+
+def write(cand: Candidate, topology: Topology, cfg: TrainConfig, meas: Measurements, options: ProfileConfig) -> None:
+    doc = topology_document(
+        cand,
+        topology,
+        batch=cfg.data.batch_size,
+        micro_batches=cfg.pipeline.micro_batches,
+        image_size=meas.image_size,
+        instances=meas.instances_per_image,
+        feature_dtype="bfloat16" if cfg.pipeline.bf16_transport else "float32",
+    )
+    try:
+        write_topology(options.write_topology, doc)
+    except LauncherError as exc:  # a bug here, but say where rather than crash
+        raise UserError(f"--write-topology: the recommended topology does not validate: {exc}") from exc
+    except OSError as exc:
+        raise UserError(f"--write-topology {options.write_topology}: {exc.strerror}") from exc

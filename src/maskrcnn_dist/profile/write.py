@@ -1,0 +1,58 @@
+"""The recommended candidate as a topology file: what `maskrcnn-launch plan/launch/local --topology`
+reads and what the chart takes as its `topology:` values (the launcher validates it before writing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from maskrcnn_launcher.topology import Topology, parse_topology
+
+from .candidates import Candidate
+
+
+def topology_document(
+    cand: Candidate,
+    base: Topology,
+    batch: int,
+    micro_batches: int,
+    image_size: tuple[int, int],
+    instances: int,
+    feature_dtype: str,
+) -> dict[str, Any]:
+    """`base`'s pods and network with `cand`'s engine, stages and replicas."""
+    doc: dict[str, Any] = {"engine": cand.engine}
+    if cand.engine == "ddp":
+        doc["master"] = {"devices": base.master_devices}
+        doc["workers"] = [{"devices": w.devices} for w in base.workers]
+    else:
+        doc["master"] = {"devices": 0}
+        names = [f"stage{i}" for i in range(1, len(cand.stages) + 1)]
+        doc["workers"] = [
+            {"devices": w.devices, "stage": name, "replicas": replicas}
+            for w, name, replicas in zip(base.workers, names, cand.replicas, strict=False)
+        ]
+        doc["stages"] = [{"name": n, "modules": list(m)} for n, m in zip(names, cand.stages, strict=True)]
+    doc["network"] = {
+        "master_port": base.network.master_port,
+        "interface": base.network.interface,
+        "transport": base.network.transport,
+    }
+    doc["estimate"] = {
+        "batch_size": batch,
+        "image_size": list(image_size),
+        "micro_batches": min(micro_batches, batch),
+        "feature_dtype": feature_dtype,
+        "instances_per_image": instances,
+    }
+    return doc
+
+
+def write_topology(path: Path, doc: dict[str, Any]) -> None:
+    """Validate `doc` with the launcher's own parser (TopologyError if it would not load), then write it."""
+    parse_topology(doc, str(path))
+    path.write_text(
+        "# Written by `maskrcnn-dist profile`: the recommended engine, split and replicas.\n"
+        + yaml.safe_dump(doc, sort_keys=False)
+    )
