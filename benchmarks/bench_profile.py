@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -56,9 +57,46 @@ def topology_file(path: Path, stages: tuple[tuple[str, ...], ...], image_size: t
     return path
 
 
+def stage_busy(metrics_file: Path, stages: int) -> list[float]:
+    """Each stage's CPU seconds per step (the pipeline engine's stageN/busy_s), mean over the steps
+    after the warm-up step."""
+    from maskrcnn_dist.metrics import read_metrics
+
+    records = [r for r in read_metrics(metrics_file) if r["kind"] == "train" and r["step"] > 1]
+    return [round(sum(r[f"stage{i}/busy_s"] for r in records) / max(1, len(records)), 3) for i in range(1, stages + 1)]
+
+
 def mean_instances(annotation_file: Path) -> float:
     data = json.loads(annotation_file.read_text())
     return len(data["annotations"]) / max(1, len(data["images"]))
+
+
+class RunnableSampler:
+    """Mean of /proc/stat's procs_running (runnable threads host-wide, ours included) while running:
+    how many threads actually competed for the cores, sampled every `period_s`."""
+
+    def __init__(self, period_s: float = 0.5) -> None:
+        self.period_s, self.samples = period_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            with open("/proc/stat") as f:
+                line = next((ln for ln in f if ln.startswith("procs_running")), "procs_running 0")
+            self.samples.append(int(line.split()[1]) - 1)  # less the sampling thread itself
+
+    def __enter__(self) -> RunnableSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else 0.0
 
 
 def load_average() -> str:
@@ -89,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
     )
     root = Path(tempfile.mkdtemp(prefix="bench_profile_"))
-    data = bench_engines.make_dataset(bench, root / "data", processes=1)
+    data = bench_engines.make_dataset(bench, root / "data", processes=2)  # no epoch end in the window
     instances = mean_instances(data / "train" / "annotations.json")
     image_size = (int(args.size * 0.75), args.size)  # make_dataset's images
     flags = {
@@ -138,19 +176,29 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         load_start = load_average()
         wall = time.monotonic()
-        bench_engines.run_group(command, env, out / "local.log", args.timeout)
+        with RunnableSampler() as runnable:
+            bench_engines.run_group(command, env, out / "local.log", args.timeout)
         measured = bench_engines.measure(out / "metrics.jsonl", replace(bench), name, 1, 1, time.monotonic() - wall)
+        # The same model with the other work this host ran meanwhile: runnable threads beyond our stages.
+        background = max(0.0, runnable.mean - len(stages))
+        loaded = predict(
+            meas, Candidate("pipeline", stages, (1,) * len(stages)), replace(setting, background_load=background)
+        )
         row = {
             "split": " | ".join("+".join(s) for s in stages),
             "processes": 1 + len(stages),
             "measured_images_per_s": measured.images_per_s,
             "predicted_images_per_s": round(pred.images_per_s, 3),
             "ratio_measured_over_predicted": round(measured.images_per_s / pred.images_per_s, 3),
+            "mean_runnable_threads": round(runnable.mean, 2),
+            "predicted_at_measured_load_images_per_s": round(loaded.images_per_s, 3),
+            "ratio_at_measured_load": round(measured.images_per_s / loaded.images_per_s, 3),
             "predicted_step_s": round(pred.step_s, 3),
             "measured_step_s": round(measured.seconds / measured.measured_steps, 3),
             "predicted_compute_s": round(pred.compute_s, 3),
             "predicted_link_s": round(pred.link_s, 4),
             "predicted_stage_s": [round(s, 3) for s in pred.stage_s],
+            "measured_stage_busy_s": stage_busy(out / "metrics.jsonl", len(stages)),
             "load_average_start": load_start,
             "load_average_end": load_average(),
         }
@@ -160,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['predicted_images_per_s']:.3f}, ratio {row['ratio_measured_over_predicted']:.2f} "
             f"(step measured {row['measured_step_s']:.3f} s vs predicted {row['predicted_step_s']:.3f} s = compute "
             f"{row['predicted_compute_s']:.3f} + link {row['predicted_link_s']:.4f}; stages/micro-batch "
-            f"{row['predicted_stage_s']}; load {row['load_average_start']} -> {row['load_average_end']})"
+            f"{row['predicted_stage_s']}, measured stage CPU s/step {row['measured_stage_busy_s']}; load "
+            f"{row['load_average_start']} -> {row['load_average_end']}, mean runnable threads "
+            f"{row['mean_runnable_threads']}: predicted at that load "
+            f"{row['predicted_at_measured_load_images_per_s']:.3f} images/s, ratio {row['ratio_at_measured_load']:.2f})"
         )
     report = {"cpu": meas.device, "modules": [asdict(m) for m in meas.modules], "runs": results}
     if args.json_out:

@@ -107,11 +107,16 @@ def _sync(device: torch.device) -> None:
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+    """Seconds `fn` takes on `device`: wall time on a GPU; on a CPU the process's CPU time per
+    intra-op thread, so that other work on a shared host does not leak into the profile (the model
+    adds core sharing back explicitly). Exact for one thread; assumes perfect scaling for more."""
     _sync(device)
-    started = time.perf_counter()
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
+    started = clock()
     result = fn()
     _sync(device)
-    return time.perf_counter() - started, result
+    elapsed = clock() - started
+    return (elapsed if device.type == "cuda" else elapsed / torch.get_num_threads()), result
 
 
 def _as_leaves(state: MicroBatchState) -> MicroBatchState:

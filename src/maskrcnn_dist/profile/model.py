@@ -10,7 +10,8 @@ measured micro-batch), steps its optimizer, and all-reduces the gradients: 2(N-1
 / bandwidth (ring all-reduce).
 
 Shared cores: when every process runs on this one host (`maskrcnn-launch local`), busy processes
-x threads each can exceed the cores; compute then slows by that ratio (time-slicing), not more.
+x threads each (plus any other runnable work, `background_load`) can exceed the cores; compute then
+slows by that ratio (time-slicing), not more. The profile's CPU timings are CPU time, free of it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Setting:
     link_gbps: float
     device_memory_bytes: int  # capacity of one device (a GPU, or a process's share of host RAM)
     shared_cores: int | None = None  # all processes on one host with this many cores; None: own hosts
+    background_load: float = 0.0  # other runnable threads on that host (e.g. measured procs_running)
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -55,7 +57,7 @@ class Prediction:
 def _contention(setting: Setting, busy_processes: int, threads: int) -> float:
     if setting.shared_cores is None:
         return 1.0
-    return max(1.0, busy_processes * threads / setting.shared_cores)
+    return max(1.0, (busy_processes * threads + setting.background_load) / setting.shared_cores)
 
 
 def predict(meas: Measurements, cand: Candidate, setting: Setting) -> Prediction:
