@@ -1,0 +1,76 @@
+"""`maskrcnn-dist profile` end to end at the smallest size: the table, the choice, the limits, and a
+--write-topology file that the launcher accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+from maskrcnn_launcher.cli import main as launcher_main
+from maskrcnn_launcher.topology import load_topology
+
+from maskrcnn_dist.cli import main
+
+TINY = ["--model", "maskrcnn_resnet18_fpn", "--min-size", "128", "--max-size", "128", "--device", "cpu"]
+
+
+def small_topology(path: Path) -> Path:
+    """The packaged three-machines topology at 128 px."""
+    doc = yaml.safe_load(load_topology_text("three-machines"))
+    doc["estimate"]["image_size"] = [128, 128]
+    doc["estimate"]["instances_per_image"] = 2
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def load_topology_text(name: str) -> str:
+    from maskrcnn_launcher.topology import read_topology_text
+
+    return read_topology_text(name)[1]
+
+
+def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accepts(tmp_path: Path) -> None:
+    topology = small_topology(tmp_path / "small.yaml")
+    written = tmp_path / "recommended.yaml"
+    args = ["profile", *TINY, "--topology", str(topology), "--batch-size", "2", "--micro-batches", "2"]
+    args += ["--threads", "1", "--iterations", "1", "--write-topology", str(written)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("#  engine"))
+    for column in ("split", "replicas", "step s", "images/s", "mem/device", "fits"):
+        assert column in lines[header]
+    rows = [line for line in lines[header + 1 :] if line[:1].isdigit()]
+    # ddp, then 1-stage and 2 runnable 2-stage splits (transform alone is not a stage)
+    assert len(rows) == 4
+    assert sum(" ddp " in row for row in rows) == 1
+    speeds = [float(row.split()[-5]) for row in rows]
+    assert speeds == sorted(speeds, reverse=True)  # all fit in host RAM: ranked by images/s alone
+    choice = next(line for line in lines if line.startswith("choose "))
+    assert " because it predicts " in choice
+    assert any("network is modelled, not measured" in line for line in lines)
+    assert any("instances per image" in line for line in lines)
+    assert f"topology written: {written}" in result.output
+
+    chosen = load_topology(str(written))  # the launcher's own parser
+    assert chosen.engine == rows[0].split()[1]
+    assert chosen.estimate.image_size == (128, 128)
+    plan = CliRunner().invoke(launcher_main, ["plan", "--topology", str(written)])
+    assert plan.exit_code == 0, plan.output
+
+
+def test_profile_names_a_bad_topology_in_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["profile", *TINY, "--topology", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2
+    assert "missing.yaml" in result.output and "Traceback" not in result.output
+
+
+def test_profile_writes_nothing_when_no_candidate_fits(tmp_path: Path) -> None:
+    topology = small_topology(tmp_path / "small.yaml")
+    written = tmp_path / "recommended.yaml"
+    args = ["profile", *TINY, "--topology", str(topology), "--batch-size", "2", "--threads", "1"]
+    args += ["--iterations", "1", "--device-memory-gib", "0.01", "--write-topology", str(written)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "no candidate fits" in result.output and not written.exists()
