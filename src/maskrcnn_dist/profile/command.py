@@ -16,7 +16,7 @@ from .candidates import Candidate, candidates
 from .measure import Measurements, measure
 from .model import Prediction, Setting, predict
 from .recommend import limits, rank, recommended, table, why
-from .write import topology_document, write_topology
+from .write import launchable, topology_document, write_topology
 
 _GIB = 1024**3
 
@@ -89,7 +89,9 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
         device_memory_bytes=device_memory_bytes(options, device, processes),
         shared_cores=(os.cpu_count() or 1) if options.shared_host and device.type == "cpu" else None,
     )
-    ranked = rank([predict(meas, cand, setting) for cand in candidates(topology)])
+    # Only what the launcher would start on these pods (e.g. no ddp over a CPU master and GPU workers).
+    runnable = [cand for cand in candidates(topology) if launchable(cand, topology)]
+    ranked = rank([predict(meas, cand, setting) for cand in runnable])
     best = recommended(ranked)
     if options.write_topology is not None:
         if best is None:

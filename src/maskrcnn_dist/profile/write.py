@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from maskrcnn_launcher.errors import TopologyError
 from maskrcnn_launcher.topology import Topology, parse_topology
 
 from .candidates import Candidate
@@ -47,6 +48,21 @@ def topology_document(
         "instances_per_image": instances,
     }
     return doc
+
+
+def launchable(cand: Candidate, base: Topology) -> bool:
+    """Whether the launcher would accept `cand` on `base`'s pods: e.g. ddp needs every pod with GPUs
+    or every pod without, and device maps need each GPU stage to have at least the previous one's
+    replicas. The launcher's own parser decides, so the two can never disagree."""
+    est = base.estimate
+    doc = topology_document(
+        cand, base, est.batch_size, est.micro_batches, est.image_size, est.instances_per_image, est.feature_dtype
+    )
+    try:
+        parse_topology(doc)
+    except TopologyError:
+        return False
+    return True
 
 
 def write_topology(path: Path, doc: dict[str, Any]) -> None:

@@ -74,3 +74,22 @@ def test_profile_writes_nothing_when_no_candidate_fits(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert "no candidate fits" in result.output and not written.exists()
+
+
+def test_every_candidate_writes_a_topology_the_launcher_accepts(tmp_path: Path) -> None:
+    from maskrcnn_dist.profile.candidates import candidates
+    from maskrcnn_dist.profile.write import launchable, topology_document, write_topology
+
+    base = load_topology("three-machines-gpu")
+    runnable = [cand for cand in candidates(base) if launchable(cand, base)]
+    # No ddp (a CPU master beside GPU workers); device maps refuse fewer replicas after more.
+    assert {c.engine for c in runnable} == {"pipeline"}
+    assert all(c.replicas != (2, 1) for c in runnable) and any(c.replicas == (1, 2) for c in runnable)
+    for i, cand in enumerate(runnable):
+        path = tmp_path / f"{i}.yaml"
+        write_topology(path, topology_document(cand, base, 4, 2, (128, 128), 3, "float32"))
+        loaded = load_topology(str(path))  # the launcher's own parser, as `plan --topology` reads it
+        assert loaded.engine == cand.engine
+        if cand.engine == "pipeline":
+            assert tuple(s.modules for s in loaded.stages) == cand.stages
+            assert tuple(w.replicas for w in loaded.workers) == cand.replicas
