@@ -66,6 +66,14 @@ def stage_busy(metrics_file: Path, stages: int) -> list[float]:
     return [round(sum(r[f"stage{i}/busy_s"] for r in records) / max(1, len(records)), 3) for i in range(1, stages + 1)]
 
 
+def link_bytes(metrics_file: Path, key: str) -> int:
+    """The engine's own byte count for one link, mean per step after the warm-up step."""
+    from maskrcnn_dist.metrics import read_metrics
+
+    values = [r[key] for r in read_metrics(metrics_file) if r["kind"] == "train" and r["step"] > 1]
+    return round(sum(values) / max(1, len(values)))
+
+
 def mean_instances(annotation_file: Path) -> float:
     data = json.loads(annotation_file.read_text())
     return len(data["annotations"]) / max(1, len(data["images"]))
@@ -199,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_link_s": round(pred.link_s, 4),
             "predicted_stage_s": [round(s, 3) for s in pred.stage_s],
             "measured_stage_busy_s": stage_busy(out / "metrics.jsonl", len(stages)),
+            # Bytes per step over the first cut between stages: the engine's own count vs the profile's.
+            "measured_cut1_bytes": link_bytes(out / "metrics.jsonl", "link/worker1->worker2/bytes"),
+            "profiled_cut1_bytes": args.micro_batches * meas.cut_after(stages[0][-1]).forward_bytes,
             "load_average_start": load_start,
             "load_average_end": load_average(),
         }
