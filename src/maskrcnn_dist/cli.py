@@ -252,6 +252,8 @@ def profile(**kwargs: Any) -> None:
         click.echo(line)
     if options.write_topology is not None:
         click.echo(f"topology written: {options.write_topology}")
+    if options.write_values is not None:
+        click.echo(f"chart values written: {options.write_values}")
 
 
 @main.command()

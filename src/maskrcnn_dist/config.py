@@ -348,7 +348,10 @@ class ProfileConfig:
     )
     iterations: int = option(3, "measured passes per module (after one warm-up pass)", minimum=1)
     shared_host: bool = option(False, "every pod runs on this one host (maskrcnn-launch local): they share its cores")
-    write_topology: Path | None = option(None, "write the recommended topology here (launcher and chart format)")
+    write_topology: Path | None = option(None, "write the recommended topology here (the launcher's --topology format)")
+    write_values: Path | None = option(
+        None, "write the recommended engine, stages and replicas as Helm values (helm -f)"
+    )
 
 
 #: Train flags that `profile` shares: what builds the model and how a step runs.

@@ -16,7 +16,7 @@ from .candidates import Candidate, candidates
 from .measure import Measurements, measure
 from .model import Prediction, Setting, predict
 from .recommend import limits, rank, recommended, table, why
-from .write import launchable, topology_document, write_topology
+from .write import launchable, topology_document, write_topology, write_values
 
 _GIB = 1024**3
 
@@ -93,9 +93,10 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     runnable = [cand for cand in candidates(topology) if launchable(cand, topology)]
     ranked = rank([predict(meas, cand, setting) for cand in runnable])
     best = recommended(ranked)
-    if options.write_topology is not None:
-        if best is None:
-            raise UserError(f"--write-topology {options.write_topology}: no candidate fits in memory, nothing written")
+    for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values)):
+        if path is not None and best is None:
+            raise UserError(f"{flag} {path}: no candidate fits in memory, nothing written")
+    if best is not None:
         write(best.candidate, topology, cfg, meas, options)
     return ProfileReport(meas, setting, ranked, best)
 
@@ -111,8 +112,13 @@ def write(cand: Candidate, topology: Topology, cfg: TrainConfig, meas: Measureme
         feature_dtype="bfloat16" if cfg.pipeline.bf16_transport else "float32",
     )
     try:
-        write_topology(options.write_topology, doc)
+        if options.write_topology is not None:
+            write_topology(options.write_topology, doc)
+        if options.write_values is not None:
+            write_values(options.write_values, doc)
     except LauncherError as exc:  # a bug here, but say where rather than crash
         raise UserError(f"--write-topology: the recommended topology does not validate: {exc}") from exc
+    except ValueError as exc:
+        raise UserError(f"--write-values {options.write_values}: {exc}") from exc
     except OSError as exc:
-        raise UserError(f"--write-topology {options.write_topology}: {exc.strerror}") from exc
+        raise UserError(f"cannot write {exc.filename}: {exc.strerror}") from exc

@@ -93,3 +93,38 @@ def test_every_candidate_writes_a_topology_the_launcher_accepts(tmp_path: Path) 
         if cand.engine == "pipeline":
             assert tuple(s.modules for s in loaded.stages) == cand.stages
             assert tuple(w.replicas for w in loaded.workers) == cand.replicas
+
+
+def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
+    """--write-values: `helm template -f` renders a topology ConfigMap the launcher reads back as the
+    same engine, stages and replicas."""
+    import shutil
+    import subprocess
+
+    import pytest
+    from maskrcnn_launcher.topology import parse_topology
+
+    from maskrcnn_dist.profile.candidates import candidates
+    from maskrcnn_dist.profile.write import launchable, topology_document, write_values
+
+    root = Path(__file__).resolve().parents[3]
+    helm = shutil.which("helm") or next((str(p) for p in [root / ".tools" / "helm"] if p.is_file()), None)
+    if helm is None:
+        pytest.skip("no helm on PATH (helm/hack/get-helm.sh installs one into .tools)")
+    base = load_topology("three-machines")
+    for cand in (c for c in candidates(base) if launchable(c, base)):
+        values = tmp_path / "values.yaml"
+        write_values(values, topology_document(cand, base, 4, 2, (128, 128), 3, "float32"))
+        proc = subprocess.run(
+            [helm, "template", "t", str(root / "helm"), "-f", str(values)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        maps = [d for d in yaml.safe_load_all(proc.stdout) if d and d.get("kind") == "ConfigMap"]
+        texts = [text for d in maps for key, text in (d.get("data") or {}).items() if key.endswith(".yaml")]
+        rendered = parse_topology(yaml.safe_load(texts[0]))
+        assert rendered.engine == cand.engine
+        if cand.engine == "pipeline":
+            assert tuple(s.modules for s in rendered.stages) == cand.stages
+            assert tuple(w.replicas for w in rendered.workers) == cand.replicas
+        else:
+            assert len(rendered.workers) == len(base.workers)
