@@ -1,5 +1,5 @@
-"""The recommended candidate as a topology file: what `maskrcnn-launch plan/launch/local --topology`
-reads and what the chart takes as its `topology:` values (the launcher validates it before writing)."""
+"""The recommended candidate as a topology file (what `maskrcnn-launch plan/launch/local --topology`
+reads; the launcher validates it before writing) and as the chart's values (`helm install -f`)."""
 
 from __future__ import annotations
 
@@ -71,4 +71,34 @@ def write_topology(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(
         "# Written by `maskrcnn-dist profile`: the recommended engine, split and replicas.\n"
         + yaml.safe_dump(doc, sort_keys=False)
+    )
+
+
+def chart_values(doc: dict[str, Any]) -> dict[str, Any]:
+    """A topology document as the chart's values: the chart renders its topology ConfigMap from
+    `engine`, `pipeline.stages` (with replicas), `ddp.workers`, `master.gpus`, `worker.gpus` and
+    `estimate`. ValueError when the workers' devices differ: the chart gives every worker the same."""
+    devices = {w["devices"] for w in doc["workers"]}
+    if len(devices) > 1:
+        raise ValueError(
+            f"workers have different device counts {sorted(devices)}; the chart's worker.gpus is one value"
+        )
+    values: dict[str, Any] = {"engine": doc["engine"], "master": {"gpus": doc["master"]["devices"]}}
+    values["worker"] = {"gpus": devices.pop() if devices else 0}
+    if doc["engine"] == "ddp":
+        values["ddp"] = {"workers": len(doc["workers"])}
+    else:
+        replicas = {w["stage"]: w["replicas"] for w in doc["workers"]}
+        values["pipeline"] = {
+            "stages": [{**stage, "replicas": replicas[stage["name"]]} for stage in doc["stages"]],
+            "transport": doc["network"]["transport"],
+        }
+    values["estimate"] = doc["estimate"]
+    return values
+
+
+def write_values(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(
+        "# Written by `maskrcnn-dist profile`: helm install RELEASE helm/ -f THIS_FILE\n"
+        + yaml.safe_dump(chart_values(doc), sort_keys=False)
     )

@@ -111,8 +111,20 @@ def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
     helm = shutil.which("helm") or next((str(p) for p in [root / ".tools" / "helm"] if p.is_file()), None)
     if helm is None:
         pytest.skip("no helm on PATH (helm/hack/get-helm.sh installs one into .tools)")
-    base = load_topology("three-machines")
-    for cand in (c for c in candidates(base) if launchable(c, base)):
+    cpu = load_topology("three-machines")
+    gpus = parse_topology(
+        {
+            "engine": "pipeline",
+            "workers": [{"devices": 2, "stage": "a"}, {"devices": 2, "stage": "b"}],
+            "stages": [
+                {"name": "a", "modules": ["transform", "backbone"]},
+                {"name": "b", "modules": ["rpn", "roi_heads"]},
+            ],
+        }
+    )
+    runnable = [(base, c) for base in (cpu, gpus) for c in candidates(base) if launchable(c, base)]
+    assert any(max(c.replicas, default=1) > 1 for _, c in runnable)
+    for base, cand in runnable:
         values = tmp_path / "values.yaml"
         write_values(values, topology_document(cand, base, 4, 2, (128, 128), 3, "float32"))
         proc = subprocess.run(
