@@ -167,7 +167,7 @@ def _one_pass(
         act.append(torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else saved.total)
         if not stage.is_last:
             state = to_wire(state, cfg.pipeline.bf16_transport, to_cpu=False)
-            sent.append((wire_bytes(state.features), gradient_bytes(state)))
+            sent.append((wire_bytes(state), gradient_bytes(state)))
         else:
             losses = list(state.losses.values())
         produced.append(tensors_in(state))
