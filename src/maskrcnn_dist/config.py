@@ -356,6 +356,7 @@ class ProfileConfig:
 
 #: Train flags that `profile` shares: what builds the model and how a step runs.
 PROFILE_TRAIN_FLAGS = (
+    "data-path",
     "model",
     "min-size",
     "max-size",

@@ -10,10 +10,12 @@ from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.topology import Topology, load_topology
 
 from ..config import ProfileConfig, TrainConfig
+from ..data.coco import CocoInstanceDataset
+from ..data.layout import find_split
 from ..errors import UserError
 from ..train import setup_process
 from .candidates import Candidate, candidates
-from .measure import Measurements, measure
+from .measure import NUM_CLASSES, Batch, Measurements, measure
 from .model import Prediction, Setting, predict
 from .recommend import limits, rank, recommended, table, why
 from .write import launchable, topology_document, write_topology, write_values
@@ -80,7 +82,13 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     setup_process(cfg)
     device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     estimate = topology.estimate
-    meas = measure(cfg, estimate.image_size, estimate.instances_per_image, options.iterations, device)
+    batches: list[Batch] = []
+    num_classes, data = NUM_CLASSES, "synthetic"
+    if cfg.data.data_path is not None:
+        batches, num_classes, data = real_batches(cfg, options.iterations)
+    meas = measure(
+        cfg, estimate.image_size, estimate.instances_per_image, options.iterations, device, batches, num_classes, data
+    )
     processes = topology.nnodes if options.shared_host else 1
     setting = Setting(
         batch=cfg.data.batch_size,
@@ -99,6 +107,25 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     if best is not None:
         write(best.candidate, topology, cfg, meas, options)
     return ProfileReport(meas, setting, ranked, best)
+
+
+def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
+    """Up to `count` micro-batches of the train split under --data-path, in file order, the class
+    count the model needs for it, and a line saying what they hold."""
+    path = cfg.data.data_path
+    image_dir, annotations = find_split(path, "train")
+    dataset = CocoInstanceDataset(image_dir, annotations, train=False)
+    micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
+    if len(dataset) < micro:
+        raise UserError(f"--data-path {path}: {len(dataset)} training image(s), fewer than a micro-batch of {micro}")
+    samples = [dataset[i] for i in range(min(len(dataset), micro * count) // micro * micro)]
+    batches = [
+        ([image for image, _ in samples[j : j + micro]], [target for _, target in samples[j : j + micro]])
+        for j in range(0, len(samples), micro)
+    ]
+    instances = sum(len(target["boxes"]) for _, target in samples) / len(samples)
+    what = f"{len(batches)} micro-batch(es) of {path} (mean {instances:.2f} instances per image)"
+    return batches, len(dataset.label_to_category_id) + 1, what
 
 
 def write(cand: Candidate, topology: Topology, cfg: TrainConfig, meas: Measurements, options: ProfileConfig) -> None:

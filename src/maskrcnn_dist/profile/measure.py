@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +62,7 @@ class Measurements:
     instances_per_image: int
     modules: tuple[ModuleCost, ...]
     cuts: tuple[CutCost, ...]  # input, then after each module but the last
+    data: str = "synthetic"  # where the micro-batches came from, for the limits line
 
     def module(self, name: str) -> ModuleCost:
         return next(m for m in self.modules if m.name == name)
@@ -188,36 +189,46 @@ def _one_pass(
     return fwd_s, bwd_s, act, sent
 
 
+Batch = tuple[list[Tensor], list[dict[str, Tensor]]]
+
+
 def measure(
     cfg: TrainConfig,
     image_size: tuple[int, int],
     instances_per_image: int,
     iterations: int = 3,
     device: torch.device | None = None,
+    batches: Sequence[Batch] = (),
+    num_classes: int = NUM_CLASSES,
+    data: str = "synthetic",
 ) -> Measurements:
     """Profile every module at `cfg`'s model, micro-batch size (batch / micro-batches), precision and
-    device; `iterations` measured passes after one warm-up pass. Synthetic images of `image_size`."""
+    device; `iterations` measured passes after one warm-up pass, averaged (the mean is what a run's
+    throughput sees). Pass i runs `batches[i % len(batches)]` (micro-batches of a real data set: the
+    RoI heads' cost depends on its instances), or else synthetic images of `image_size` with
+    `instances_per_image` rectangles each."""
     device = device or torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, NUM_CLASSES).to(device).train()
+    model = build_model(cfg.model, num_classes).to(device).train()
     stages = build_stages(model, [[name] for name in MODULES])
     optimizers = [build_optimizer(stage.parameters(), cfg.optim) if _trainable(stage) else None for stage in stages]
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
-    images, targets = synthetic_batch(micro, image_size, instances_per_image, seed=cfg.seed)
-    inputs = MicroBatchState.from_inputs(images, targets)
-    input_bytes = wire_bytes(inputs)
+    batches = list(batches) or [synthetic_batch(micro, image_size, instances_per_image, seed=cfg.seed)]
+    inputs = [MicroBatchState.from_inputs(images, targets) for images, targets in batches]
 
-    runs, opt_runs = [], []
-    for _ in range(1 + iterations):  # the first pass warms caches and allocators up
+    runs, opt_runs, input_bytes = [], [], []
+    for i in range(1 + iterations):  # the first pass warms caches and allocators up
         for opt in optimizers:
             if opt is not None:
                 opt.zero_grad(set_to_none=True)
-        runs.append(_one_pass(stages, inputs, device, cfg))
+        state = inputs[max(0, i - 1) % len(inputs)]
+        input_bytes.append(wire_bytes(state))
+        runs.append(_one_pass(stages, state, device, cfg))
         opt_runs.append([_timed(opt.step, device)[0] if opt is not None else 0.0 for opt in optimizers])
-    runs, opt_runs = runs[1:], opt_runs[1:]
+    runs, opt_runs, input_bytes = runs[1:], opt_runs[1:], input_bytes[1:]
 
     def med(values: list[float]) -> float:
-        return float(statistics.median(values))
+        return float(statistics.mean(values))
 
     modules = tuple(
         ModuleCost(
@@ -231,9 +242,11 @@ def measure(
         )
         for i, (name, stage) in enumerate(zip(MODULES, stages, strict=True))
     )
-    last_sent = runs[-1][3]
-    cuts = (CutCost("input", input_bytes, 0),) + tuple(
-        CutCost(name, fwd, bwd) for name, (fwd, bwd) in zip(MODULES[:-1], last_sent, strict=True)
+    cuts = (CutCost("input", round(statistics.mean(input_bytes)), 0),) + tuple(
+        CutCost(
+            name, round(statistics.mean(r[3][i][0] for r in runs)), round(statistics.mean(r[3][i][1] for r in runs))
+        )
+        for i, name in enumerate(MODULES[:-1])
     )
     return Measurements(
         device=_device_name(device),
@@ -244,6 +257,7 @@ def measure(
         instances_per_image=instances_per_image,
         modules=modules,
         cuts=cuts,
+        data=data,
     )
 
 

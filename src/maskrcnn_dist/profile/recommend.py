@@ -80,8 +80,12 @@ def limits(meas: Measurements, setting: Setting) -> list[str]:
         "own profile",
         f"the network is modelled, not measured: {setting.link_gbps:g} Gbit/s per link, no overlap with compute, "
         "no latency",
-        f"data assumed: {meas.instances_per_image} instances per image, images of {meas.image_size[0]}x"
-        f"{meas.image_size[1]} px (synthetic); RoI-head time grows with instances",
+        (
+            f"data assumed: {meas.instances_per_image} instances per image, images of {meas.image_size[0]}x"
+            f"{meas.image_size[1]} px (synthetic); RoI-head time grows with instances"
+            if meas.data == "synthetic"
+            else f"data: {meas.data}; other data (more instances, larger images) costs differently"
+        ),
         f"placement assumed: {shared}; pipeline stages as GPipe (all forwards, then all backwards)",
         f"memory per device: parameters + gradients + SGD momentum + activations of every in-flight micro-batch, "
         f"against {setting.device_memory_bytes / _GIB:.2f} GiB",
