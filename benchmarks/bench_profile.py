@@ -5,7 +5,8 @@
 
 For each split: the default three-machine CPU topology (master + 2 workers: transform+backbone |
 rpn+roi_heads), and a three-stage split (master + 3 workers: transform+backbone | rpn | roi_heads).
-It profiles the modules once in this process (1 thread, as each pipeline process runs), predicts the
+It profiles the modules once in this process (1 thread, as each pipeline process runs) on the first
+--iterations micro-batches of the training set it then trains on (`profile --data-path`), predicts the
 split's images/s with every pod on this host (`--shared-host`: the stage processes share its cores),
 then trains that topology with `maskrcnn-launch local` for warm-up + --steps steps on a synthetic set
 and measures images/s over the steps after the warm-up step, from the trainer's own metrics. It prints
@@ -30,6 +31,7 @@ import yaml
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, to_argv
 from maskrcnn_dist.profile.candidates import Candidate
+from maskrcnn_dist.profile.command import real_batches
 from maskrcnn_dist.profile.measure import measure
 from maskrcnn_dist.profile.model import Setting, predict
 from maskrcnn_dist.train import setup_process
@@ -152,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_process(cfg)
     load_before = load_average()
     started = time.monotonic()
-    meas = measure(cfg, image_size, round(instances), args.iterations, torch.device("cpu"))
+    # The profile runs on the training set's own first micro-batches (`profile --data-path`): the RoI
+    # heads' cost depends on the instances, which synthetic rectangles under-stated by about 2x.
+    batches, num_classes, what = real_batches(cfg, args.iterations)
+    meas = measure(cfg, image_size, round(instances), args.iterations, torch.device("cpu"), batches, num_classes, what)
     profile_s = time.monotonic() - started
     setting = Setting(
         batch=args.batch,
