@@ -28,3 +28,22 @@ def test_bytes_over_a_cut_are_what_the_transport_sends() -> None:
     assert cut.backward_bytes == gradient_bytes(sent) > 0
     # The FPN features dominate: 256 channels x 5 levels in fp32
     assert cut.forward_bytes > sum(t.numel() * 4 for t in sent.features.values()) * 0.9
+
+
+def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
+    """--data-path: the passes run the training set's own micro-batches (their input bytes, not a
+    synthetic batch's), and the model gets the data set's class count."""
+    from statistics import mean
+
+    from maskrcnn_dist.profile.command import real_batches
+
+    torch.set_num_threads(2)
+    flags = small_cpu_run(64, batch_size=2, micro_batches=1, data_path=tiny_coco)
+    cfg = apply_overrides(TrainConfig(), flags, "test")
+    batches, num_classes, what = real_batches(cfg, 2)
+    assert len(batches) == 2 and all(len(images) == 2 for images, _ in batches)
+    assert num_classes == 4 and what.startswith("2 micro-batch(es) of ")
+    meas = measure(cfg, (64, 80), 2, iterations=2, batches=batches, num_classes=num_classes, data=what)
+    expected = mean(wire_bytes(MicroBatchState.from_inputs(images, targets)) for images, targets in batches)
+    assert meas.cut_after("input").forward_bytes == round(expected)
+    assert meas.data == what
