@@ -125,7 +125,7 @@ def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
     ]
     instances = sum(len(target["boxes"]) for _, target in samples) / len(samples)
     what = f"{len(batches)} micro-batch(es) of {path} (mean {instances:.2f} instances per image)"
-    return batches, len(dataset.label_to_category_id) + 1, what
+    return batches, dataset.num_classes, what
 
 
 def write(cand: Candidate, topology: Topology, cfg: TrainConfig, meas: Measurements, options: ProfileConfig) -> None:

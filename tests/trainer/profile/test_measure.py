@@ -33,6 +33,7 @@ def test_bytes_over_a_cut_are_what_the_transport_sends() -> None:
 def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
     """--data-path: the passes run the training set's own micro-batches (their input bytes, not a
     synthetic batch's), and the model gets the data set's class count."""
+    import json
     from statistics import mean
 
     from maskrcnn_dist.profile.command import real_batches
@@ -42,7 +43,8 @@ def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
     cfg = apply_overrides(TrainConfig(), flags, "test")
     batches, num_classes, what = real_batches(cfg, 2)
     assert len(batches) == 2 and all(len(images) == 2 for images, _ in batches)
-    assert num_classes == 4 and what.startswith("2 micro-batch(es) of ")
+    categories = json.loads((tiny_coco / "train" / "annotations.json").read_text())["categories"]
+    assert num_classes == len(categories) + 1 and what.startswith("2 micro-batch(es) of ")
     meas = measure(cfg, (64, 80), 2, iterations=2, batches=batches, num_classes=num_classes, data=what)
     expected = mean(wire_bytes(MicroBatchState.from_inputs(images, targets)) for images, targets in batches)
     assert meas.cut_after("input").forward_bytes == round(expected)
