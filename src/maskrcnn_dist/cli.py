@@ -267,6 +267,28 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
 
 
 @main.command()
+@field_options(config_mod.PROFILE_FIELDS + tuple(config_mod.BY_FLAG[f] for f in config_mod.PROFILE_TRAIN_FLAGS))
+def profile(**kwargs: Any) -> None:
+    """Measure each module on this device; rank ddp and every pipeline split and replica count of the
+    topology by predicted images/s; say which to choose and why (--write-topology: write it).
+
+    Images of the topology's estimate.image_size with its instances_per_image; the batch, micro-batches,
+    model, precision, device and threads are the train flags of the same names."""
+    from .profile.command import profile as run_profile
+
+    values = _collect(kwargs)
+    options = _run(config_mod.build_profile_config, {flag: values.pop(flag) for flag in config_mod.PROFILE_BY_FLAG})
+    cfg = _run(config_mod.build_config, None, values)
+    report = _run(run_profile, cfg, options)
+    for line in report.lines():
+        click.echo(line)
+    if options.write_topology is not None:
+        click.echo(f"topology written: {options.write_topology}")
+    if options.write_values is not None:
+        click.echo(f"chart values written: {options.write_values}")
+
+
+@main.command()
 @field_options(config_mod.PREDICT_FIELDS + tuple(config_mod.BY_FLAG[f] for f in config_mod.PREDICT_TRAIN_FLAGS))
 @click.argument("inputs", nargs=-1, type=click.Path(path_type=Path))
 def predict(inputs: tuple[Path, ...], **kwargs: Any) -> None:

@@ -433,12 +433,51 @@ PREDICT_TRAIN_FLAGS = (
     "threads",
 )
 
+
+@dataclass
+class ProfileConfig:
+    """`maskrcnn-dist profile`'s own settings. The model, size, batch, micro-batch, precision, device
+    and thread flags are the train flags named in PROFILE_TRAIN_FLAGS (one definition each)."""
+
+    topology: str | None = option(None, "topology file or packaged name to plan for (default: three-machines)")
+    link_gbps: float = option(25.0, "modelled network bandwidth per link, Gbit/s", minimum=0.001)
+    device_memory_gib: float | None = option(
+        None, "memory of one device, GiB (default: the GPU's, or host RAM / processes on this host)", minimum=0.001
+    )
+    iterations: int = option(3, "measured passes per module (after one warm-up pass)", minimum=1)
+    shared_host: bool = option(False, "every pod runs on this one host (maskrcnn-launch local): they share its cores")
+    write_topology: Path | None = option(None, "write the recommended topology here (the launcher's --topology format)")
+    write_values: Path | None = option(
+        None, "write the recommended engine, stages and replicas as Helm values (helm -f)"
+    )
+
+
+#: Train flags that `profile` shares: what builds the model and how a step runs.
+PROFILE_TRAIN_FLAGS = (
+    "data-path",
+    "model",
+    "min-size",
+    "max-size",
+    "batch-size",
+    "micro-batches",
+    "bf16-transport",
+    "device",
+    "amp",
+    "amp-dtype",
+    "threads",
+    "channels-last",
+    "backbone-norm",
+    "seed",
+)
+
 #: Every setting, in declaration order.
 FIELDS: tuple[FieldSpec, ...] = tuple(_specs(TrainConfig, None))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
 PREDICT_FIELDS: tuple[FieldSpec, ...] = tuple(_specs(PredictConfig, None))
 PREDICT_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PREDICT_FIELDS}
+PROFILE_FIELDS: tuple[FieldSpec, ...] = tuple(_specs(ProfileConfig, None))
+PROFILE_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PROFILE_FIELDS}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -490,6 +529,17 @@ def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainCon
         apply_overrides(cfg, load_yaml_config(yaml_path), str(yaml_path))
     apply_overrides(cfg, {k: v for k, v in cli_values.items() if v is not None}, "command line")
     cfg.validate()
+    return cfg
+
+
+def build_profile_config(values: dict[str, Any]) -> ProfileConfig:
+    """profile's own flags (None: not given) over ProfileConfig's defaults, checked like the train flags."""
+    cfg = apply_overrides(
+        ProfileConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PROFILE_BY_FLAG
+    )
+    errors = [problem for spec in PROFILE_FIELDS if (problem := spec.problem(spec.get(cfg)))]
+    if errors:
+        raise ConfigError("invalid profile options: " + "; ".join(errors))
     return cfg
 
 
