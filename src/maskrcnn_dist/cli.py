@@ -277,9 +277,9 @@ def profile(**kwargs: Any) -> None:
     from .profile.command import profile as run_profile
 
     values = _collect(kwargs)
-    options = _run(config_mod.build_profile_config, {flag: values.pop(flag) for flag in config_mod.PROFILE_BY_FLAG})
-    cfg = _run(config_mod.build_config, None, values)
-    report = _run(run_profile, cfg, options)
+    options = config_mod.build_profile_config({flag: values.pop(flag) for flag in config_mod.PROFILE_BY_FLAG})
+    cfg = config_mod.build_config(None, values)
+    report = run_profile(cfg, options)
     for line in report.lines():
         click.echo(line)
     if options.write_topology is not None:

@@ -440,11 +440,11 @@ class ProfileConfig:
     and thread flags are the train flags named in PROFILE_TRAIN_FLAGS (one definition each)."""
 
     topology: str | None = option(None, "topology file or packaged name to plan for (default: three-machines)")
-    link_gbps: float = option(25.0, "modelled network bandwidth per link, Gbit/s", minimum=0.001)
+    link_gbps: float = option(25.0, "modelled network bandwidth per link, Gbit/s", minimum=0.001, maximum=100_000)
     device_memory_gib: float | None = option(
         None, "memory of one device, GiB (default: the GPU's, or host RAM / processes on this host)", minimum=0.001
     )
-    iterations: int = option(3, "measured passes per module (after one warm-up pass)", minimum=1)
+    iterations: int = option(3, "measured passes per module (after one warm-up pass)", minimum=1, maximum=1000)
     shared_host: bool = option(False, "every pod runs on this one host (maskrcnn-launch local): they share its cores")
     write_topology: Path | None = option(None, "write the recommended topology here (the launcher's --topology format)")
     write_values: Path | None = option(
