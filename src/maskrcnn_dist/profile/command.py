@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from maskrcnn_launcher.errors import LauncherError
@@ -13,6 +14,7 @@ from ..config import ProfileConfig, TrainConfig
 from ..data.coco import CocoInstanceDataset
 from ..data.layout import find_split
 from ..errors import UserError
+from ..run_dir import output_folder_problem
 from ..train import setup_process
 from .candidates import Candidate, candidates
 from .measure import NUM_CLASSES, Batch, Measurements, measure
@@ -79,6 +81,10 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     """Measure on this device, predict every candidate of the topology, rank; write the best's
     topology when asked (never one that does not fit)."""
     topology = load(options.topology)
+    for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values)):
+        # Before minutes of measuring: a path that cannot be written would lose them.
+        if path is not None and (problem := output_folder_problem(Path(path).parent, flag)):
+            raise UserError(problem)
     setup_process(cfg)
     device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     estimate = topology.estimate
