@@ -32,6 +32,7 @@ run prints a table (check, result, key figures, seconds) and writes the JSON rep
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -426,6 +427,7 @@ def check_throughput(env: Env, batch: int) -> dict[str, Any]:
             step = make_step(loop, env, cfg, amp, train_set.num_classes, batch_data)
             rows[variant] = time_steps(step, p.throughput_warmup, p.throughput_steps, batch, env.device)
             del step
+            gc.collect()  # the engine's modules hold reference cycles: free them before the next peak
             if env.device == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -442,7 +444,7 @@ def make_step(loop: str, env: Env, cfg, amp: bool, num_classes: int, batch) -> C
     if loop == "local":
         cfg.amp = amp
         engine = TorchEngine(cfg, num_classes, iters_per_epoch=100)
-        images, targets = batch
+        images, targets = to_device(*batch, engine.device)  # on the device already, as for the reference loop
         return lambda step: engine.train_step(step, images, targets) and None
     device = torch.device(env.device)
     model = reference_model(cfg, num_classes).to(device)
