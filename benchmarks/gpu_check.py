@@ -709,10 +709,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so run_group's cleanup ends the process tree it started: the
+    # runner's check, and a check's own torchrun or launcher (its own session, out of the runner's reach).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.child:
         return run_child(args.child, args.plan)
-    # SIGTERM unwinds like Ctrl-C, so run_group's cleanup ends the running check's process tree.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     import torch
 
     device = args.device
