@@ -59,6 +59,7 @@ DEFAULT_JSON = Path("runs/gpu-check/gpu_check.json")
 CURVE_LR = 0.005  # tests/trainer/test_amp.py: fp32 is stable under reordering at this rate
 EVAL_AP_TOLERANCE = 0.05
 INJECTED = "injected_failure"
+INJECTED_HANG = "injected_hang"
 
 
 @dataclass(frozen=True)
@@ -518,6 +519,14 @@ def check_injected(env: Env) -> dict[str, Any]:
     raise RuntimeError("injected failure (--inject-failure): the run must record it and go on")
 
 
+def check_injected_hang(env: Env) -> dict[str, Any]:
+    """A check that never ends, holding a process tree of its own (as ddp and the pipeline do): the
+    runner must stop it at its budget, and the tree with it. The sleeper names the work folder."""
+    hang = [sys.executable, "-c", "import sys, time; time.sleep(600)", env.work]
+    run_logged(hang, Path(env.work) / "injected-hang.log", 600, threads=1)
+    return {}
+
+
 def throughput_needs(batch: int) -> Callable[[Env], str | None]:
     def needs(env: Env) -> str | None:
         if batch in env.profile.throughput_batches:
@@ -550,14 +559,15 @@ CHECKS: tuple[Check, ...] = (
         for b in (2, 4, 8)
     ),
 )
-INJECTED_CHECK = Check(INJECTED, 30, check_injected)
+INJECTED_CHECKS = (Check(INJECTED, 30, check_injected), Check(INJECTED_HANG, 20, check_injected_hang))
 
 
 def checks_for(env: Env) -> list[Check]:
-    """The checks in run order; the injected failure (self-test) sits in the middle, before ddp."""
+    """The checks in run order; the injected failures (self-test) sit in the middle, before ddp."""
     checks = list(CHECKS)
     if env.inject_failure:
-        checks.insert([c.name for c in checks].index("ddp"), INJECTED_CHECK)
+        at = [c.name for c in checks].index("ddp")
+        checks[at:at] = INJECTED_CHECKS
     return checks
 
 
@@ -701,7 +711,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON, help=f"the JSON report (default {DEFAULT_JSON})")
     parser.add_argument("--time-budget", type=float, default=600.0, help="seconds for all checks together")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep data, runs and logs here")
-    parser.add_argument("--inject-failure", action="store_true", help="self-test: add a check that fails")
+    parser.add_argument(
+        "--inject-failure", action="store_true", help="self-test: add a check that raises and one that hangs"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--plan", type=Path, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
