@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # Everything the demo writes; removed by `make clean`.
 DEMO_DIR ?= runs/demo
 
-.PHONY: help install demo test test-fast lint clean
+.PHONY: help install demo test test-fast gpu-check lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,12 @@ test: install ## run the whole test suite
 
 test-fast: install ## unit tests only (no multi-process runs)
 	$(BIN)/python -m pytest -q -m 'not slow'
+
+# On a GPU machine, from a fresh copy: installs first. The checks take at most GPU_CHECK_BUDGET seconds.
+GPU_CHECK_JSON   ?= runs/gpu-check/gpu_check.json
+GPU_CHECK_BUDGET ?= 600
+gpu-check: install ## prove the GPU paths (amp, ddp, pipeline, checkpoints) and time them against torchvision's loop; table + JSON
+	$(BIN)/python benchmarks/gpu_check.py --json-out $(GPU_CHECK_JSON) --time-budget $(GPU_CHECK_BUDGET)
 
 lint: install lint-deploy ## ruff over the Python sources, hadolint, helm lint
 	$(BIN)/ruff check src launcher tests benchmarks helm/hack e2e

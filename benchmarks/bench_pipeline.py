@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from maskrcnn_launcher.peers import free_port
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 
@@ -120,7 +121,7 @@ def run_master(args: argparse.Namespace) -> list[dict]:
     times, _ = timed_steps(local, batch, args.steps, args.warmup)
     results.append(summarize("single process", args.batch, times, []))
     del local
-    port = bench_engines.free_port()
+    port = free_port()
     workers = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", str(rank), "--port", str(port), "--size", str(args.size)]

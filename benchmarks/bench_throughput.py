@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from maskrcnn_launcher.peers import free_port
 
 from maskrcnn_dist.config import to_argv
 
@@ -110,7 +111,7 @@ def run_engine(
     elif engine == "ddp":
         command = bench_engines.torchrun_command(processes, {**flags, "engine": "ddp"})
     else:
-        port = str(bench_engines.free_port())
+        port = str(free_port())
         command = [sys.executable, "-m", "maskrcnn_launcher", "local", "--master-port", port, "--grace", "5"]
         command += ["--", *to_argv({**flags, "micro-batches": MICRO_BATCHES})]
         processes = 1  # only the master reads data: images per step = its batch

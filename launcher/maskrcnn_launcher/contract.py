@@ -307,11 +307,34 @@ def validate_placement(placement: Sequence[Sequence[str]]) -> tuple[tuple[str, .
 # ---------------------------------------------------------------------------------------------
 
 
-def process_group_backend(uses_gpu: bool) -> str:
+def process_group_backend(uses_gpu: bool, shares_gpu: bool = False) -> str:
     """nccl for processes that hold GPUs (it moves CUDA tensors without host copies), gloo otherwise
-    (nccl cannot run without a GPU). The launcher records it in the plan, the ddp engine calls it, so
-    both always agree."""
-    return "nccl" if uses_gpu else "gloo"
+    (nccl cannot run without a GPU). `shares_gpu`: several ranks of this machine run on one GPU (more
+    ranks than GPUs, e.g. a 2-process check on a one-GPU machine); nccl refuses two ranks on the same
+    device, gloo all-reduces their CUDA tensors through host memory. The launcher records the backend
+    in the plan, the ddp engine calls this too, so both always agree."""
+    return "nccl" if uses_gpu and not shares_gpu else "gloo"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline edges: which stage outputs may cross between workers as device tensors.
+# ---------------------------------------------------------------------------------------------
+
+
+def edge_device_map(transport: str, sender: Sequence[str], receiver: Sequence[str]) -> dict[str, str]:
+    """TensorPipe map of the edge from the stage on devices `sender` to the next stage on `receiver`:
+    {receiver device: sender device} (the receiver calls `to_here()` on the sender's output, so it is
+    the caller whose options hold the map). Replica r maps to replica r ("identity by replica
+    index": one-to-one and its own inverse). Empty, i.e. tensors must be staged through host memory,
+    unless `transport` is "device_maps" and both ends are all CUDA devices. The launcher builds the
+    workers' RPC options from it; a stage host sends a replica's output as device tensors only when
+    that replica's device is a value here, so a GPU stage before a CPU stage never sends CUDA
+    tensors that no map covers."""
+    if transport != "device_maps" or not sender or not receiver:
+        return {}
+    if not all(d.startswith("cuda:") for d in (*sender, *receiver)):
+        return {}
+    return {receiver[r]: sender[r] for r in range(min(len(sender), len(receiver)))}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from maskrcnn_launcher.contract import StagePlacement
+from maskrcnn_launcher.contract import StagePlacement, edge_device_map
 from maskrcnn_launcher.errors import TopologyError
 from maskrcnn_launcher.topology import Worker
 
@@ -53,7 +53,8 @@ def pipeline_device_maps(stages: Sequence[StagePlacement], transport: str) -> di
     if transport != "device_maps":
         return maps
     for prev, nxt in zip(stages, stages[1:], strict=False):
-        if not (all(map(is_cuda, prev.devices)) and all(map(is_cuda, nxt.devices))):
+        mapping = edge_device_map(transport, prev.devices, nxt.devices)
+        if not mapping:
             continue  # a CPU end: tensors are staged through host memory, no map
         if len(nxt.devices) < len(prev.devices):
             # topology.py refuses this; kept here so the rule cannot be bypassed by a caller.
@@ -62,7 +63,6 @@ def pipeline_device_maps(stages: Sequence[StagePlacement], transport: str) -> di
                 f"{len(prev.devices)}: a one-to-one device map cannot cover them"
             )
         # Caller: nxt (it calls to_here() on prev's RRef). Key: its device; value: prev's device.
-        mapping = {nxt.devices[r]: prev.devices[r] for r in range(len(prev.devices))}
         check_one_to_one(mapping, f"device map {nxt.rpc_name} -> {prev.rpc_name}")
         maps.setdefault(nxt.rpc_name, {})[prev.rpc_name] = mapping
     return maps

@@ -276,6 +276,14 @@ def _check_placement(topology: Topology, errs: _Errors) -> None:
         elif len(where) > 1:
             errs.add("stages", f"stage {stage.name!r} is placed twice (workers {', '.join(map(str, where))})")
     if topology.network.transport == "device_maps":
+        if not any(w.devices for w in topology.workers):
+            # Maps name CUDA devices: with none, RPC would start with no map and the setting would
+            # silently mean "cpu"; say so instead.
+            errs.add(
+                "network.transport",
+                "device_maps needs GPUs: no worker has devices > 0 (TensorPipe device maps move CUDA "
+                "tensors); use transport: cpu, or give the stage workers devices",
+            )
         _check_device_map_replicas(topology, errs)
 
 

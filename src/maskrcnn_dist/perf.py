@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,6 +45,33 @@ CHANNELS_LAST_MODULES = ("backbone", "rpn")
 
 # Modules whose floating-point outputs are cast to fp32 (see the module docstring).
 FP32_OUTPUT_MODULES = ("rpn.head", "roi_heads.box_predictor", "roi_heads.mask_predictor")
+
+
+@dataclass(frozen=True)
+class AmpCurveTolerance:
+    """How far an --amp loss curve may stray from fp32's over the same steps from the same seed and
+    weights (relative): measured on CPU (tests/trainer/test_amp.py's docstring), with margin. The CPU
+    amp tests and the GPU check (benchmarks/gpu_check.py) hold every precision to this one bound."""
+
+    first_step: float = 0.02
+    every_step: float = 0.08
+    mean: float = 0.03
+
+    def problems(self, amp: Sequence[float], fp32: Sequence[float]) -> list[str]:
+        """What exceeds the bound, one phrase each; empty when the curves agree."""
+        deviation = [abs(a - f) / abs(f) for a, f in zip(amp, fp32, strict=True)]
+        mean = abs(sum(amp) - sum(fp32)) / abs(sum(fp32))
+        found = []
+        if deviation[0] >= self.first_step:
+            found.append(f"step 0 off by {deviation[0]:.3g} (bound {self.first_step})")
+        if max(deviation) >= self.every_step:
+            found.append(f"a step off by {max(deviation):.3g} (bound {self.every_step})")
+        if mean >= self.mean:
+            found.append(f"mean off by {mean:.3g} (bound {self.mean})")
+        return found
+
+
+AMP_CURVE_TOLERANCE = AmpCurveTolerance()
 
 
 def amp_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:

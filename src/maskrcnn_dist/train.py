@@ -155,7 +155,7 @@ def _engine_session(cfg: TrainConfig, plan: PodPlan | None) -> Iterator[tuple[En
         with master_session(cfg, plan):
             yield (
                 lambda num_classes, iters: PipelineEngine(
-                    cfg, plan.stages, num_classes, iters, device_maps=plan.transport == "device_maps"
+                    cfg, plan.stages, num_classes, iters, transport=plan.transport
                 ),
                 1,  # the master reads every batch
             )

@@ -63,7 +63,6 @@ CUDA = [f"cuda:{i}" for i in range(4)]
 
 PIPELINE_CASES = [
     PipelineCase("cpu", (0, 0), (1, 1), "cpu", (("cpu",), ("cpu",)), ("gloo", "gloo", "gloo"), {}),
-    PipelineCase("cpu, opted in", (0, 0), (1, 1), "device_maps", (("cpu",), ("cpu",)), ("gloo",) * 3, {}),
     PipelineCase("cpu replicas", (0, 0), (1, 2), "cpu", (("cpu",), ("cpu", "cpu")), ("gloo",) * 3, {}),
     PipelineCase(
         "1+1 gpu, cpu staging", (1, 1), (1, 1), "cpu", (("cuda:0",), ("cuda:0",)), ("gloo", "nccl", "nccl"), {}
@@ -439,3 +438,10 @@ def _record(calls: list[Any]) -> Any:
         calls.append((file, argv, env))
 
     return fake_exec
+
+
+def test_ranks_sharing_a_gpu_use_gloo() -> None:
+    """nccl refuses two ranks on one device: a 2-process ddp run on a one-GPU machine gets gloo."""
+    assert process_group_backend(uses_gpu=True) == "nccl"
+    assert process_group_backend(uses_gpu=True, shares_gpu=True) == "gloo"
+    assert process_group_backend(uses_gpu=False, shares_gpu=True) == "gloo"

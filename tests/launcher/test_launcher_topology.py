@@ -144,6 +144,11 @@ ERROR_CASES = [
         "workers[1].replicas: transport device_maps: stage 'stage2' has 1 replica(s) but stage 'stage1' has 2",
     ),
     (
+        "device maps without any GPU",
+        edited(**{"network.transport": "device_maps"}),
+        "network.transport: device_maps needs GPUs: no worker has devices > 0",
+    ),
+    (
         "micro-batches above batch size",
         edited(estimate={"batch_size": 2, "micro_batches": 4}),
         "estimate.micro_batches: 4 micro-batches for a batch of 2 images",

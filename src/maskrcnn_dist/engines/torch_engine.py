@@ -67,6 +67,11 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def local_world_size() -> int:
+    """Processes of this job on this machine (torchrun's LOCAL_WORLD_SIZE; 1 outside torchrun)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 @contextmanager
 def process_group(cfg: TrainConfig) -> Iterator[int]:
     """The ddp process group for the body, from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
@@ -74,7 +79,9 @@ def process_group(cfg: TrainConfig) -> Iterator[int]:
     device = resolve_device(cfg.device, local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = process_group_backend(uses_gpu=device.type == "cuda")
+    # More ranks on this machine than GPUs (resolve_device wraps around): ranks share a GPU.
+    shares_gpu = device.type == "cuda" and local_world_size() > torch.cuda.device_count()
+    backend = process_group_backend(uses_gpu=device.type == "cuda", shares_gpu=shares_gpu)
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=cfg.peers.timeout))
     log.info("ddp rank %d of %d on %s (%s)", dist.get_rank(), dist.get_world_size(), device, backend)
     try:

@@ -73,7 +73,7 @@ class PipelineEngine(Engine):
         stages: Sequence[StagePlacement],
         num_classes: int,
         iters_per_epoch: int,
-        device_maps: bool = False,
+        transport: str = "cpu",
     ) -> None:
         """`stages`: the pod plan's placements, in pipeline order. RPC must be initialised, as "master"."""
         validate_placement([s.modules for s in stages])
@@ -86,7 +86,7 @@ class PipelineEngine(Engine):
                 rpc.remote(
                     s.rpc_name,
                     StageHost,
-                    args=(cfg, tuple(stages), i, num_classes, iters_per_epoch, not device_maps),
+                    args=(cfg, tuple(stages), i, num_classes, iters_per_epoch, transport),
                     timeout=self.timeout,
                 )
                 for i, s in enumerate(stages)

@@ -36,7 +36,7 @@ from ...perf import autocast_context
 from ...rng import StepSeeder
 from .stages import MicroBatchState, StageModule, build_stages
 from .state import checksum
-from .transport import from_wire, gradient_bytes, to_wire, wire_bytes
+from .transport import from_wire, gradient_bytes, sends_device_tensors, to_wire, wire_bytes
 
 MODES = ("train", "eval", "validate")
 
@@ -122,8 +122,9 @@ class StageHost:
     """Stage `index` of `placements` on this worker: one replica per device of its placement, each
     with its own optimizer and scheduler.
 
-    `stage_through_cpu`: stage outputs go through host memory (the default); False when TensorPipe
-    device maps move device tensors between workers directly."""
+    `transport`: the topology's ("cpu" or "device_maps"). Outputs go through host memory unless the
+    next stage's worker maps this replica's device (`sends_device_tensors`), decided per edge and
+    replica: under device_maps a GPU stage before a CPU stage still stages through host memory."""
 
     def __init__(
         self,
@@ -132,12 +133,11 @@ class StageHost:
         index: int,
         num_classes: int,
         iters_per_epoch: int,
-        stage_through_cpu: bool = True,
+        transport: str = "cpu",
     ) -> None:
         self.cfg = cfg
         self.rpc_timeout = cfg.peers.timeout
         self.iters_per_epoch = iters_per_epoch
-        self.stage_through_cpu = stage_through_cpu
         # Every process builds the whole model from the same seed, so stages start from exactly the
         # weights the local engine starts from (TorchEngine seeds the same way), then keeps its part.
         torch.manual_seed(cfg.seed)
@@ -147,6 +147,7 @@ class StageHost:
             self._replica(stage if r == 0 else copy.deepcopy(stage), device)
             for r, device in enumerate(placements[index].devices)
         ]
+        self.device_senders = sends_device_tensors(placements, index, transport)
         self._rng_lock = threading.Lock()
         self.meter = StepMeter()
 
@@ -195,7 +196,7 @@ class StageHost:
                 state = self._run(replica.stage, state, mode)
             last = replica.stage.is_last
             bf16_features = self.cfg.pipeline.bf16_transport and not last
-            state = to_wire(state, bf16_features, self.stage_through_cpu or last)
+            state = to_wire(state, bf16_features, str(replica.device) not in self.device_senders)
             if mode == "train":
                 self.meter.forward_s += time.perf_counter() - started
                 self.meter.bytes_forward += wire_bytes(state)

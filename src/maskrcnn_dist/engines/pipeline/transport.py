@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+from maskrcnn_launcher.contract import StagePlacement, edge_device_map
 from torch import Tensor
 
 from .stages import MicroBatchState
@@ -54,6 +55,17 @@ def gradient_bytes(obj: Any) -> int:
     """Bytes of the gradients that come back over the same link in backward (one per tensor that
     requires grad, same shape and dtype)."""
     return sum(t.numel() * t.element_size() for t in tensors_in(obj) if t.requires_grad)
+
+
+def sends_device_tensors(placements: Sequence[StagePlacement], index: int, transport: str) -> frozenset[str]:
+    """The devices of stage `index` whose outputs may leave as device tensors: those the next stage's
+    device map (contract.edge_device_map) maps. Every other output is staged through host memory:
+    a CUDA tensor TensorPipe has no map for fails the RPC. The last stage answers the master, which
+    has no GPU and no map."""
+    if index + 1 >= len(placements):
+        return frozenset()
+    mapping = edge_device_map(transport, placements[index].devices, placements[index + 1].devices)
+    return frozenset(mapping.values())
 
 
 def to_wire(state: MicroBatchState, bf16_features: bool, to_cpu: bool) -> MicroBatchState:

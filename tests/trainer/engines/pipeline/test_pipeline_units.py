@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from maskrcnn_launcher.contract import StagePlacement
 from torch import nn
 
 from maskrcnn_dist.config import OptimConfig
@@ -15,7 +16,13 @@ from maskrcnn_dist.engines.pipeline import split_batch, weighted_mean
 from maskrcnn_dist.engines.pipeline.host import Turnstile
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.pipeline.state import checksum, merge_optimizer_states, split_optimizer_state
-from maskrcnn_dist.engines.pipeline.transport import from_wire, gradient_bytes, to_wire, wire_bytes
+from maskrcnn_dist.engines.pipeline.transport import (
+    from_wire,
+    gradient_bytes,
+    sends_device_tensors,
+    to_wire,
+    wire_bytes,
+)
 from maskrcnn_dist.optim import build_optimizer
 
 
@@ -102,3 +109,30 @@ def test_master_with_a_bad_data_path_fails_before_any_worker_joins(tmp_path, mon
     cfg.data.data_path = tmp_path / "no-such-data"
     with pytest.raises(DatasetError, match="no-such-data"):
         train(cfg, master)
+
+
+def _placements(*devices: tuple[str, ...]) -> tuple[StagePlacement, ...]:
+    return tuple(
+        StagePlacement(i + 1, f"stage{i + 1}", i, i + 1, f"worker{i + 1}", (f"m{i}",), d) for i, d in enumerate(devices)
+    )
+
+
+@pytest.mark.parametrize(
+    ("devices", "transport", "expected"),
+    [
+        # A GPU stage before a CPU stage: the CPU side has no map, so stage 1 stages through host memory.
+        ((("cuda:0",), ("cpu",)), "device_maps", [set(), set()]),
+        # GPU to GPU under device maps: stage 1 sends device tensors; the last stage answers the CPU master.
+        ((("cuda:0",), ("cuda:0", "cuda:1")), "device_maps", [{"cuda:0"}, set()]),
+        # The same GPUs without the opt-in: host memory.
+        ((("cuda:0",), ("cuda:0",)), "cpu", [set(), set()]),
+        # CPU before GPU: CPU tensors need no map; GPU -> CPU -> GPU: only what the receiver maps.
+        ((("cpu",), ("cuda:0",)), "device_maps", [set(), set()]),
+        ((("cuda:0",), ("cuda:0",), ("cpu",), ("cuda:0",)), "device_maps", [{"cuda:0"}, set(), set(), set()]),
+        # Replicas beyond what the next stage maps (refused by the topology; never sent unmapped here).
+        ((("cuda:0", "cuda:1"), ("cuda:0",)), "device_maps", [{"cuda:0"}, set()]),
+    ],
+)
+def test_device_tensors_cross_an_edge_only_where_the_receiver_maps_them(devices, transport, expected) -> None:
+    placements = _placements(*devices)
+    assert [set(sends_device_tensors(placements, i, transport)) for i in range(len(placements))] == expected
