@@ -243,6 +243,8 @@ def host_name(workload: str, prefix: str, role: str, index: int) -> str:
 #: The parts of torchvision's GeneralizedRCNN, in forward order. A stage is a contiguous run of
 #: them; post-processing belongs to `roi_heads`' stage.
 MODULES = ("transform", "backbone", "rpn", "roi_heads")
+#: Modules without parameters (resize and normalise): never a stage on their own.
+PARAMETERLESS_MODULES = ("transform",)
 
 _PLACEMENT_RULE = f"a placement splits {', '.join(MODULES)} into non-empty contiguous runs, in this order"
 
@@ -283,6 +285,13 @@ def placement_problems(placement: Sequence[Sequence[str]]) -> list[str]:
         elif placed.count(module) > 1:
             problems.append(f"module {module!r} is listed {placed.count(module)} times in stage {holders[0]}")
             counts_ok = False
+    # A stage trains its parameters (each holds an optimizer); `transform` alone has none to train.
+    for i, names in enumerate(stages, start=1):
+        if names and all(name in PARAMETERLESS_MODULES for name in names):
+            problems.append(
+                f"stage {i} holds only {', '.join(names)}, which has no parameters to train: "
+                "put it in one stage with the module after it"
+            )
     # Each module placed once: the stages are contiguous runs in forward order iff the concatenation
     # is the forward order itself (a gap in one stage or a swapped pair both break it).
     if counts_ok and tuple(placed) != MODULES:

@@ -22,8 +22,8 @@ from maskrcnn_launcher.contract import (
 GOOD_PLACEMENTS = [
     [list(MODULES)],
     [["transform", "backbone"], ["rpn", "roi_heads"]],
-    [["transform"], ["backbone", "rpn"], ["roi_heads"]],
-    [["transform"], ["backbone"], ["rpn"], ["roi_heads"]],
+    [["transform", "backbone"], ["rpn"], ["roi_heads"]],
+    [["transform", "backbone", "rpn"], ["roi_heads"]],
 ]
 
 
@@ -38,6 +38,13 @@ def test_good_placements(placement: list[list[str]]) -> None:
     ("placement", "problems"),
     [
         ([], ["no stages: the placement needs at least one"]),
+        (
+            [["transform"], ["backbone", "rpn", "roi_heads"]],
+            [
+                "stage 1 holds only transform, which has no parameters to train: put it in one stage with the module "
+                + "after it"
+            ],
+        ),
         ([[], list(MODULES)], ["stage 1 is empty"]),
         (
             [["transform", "backbone"], ["rpn"]],

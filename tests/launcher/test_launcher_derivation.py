@@ -211,8 +211,8 @@ def test_three_stage_pipeline_maps_each_adjacent_pair() -> None:
                 {"devices": 2, "stage": "c", "replicas": 2},
             ],
             "stages": [
-                {"name": "a", "modules": ["transform"]},
-                {"name": "b", "modules": ["backbone", "rpn"]},
+                {"name": "a", "modules": ["transform", "backbone"]},
+                {"name": "b", "modules": ["rpn"]},
                 {"name": "c", "modules": ["roi_heads"]},
             ],
             "network": {"transport": "device_maps"},

@@ -86,12 +86,18 @@ def test_pods_still_waiting_for_peers_are_stopped_at_once(tmp_path: Path) -> Non
     assert time.monotonic() - started < 25  # neither the 60 s grace nor the 30 s port wait
 
 
-USER_ERROR_WHILE_OTHERS_TRAIN = STAND_IN.replace(
-    "import json, os, socket, sys",
-    "import json, os, socket, sys, time\n"
-    "if os.environ['RANK'] == '1': print('error: --data-path /x: no train split found', flush=True); sys.exit(2)\n"
-    "if os.environ['RANK'] != '1': time.sleep(600)",
-)
+# The master opens its port (the workers' launchers wait for it), then every trainer runs; worker 1 finds
+# a user error while the others are busy.
+USER_ERROR_WHILE_OTHERS_TRAIN = """
+import os, socket, sys, time
+rank = os.environ["RANK"]
+if rank == "0":
+    server = socket.create_server(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+if rank == "1":
+    print("error: --data-path /x: no train split found", flush=True)
+    sys.exit(2)
+time.sleep(600)
+"""
 
 
 @pytest.mark.slow

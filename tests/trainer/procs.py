@@ -38,11 +38,13 @@ def run_job(
     return subprocess.CompletedProcess(args, proc.returncode, output, None)
 
 
-def torchrun(nproc: int, port: int, trainer_args: list[str]) -> list[str]:
+def torchrun_command(nproc: int, port: int, *program: str) -> list[str]:
+    """torchrun (through maskrcnn_dist.torchrun, which keeps a rank's exit 2) with `nproc` ranks on
+    this host, running `program` (a script and its arguments, or `--no-python` and a command)."""
     return [
         sys.executable,
         "-m",
-        "maskrcnn_dist.torchrun",  # torchrun, keeping a worker's exit 2
+        "maskrcnn_dist.torchrun",
         "--nnodes",
         "1",
         "--nproc-per-node",
@@ -51,8 +53,10 @@ def torchrun(nproc: int, port: int, trainer_args: list[str]) -> list[str]:
         "127.0.0.1",
         "--master-port",
         str(port),
-        "-m",
-        "maskrcnn_dist.cli",
-        "train",
-        *trainer_args,
+        *program,
     ]
+
+
+def torchrun(nproc: int, port: int, trainer_args: list[str]) -> list[str]:
+    """`maskrcnn-dist train` under torchrun with `nproc` ranks."""
+    return torchrun_command(nproc, port, "-m", "maskrcnn_dist.cli", "train", *trainer_args)

@@ -9,7 +9,7 @@ import pytest
 
 from maskrcnn_dist.torchrun import pod_exit_status
 
-from .procs import run_job
+from .procs import run_job, torchrun_command
 
 # A worker that exits with the code given for its rank (RANK is set by torchrun); the others wait, so
 # torchrun has to stop them (they then fail with a signal, not with the user's code).
@@ -20,23 +20,7 @@ WORKER = (
 
 
 def _torchrun(codes: dict[str, int], port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "maskrcnn_dist.torchrun",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        "--no-python",
-        sys.executable,
-        "-c",
-        WORKER.format(codes=codes),
-    ]
+    return torchrun_command(2, port, "--no-python", sys.executable, "-c", WORKER.format(codes=codes))
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from maskrcnn_launcher.contract import MODULES, validate_placement
+from maskrcnn_launcher.contract import MODULES, placement_problems, validate_placement
 from maskrcnn_launcher.topology import Topology
 
 
@@ -26,15 +26,13 @@ class Candidate:
 
 
 def contiguous_splits(num_stages: int) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every split of MODULES into `num_stages` non-empty contiguous runs, in forward order.
-
-    A stage holding only `transform` (no parameters) is left out: StageHost builds an SGD optimizer
-    per stage, and SGD refuses an empty parameter list, so such a split cannot run today."""
+    """Every split of MODULES into `num_stages` contiguous runs, in forward order, that the contract
+    accepts (a stage of only `transform` is not one: it has no parameters to train)."""
     for cuts in itertools.combinations(range(1, len(MODULES)), num_stages - 1):
         bounds = (0, *cuts, len(MODULES))
-        stages = validate_placement([MODULES[a:b] for a, b in itertools.pairwise(bounds)])
-        if ("transform",) not in stages:
-            yield stages
+        placement = [MODULES[a:b] for a, b in itertools.pairwise(bounds)]
+        if not placement_problems(placement):
+            yield validate_placement(placement)
 
 
 def candidates(topology: Topology) -> list[Candidate]:

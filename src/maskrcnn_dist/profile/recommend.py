@@ -89,6 +89,6 @@ def limits(meas: Measurements, setting: Setting) -> list[str]:
         f"placement assumed: {shared}; pipeline stages as GPipe (all forwards, then all backwards)",
         f"memory per device: parameters + gradients + SGD momentum + activations of every in-flight micro-batch, "
         f"against {setting.device_memory_bytes / _GIB:.2f} GiB",
-        "splits with a stage of only `transform` are not offered: a stage without parameters cannot run (StageHost "
-        "builds an SGD optimizer per stage)",
+        "splits with a stage of only `transform` are not offered: a stage trains parameters, and it has none "
+        "(the launcher refuses such a topology)",
     ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.metrics import read_metrics
 
-from ..procs import run_job, torchrun
+from ..procs import run_job, torchrun, torchrun_command
 
 HERE = Path(__file__).resolve().parent
 
@@ -79,22 +78,7 @@ def test_two_rank_ddp_equals_the_local_engine_on_the_global_batch(tmp_path, free
     (seeded as rank r is) and accumulates their mean loss's gradient (reference.local_accumulating).
     Frozen BatchNorm: with batch statistics the ranks would normalise differently by design."""
     out = tmp_path / "result.pt"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port),
-        str(HERE / "ddp_equivalence_proc.py"),
-        str(out),
-        "2",
-    ]
+    command = torchrun_command(2, free_port, str(HERE / "ddp_equivalence_proc.py"), str(out), "2")
     result = run_job(command, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:]
     saved = torch.load(out, weights_only=False)

@@ -16,7 +16,7 @@ from .pipeline_toy import NUM_CLASSES, make_batch, small_config
 
 PLACEMENTS = [
     [["transform", "backbone"], ["rpn", "roi_heads"]],
-    [["transform"], ["backbone", "rpn"], ["roi_heads"]],
+    [["transform", "backbone"], ["rpn"], ["roi_heads"]],
 ]
 
 
