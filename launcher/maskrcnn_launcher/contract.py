@@ -249,14 +249,15 @@ PARAMETERLESS_MODULES = ("transform",)
 _PLACEMENT_RULE = f"a placement splits {', '.join(MODULES)} into non-empty contiguous runs, in this order"
 
 
-def placement_problems(placement: Sequence[Sequence[str]]) -> list[str]:
+def placement_problems(placement: Sequence[Sequence[str]], trained: bool = True) -> list[str]:
     """Every reason `placement` (module names per stage, in pipeline order) is not a split of `MODULES`
     into non-empty contiguous runs in forward order; empty when it is one.
 
     The stages hand each other GeneralizedRCNN.forward's local variables in its own order, so a stage
     can only be a contiguous run and the runs can only come in forward order. Stages are numbered from
     1 in the messages; unknown names are reported once each, and left out of the order check so one
-    typo does not also read as "missing" and "out of order".
+    typo does not also read as "missing" and "out of order". `trained`: the stages train (each holds an
+    optimizer), so none may be only parameterless modules; a profiler timing each module alone does not.
     """
     if not placement:
         return ["no stages: the placement needs at least one"]
@@ -287,7 +288,7 @@ def placement_problems(placement: Sequence[Sequence[str]]) -> list[str]:
             counts_ok = False
     # A stage trains its parameters (each holds an optimizer); `transform` alone has none to train.
     for i, names in enumerate(stages, start=1):
-        if names and all(name in PARAMETERLESS_MODULES for name in names):
+        if trained and names and all(name in PARAMETERLESS_MODULES for name in names):
             problems.append(
                 f"stage {i} holds only {', '.join(names)}, which has no parameters to train: "
                 "put it in one stage with the module after it"
@@ -302,9 +303,9 @@ def placement_problems(placement: Sequence[Sequence[str]]) -> list[str]:
     return problems
 
 
-def validate_placement(placement: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
+def validate_placement(placement: Sequence[Sequence[str]], trained: bool = True) -> tuple[tuple[str, ...], ...]:
     """The placement as tuples, or ValueError naming every problem (joined by "; ") and the rule."""
-    problems = placement_problems(placement)
+    problems = placement_problems(placement, trained)
     if problems:
         shown = [[names] if isinstance(names, str) else list(names) for names in placement]
         raise ValueError(f"placement {shown}: {'; '.join(problems)} ({_PLACEMENT_RULE})")

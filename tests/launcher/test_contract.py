@@ -148,3 +148,9 @@ def test_the_pod_plan_carries_only_what_the_trainer_reads() -> None:
     plan = PodPlan("pipeline", "worker", 0, 1, 3, "worker1", "m", 29500, "nccl", (stage,), "cpu", {})
     assert PodPlan.from_json(plan.to_json()) == plan and stage.replicas == 2
     assert plan.version == contract.PLAN_VERSION
+
+
+def test_a_stage_without_parameters_is_refused_only_where_stages_train() -> None:
+    split = [["transform"], ["backbone", "rpn", "roi_heads"]]
+    assert placement_problems(split) and placement_problems(split, trained=False) == []
+    assert validate_placement(split, trained=False) == (("transform",), ("backbone", "rpn", "roi_heads"))

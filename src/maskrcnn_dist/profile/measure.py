@@ -210,7 +210,7 @@ def measure(
     device = device or torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, num_classes).to(device).train()
-    stages = build_stages(model, [[name] for name in MODULES])
+    stages = build_stages(model, [[name] for name in MODULES], trained=False)  # timed, not trained as stages
     optimizers = [build_optimizer(stage.parameters(), cfg.optim) if _trainable(stage) else None for stage in stages]
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
     batches = list(batches) or [synthetic_batch(micro, image_size, instances_per_image, seed=cfg.seed)]

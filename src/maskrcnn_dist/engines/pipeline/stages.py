@@ -166,10 +166,13 @@ def _check_degenerate_boxes(targets: list[dict[str, Tensor]]) -> None:
             )
 
 
-def build_stages(model: GeneralizedRCNN, placement: Placement = DEFAULT_PLACEMENT) -> list[StageModule]:
+def build_stages(
+    model: GeneralizedRCNN, placement: Placement = DEFAULT_PLACEMENT, trained: bool = True
+) -> list[StageModule]:
     """Split `model` into stages that share its modules (deep-copy the model first for separate copies).
-    ValueError (from the contract's one placement rule) unless `placement` splits MODULES in order."""
-    stages = validate_placement(placement)
+    ValueError (from the contract's one placement rule) unless `placement` splits MODULES in order;
+    `trained=False` also allows a stage without parameters (the profiler times each module alone)."""
+    stages = validate_placement(placement, trained)
     return [
         StageModule(
             {name: getattr(model, name) for name in names},
