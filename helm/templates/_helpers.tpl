@@ -154,7 +154,7 @@ Included once from the ConfigMap so it runs on every render.
 {{- end -}}
 {{- end -}}
 {{- range $i, $env := .Values.extraEnv -}}
-{{- if or (has $env.name (include "maskrcnn-dist.contractEnv" $ | fromYamlArray)) (and (hasPrefix "MASKRCNN_" $env.name) (not (has $env.name (list "MASKRCNN_WAIT_TIMEOUT" "MASKRCNN_TRAINER_CMD")))) -}}
+{{- if or (has $env.name (include "maskrcnn-dist.contractEnv" $ | fromYamlArray)) (and (hasPrefix "MASKRCNN_" $env.name) (not (has $env.name (include "maskrcnn-dist.userEnv" $ | fromYamlArray)))) -}}
 {{- fail (printf "extraEnv[%d].name=%s: %s belongs to the launcher's environment contract (maskrcnn_launcher.contract): the chart sets the pod's identity and the launcher exports the rank and the master's address; remove it from extraEnv (for the socket interface set network.interface)" $i $env.name $env.name) -}}
 {{- end -}}
 {{- end -}}
@@ -185,6 +185,15 @@ maskrcnn_launcher.contract.
 */}}
 {{- define "maskrcnn-dist.contractEnv" -}}
 {{- toYaml (list "POD_NAME" "HOSTNAME" "POD_NAMESPACE" "POD_IP" "MASTER_ADDR" "MASTER_PORT" "RANK" "WORLD_SIZE" "LOCAL_RANK" "LOCAL_WORLD_SIZE" "TP_SOCKET_IFNAME" "GLOO_SOCKET_IFNAME" "NCCL_SOCKET_IFNAME") -}}
+{{- end -}}
+
+{{/*
+The MASKRCNN_* variables a user may set through extraEnv (maskrcnn_launcher.contract.USER_ENV_VARS; a
+chart test compares the two): the launcher's wait for the master, its trainer command, and the
+tracebacks of every entry point (MASKRCNN_DEBUG). Every other MASKRCNN_* is the pod's identity.
+*/}}
+{{- define "maskrcnn-dist.userEnv" -}}
+{{- toYaml (list "MASKRCNN_WAIT_TIMEOUT" "MASKRCNN_TRAINER_CMD" "MASKRCNN_DEBUG") -}}
 {{- end -}}
 
 {{/* How workers mount the volume: none | readOnly | readWrite (resolves `auto`). */}}
