@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from maskrcnn_launcher.boundary import DEBUG_ENV as DEBUG_ENV
 from maskrcnn_launcher.boundary import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from maskrcnn_launcher.boundary import EXIT_RUNTIME as EXIT_RUNTIME
 from maskrcnn_launcher.boundary import EXIT_USER_ERROR as EXIT_USER_ERROR
@@ -136,9 +137,10 @@ READ_VARS = (
     TRAINER_CMD,
     WAIT_TIMEOUT,
 )
-#: The only variables of the contract a user sets in a pod spec (the chart's extraEnv); the chart
-#: refuses the others, which the pod's identity or the launcher own.
-USER_ENV_VARS = (TRAINER_CMD, WAIT_TIMEOUT)
+#: The only MASKRCNN_* variables a user sets in a pod spec (the chart's extraEnv): the contract's two
+#: and the error boundary's MASKRCNN_DEBUG (tracebacks, in every process). The chart refuses every
+#: other variable of the contract, which the pod's identity or the launcher own.
+USER_ENV_VARS = (TRAINER_CMD, WAIT_TIMEOUT, DEBUG_ENV)
 #: Every variable the launcher may export.
 EXPORTED_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, POD_PLAN) + (
     SOCKET_IFNAME_VARS

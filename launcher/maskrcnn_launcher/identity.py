@@ -16,6 +16,7 @@ contract's (`contract.pod_name`, `contract.jobset_host_name` and their parsers),
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from maskrcnn_launcher.topology import Topology
 # The master needs no address for itself: rank 0 hosts the store and listens on every interface,
 # so on a bare node without --master-addr it records loopback.
 SELF_ADDR = "127.0.0.1"
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,9 @@ def _int_env(env: Mapping[str, str], name: str, errors: list[str]) -> int | None
     value = env.get(name)
     if value is None or value == "":
         return None
-    try:
-        return int(value)
-    except ValueError:
+    # Plain decimal digits, as the downward API and the flags' users write them: int() alone would
+    # also take "0_1", " 1" or other scripts' digits.
+    if _INTEGER.fullmatch(value) is None:
         errors.append(f"{name}: {value!r} is not an integer")
         return None
+    return int(value)

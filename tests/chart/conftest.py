@@ -71,19 +71,41 @@ def api_args(jobset_api: bool) -> list[str]:
     return ["--api-versions", JOBSET_API] if jobset_api else []
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping. PyYAML keeps the last one silently;
+    the API server's decoder refuses the object (or, client-side, one of the two values is lost), so
+    a chart that renders a key twice (a user's label over one of the chart's) is a chart error."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_manifests(text: str) -> list[dict[str, Any]]:
+    """The objects of `helm template` output, every mapping's keys unique."""
+    return [doc for doc in yaml.load_all(text, Loader=UniqueKeyLoader) if doc]
+
+
 @pytest.fixture(scope="session")
 def render(run_helm) -> Callable[..., list[dict[str, Any]]]:
-    """render(scenario, *--set items, jobset_api=False) -> the rendered objects (helm test hooks
-    included), cached. `jobset_api`: render as for a cluster that serves the JobSet API."""
-    cache: dict[tuple[str, tuple[str, ...], bool], list[dict[str, Any]]] = {}
+    """render(scenario, *--set items, jobset_api=False, release=RELEASE) -> the rendered objects (helm
+    test hooks included), cached. `jobset_api`: render as for a cluster that serves the JobSet API."""
+    cache: dict[tuple[str, tuple[str, ...], bool, str], list[dict[str, Any]]] = {}
 
-    def _render(scenario: str, *sets: str, jobset_api: bool = False) -> list[dict[str, Any]]:
-        key = (scenario, sets, jobset_api)
+    def _render(scenario: str, *sets: str, jobset_api: bool = False, release: str = RELEASE) -> list[dict[str, Any]]:
+        key = (scenario, sets, jobset_api, release)
         if key not in cache:
             args = values_args(SCENARIOS[scenario], sets) + api_args(jobset_api)
-            proc = run_helm("template", RELEASE, str(CHART), *args)
+            proc = run_helm("template", release, str(CHART), *args)
             assert proc.returncode == 0, f"helm template {scenario} {sets} {jobset_api=} failed:\n{proc.stderr}"
-            cache[key] = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+            cache[key] = load_manifests(proc.stdout)
         return cache[key]
 
     return _render

@@ -12,6 +12,7 @@ that admits only the release's own pods, and for a JobSet its success and failur
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import re
 import shutil
@@ -28,7 +29,7 @@ from maskrcnn_launcher import contract
 from maskrcnn_launcher.contract import JOBSET_FIELDS, POD_ENV_VARS
 from maskrcnn_launcher.topology import parse_topology
 
-from .conftest import CHART, RELEASE, ROOT, SCENARIOS, values_args
+from .conftest import CHART, RELEASE, ROOT, SCENARIOS, load_manifests, values_args
 
 KUBERNETES_VERSION = "1.34.0"
 SCENARIO_NAMES = list(SCENARIOS)
@@ -171,6 +172,14 @@ def test_helm_lint(run_helm, scenario: str, workload_value: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_rendered_key_given_twice_is_an_error() -> None:
+    """Every render is read with unique keys (conftest.load_manifests): a label or annotation of the
+    user's rendered beside the chart's own one would otherwise pass with one of them lost."""
+    assert load_manifests("a: 1\nb: {c: 1}\n") == [{"a": 1, "b": {"c": 1}}]
+    with pytest.raises(yaml.constructor.ConstructorError, match="found the key 'app' twice"):
+        load_manifests("metadata:\n  labels:\n    app: x\n    app: y\n")
+
+
 def validate_kubernetes(obj: dict[str, Any], what: str) -> None:
     """The library behind `kubernetes-validate -k 1.34.0 --strict`: strict rejects unknown fields."""
     try:
@@ -183,6 +192,11 @@ def validate_kubernetes(obj: dict[str, Any], what: str) -> None:
 def test_every_object_validates_against_kubernetes_schemas(render, scenario: str, jobset_api: bool) -> None:
     objects = render(scenario, jobset_api=jobset_api)
     assert {o["kind"] for o in objects} >= {"Service", "ConfigMap", "NetworkPolicy", "Pod"}
+    validate_kubernetes_objects(objects)
+
+
+def validate_kubernetes_objects(objects: list[dict[str, Any]]) -> None:
+    """Every object against the Kubernetes schemas; of a JobSet, what the CRD leaves to Kubernetes."""
     for obj in objects:
         if obj["kind"] != "JobSet":
             validate_kubernetes(obj, f"{obj['kind']}/{obj['metadata']['name']}")
@@ -209,6 +223,23 @@ JOBSET_CASE_IDS = [f"{s}+jobset-api" if api else s for s, api in JOBSET_CASES]
 # Checks of the JobSet webhook (pkg/webhooks) that the CRD schema cannot carry.
 FAILURE_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # FailurePolicyRule.name's documented form
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The webhook checks a pod's name as its host name plus the random suffix the Job controller adds.
+POD_NAME_SUFFIX = "-abcde"
+
+
+def jobset_name_problems(jobset: dict[str, Any]) -> list[str]:
+    """The JobSet webhook's name checks (ValidateCreate): the subdomain (also a Service's name), the
+    longest Job name `<jobset>-<replicated job>-<last job index>` and the longest pod name
+    `<job>-<last completion index>-<5 characters>` of every replicated job are DNS-1035 labels (a
+    letter first, at most 63 characters)."""
+    name, spec = jobset["metadata"]["name"], jobset["spec"]
+    names = [("subdomain", spec["network"]["subdomain"])]
+    for rjob in spec["replicatedJobs"]:
+        job = f"{name}-{rjob['name']}-{rjob['replicas'] - 1}"
+        pod = f"{job}-{rjob['template']['spec']['completions'] - 1}{POD_NAME_SUFFIX}"
+        names += [("Job", job), ("pod", pod)]
+    return [f"{what} {n!r}" for what, n in names if not (DNS_1035_LABEL.match(n) and len(n) <= 63)]
 
 
 def test_jobset_cases_cover_every_scenario() -> None:
@@ -218,9 +249,12 @@ def test_jobset_cases_cover_every_scenario() -> None:
 
 @pytest.mark.parametrize(("scenario", "jobset_api"), JOBSET_CASES, ids=JOBSET_CASE_IDS)
 def test_jobset_validates_against_the_published_crd(render, jobset_schema, scenario: str, jobset_api: bool) -> None:
+    validate_jobset(one(render(scenario, jobset_api=jobset_api), "JobSet"), jobset_schema)
+
+
+def validate_jobset(jobset: dict[str, Any], jobset_schema: dict[str, Any]) -> None:
     """What an API server with JobSet v0.12 checks (jsonschema over the CRD's v1alpha2 openAPIV3Schema,
     unknown fields refused), and the webhook's naming rules."""
-    jobset = one(render(scenario, jobset_api=jobset_api), "JobSet")
     assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
     errors = sorted(jsonschema.Draft7Validator(jobset_schema).iter_errors(jobset), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
@@ -231,12 +265,35 @@ def test_jobset_validates_against_the_published_crd(render, jobset_schema, scena
         assert FAILURE_RULE_NAME.match(rule["name"]), f"failure policy rule name {rule['name']!r}"
         assert set(rule.get("targetReplicatedJobs", [])) <= set(names)
     assert set(spec["successPolicy"]["targetReplicatedJobs"]) <= set(names)
-    assert DNS_LABEL.match(spec["network"]["subdomain"]) and len(spec["network"]["subdomain"]) <= 63
-    for rjob in spec["replicatedJobs"]:
-        # The pods' host names <jobset>-<replicated job>-<job index>-<completion index> are DNS labels.
-        jobs, pods = rjob["replicas"], rjob["template"]["spec"]["completions"]
-        last = f"{jobset['metadata']['name']}-{rjob['name']}-{jobs - 1}-{pods - 1}"
-        assert DNS_LABEL.match(last) and len(last) <= 63, last
+    assert not jobset_name_problems(jobset)
+
+
+@pytest.mark.parametrize("release", ["a", "r" * 53, "maskrcnn-dist", "x-maskrcnn-dist-y", "a" * 39 + "-b"])
+def test_any_release_name_gives_names_the_api_and_the_jobset_webhook_accept(render, release: str) -> None:
+    """The longest names there can be (a 53-character release, the most ddp workers) still fit: the
+    Services are DNS-1035 labels, and so are the JobSet's subdomain, Job names and pod names."""
+    objects = render("default", "engine=ddp", "ddp.workers=1024", "workload=jobset", release=release)
+    assert not jobset_name_problems(one(objects, "JobSet"))
+    for service in by_kind(objects, "Service"):
+        assert DNS_1035_LABEL.match(service["metadata"]["name"]), service["metadata"]["name"]
+
+
+# (release, --set, what the message must name): object names start with the fullname, and a Service's
+# name, a JobSet's Jobs and host names are DNS-1035 labels, which start with a letter.
+BAD_NAMES = [
+    ("1run", (), 'the release name 1run gives object names starting with "1run-maskrcnn-dist"'),
+    ("my.run", (), 'the release name my.run gives object names starting with "my.run-maskrcnn-dist"'),
+    ("2-maskrcnn-dist", ("workload=jobset",), 'the release name 2-maskrcnn-dist gives object names starting with "2-'),
+    ("t", ("fullnameOverride=9lives",), "'/fullnameOverride'"),
+    ("t", ("fullnameOverride=a.b",), "'/fullnameOverride'"),
+]
+
+
+@pytest.mark.parametrize(("release", "sets", "message"), BAD_NAMES)
+def test_names_that_are_not_dns_1035_labels_are_rejected(run_helm, release: str, sets, message: str) -> None:
+    proc = run_helm("template", release, str(CHART), *values_args(None, sets))
+    assert proc.returncode != 0, f"release {release} {sets} was accepted"
+    assert message in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
@@ -859,6 +916,8 @@ def test_notes_tell_how_to_follow_progress(run_helm, scenario: str, workload_val
 # ---------------------------------------------------------------------------------------------
 
 
+# An extra volume for the mount cases below.
+VOLUME = "extraVolumes[0].name=v,extraVolumes[0].emptyDir.medium=Memory"
 # (--set, what the message must name). A "/path" is a schema error: helm 4 reports it as
 # "at '/worker/gpus': minimum: got -1, want 0", helm 3 as "worker.gpus: Must be greater than or equal
 # to 0", so either spelling of the path is accepted. Other messages are the chart's own `fail` texts.
@@ -924,6 +983,56 @@ BAD_VALUES = [
         "extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/data/",
         "extraVolumeMounts[0].mountPath=/data/ clashes with a mount of the chart",
     ),
+    # Paths compare cleaned; the topology folder is a read-only ConfigMap mount; the data volume's own path.
+    (f"{VOLUME},extraVolumeMounts[0].name=v,extraVolumeMounts[0].mountPath=//tmp", "mountPath=//tmp clashes"),
+    (
+        f"{VOLUME},extraVolumeMounts[0].name=v,extraVolumeMounts[0].mountPath=/tmp/../data",
+        "mountPath=/tmp/../data clashes",
+    ),
+    (
+        f"{VOLUME},extraVolumeMounts[0].name=v,extraVolumeMounts[0].mountPath=/etc/maskrcnn/topology.yaml",
+        "extraVolumeMounts[0].mountPath=/etc/maskrcnn/topology.yaml lies inside the read-only topology folder",
+    ),
+    ("storage.mountPath=/tmp", "storage.mountPath=/tmp clashes with a mount of the chart"),
+    ("storage.mountPath=/dev/shm/", "storage.mountPath=/dev/shm/ clashes with a mount of the chart"),
+    # Mounts of no volume, twice the same volume or path: the API server (or, for a JobSet, the Job
+    # controller long after install) would refuse them.
+    (
+        "extraVolumeMounts[0].name=nosuch,extraVolumeMounts[0].mountPath=/v",
+        "extraVolumeMounts[0].name=nosuch names no volume",
+    ),
+    (f"{VOLUME},extraVolumes[1].name=v,extraVolumes[1].emptyDir=null", "extraVolumes[1].name=v: another extra volume"),
+    (
+        f"{VOLUME},extraVolumeMounts[0].name=v,extraVolumeMounts[0].mountPath=/v,"
+        "extraVolumeMounts[1].name=v,extraVolumeMounts[1].mountPath=/v/",
+        "extraVolumeMounts[1].mountPath=/v/: another extra mount has this path",
+    ),
+    # Misspelt keys of an EnvVar or a VolumeMount would be dropped by the API server.
+    ("extraEnv[0].name=FOO,extraEnv[0].valeu=bar", "/extraEnv/0"),
+    (
+        f"{VOLUME},extraVolumeMounts[0].name=v,extraVolumeMounts[0].mountPath=/v,extraVolumeMounts[0].readonly=true",
+        "/extraVolumeMounts/0",
+    ),
+    (
+        "extraEnv[0].name=FOO,extraEnv[0].value=x,extraEnv[0].valueFrom.fieldRef.fieldPath=metadata.name",
+        "extraEnv[0] (FOO) has both value and valueFrom",
+    ),
+    # The chart's labels (selectors) and annotations (topology checksum), and the JobSet keys the launcher reads.
+    ("podLabels.app\\.kubernetes\\.io/component=x", "podLabels.app.kubernetes.io/component: the chart sets this label"),
+    ("podLabels.app\\.kubernetes\\.io/instance=x", "podLabels.app.kubernetes.io/instance: the chart sets this label"),
+    ("podLabels.helm\\.sh/chart=x", "podLabels.helm.sh/chart: the chart sets this label"),
+    (
+        "podLabels.jobset\\.sigs\\.k8s\\.io/replicatedjob-name=x",
+        "podLabels.jobset.sigs.k8s.io/replicatedjob-name: the chart sets this label",
+    ),
+    ("podAnnotations.checksum/topology=x", "podAnnotations.checksum/topology: the chart or the JobSet controller"),
+    ("worker.podAnnotations.checksum/topology=x", "worker.podAnnotations.checksum/topology: the chart or the JobSet"),
+    (
+        "master.podAnnotations.batch\\.kubernetes\\.io/job-completion-index=x",
+        "master.podAnnotations.batch.kubernetes.io/job-completion-index: the chart or the JobSet controller",
+    ),
+    # A name the API server refuses for the pods (for a JobSet: only once the Job controller makes them).
+    ("priorityClassName=High_Priority", "/priorityClassName"),
 ]
 
 
@@ -977,6 +1086,142 @@ def test_estimate_changes_only_the_printed_plan(render, jobset_api: bool) -> Non
     differ = [o["kind"] for o, p in zip(with_estimate, without, strict=True) if o != p]
     assert differ == ["ConfigMap"], differ
     assert with_estimate != without
+
+
+# ---------------------------------------------------------------------------------------------
+# Every knob, in both workloads, renders objects the API server, the JobSet webhook and the launcher take
+# ---------------------------------------------------------------------------------------------
+
+KNOBS: dict[str, tuple[str, ...]] = {
+    "kueue": ("podLabels.kueue\\.x-k8s\\.io/queue-name=team-a", "podAnnotations.example\\.com/owner=vision"),
+    "scheduling": ("schedulerName=volcano", "priorityClassName=high", "runtimeClassName=nvidia"),
+    "tolerations": (
+        "master.tolerations[0].key=dedicated,master.tolerations[0].operator=Exists",
+        "spreadAcrossNodes=true",
+    ),
+    "mig": ("worker.gpus=1", "gpuResourceName=nvidia.com/mig-1g.10gb", "pipeline.transport=device_maps"),
+    "amd": ("engine=ddp", "master.gpus=4", "worker.gpus=4", "gpuResourceName=amd.com/gpu"),
+    "digest": ("image.digest=sha256:" + "0" * 64,),
+    "created-account": ("serviceAccount.create=true", "serviceAccount.name=trainer"),
+    "existing-account": ("serviceAccount.name=trainer",),
+    "volumes": (
+        VOLUME,
+        "extraVolumeMounts[0].name=v,extraVolumeMounts[0].mountPath=/v,extraVolumeMounts[0].readOnly=true",
+    ),
+    "env": (
+        "extraEnv[0].name=MASKRCNN_DEBUG,extraEnv[0].value=yes",
+        "extraEnv[1].name=TOKEN,extraEnv[1].valueFrom.secretKeyRef.name=s,extraEnv[1].valueFrom.secretKeyRef.key=k",
+    ),
+    "pdb": ("podDisruptionBudget.enabled=true",),
+    "jobset-policy": (
+        "jobset.ttlSecondsAfterFinished=0",
+        "jobset.failurePolicy.maxRestarts=0",
+        "jobset.failurePolicy.restartStrategy=Recreate",
+    ),
+    "claim": ("storage.existingClaim=coco", "networkPolicy.enabled=false", "storage.mountPath=/mnt/data"),
+    "fullname": ("fullnameOverride=" + "f" * 40,),
+    "ddp-master-alone": ("engine=ddp", "ddp.workers=0"),
+    "ddp-8x4": ("engine=ddp", "ddp.workers=8", "master.gpus=4", "worker.gpus=4"),
+    "network": ("network.interface=eth0", "network.clusterDomain=example.org", "network.masterPort=40000"),
+}
+
+
+@pytest.mark.parametrize("workload_value", ["statefulset", "jobset"])
+@pytest.mark.parametrize("knob", list(KNOBS))
+def test_every_knob_renders_valid_objects(render, jobset_schema, knob: str, workload_value: str) -> None:
+    objects = render("default", *KNOBS[knob], f"workload={workload_value}")
+    assert workload(objects) == workload_value
+    validate_kubernetes_objects(objects)
+    for jobset in by_kind(objects, "JobSet"):
+        validate_jobset(jobset, jobset_schema)
+    topology_of(objects)  # the launcher takes the topology
+
+
+# ---------------------------------------------------------------------------------------------
+# The chart refuses exactly the pipelines the launcher refuses
+# ---------------------------------------------------------------------------------------------
+
+
+def contiguous_splits(modules: tuple[str, ...]) -> list[list[list[str]]]:
+    """Every split of `modules` into non-empty contiguous runs, in order."""
+    n = len(modules)
+    cut_sets = [cuts for k in range(n) for cuts in itertools.combinations(range(1, n), k)]
+    return [[list(modules[a:b]) for a, b in itertools.pairwise((0, *cuts, n))] for cuts in cut_sets]
+
+
+TWO_STAGES = [["transform", "backbone"], ["rpn", "roi_heads"]]
+THREE_STAGES = [["transform", "backbone"], ["rpn"], ["roi_heads"]]
+# (placement, worker.gpus, pipeline.transport, replicas per stage, stage names): every contiguous split
+# on CPU, placements that are not such a split, and replica counts against the GPUs and device maps.
+PIPELINES = [
+    *[(split, 0, "cpu", None, None) for split in contiguous_splits(contract.MODULES)],
+    ([["rpn", "roi_heads"], ["transform", "backbone"]], 0, "cpu", None, None),
+    ([["transform", "backbone"], ["rpn"]], 0, "cpu", None, None),
+    ([["transform", "backbone", "rpn"], ["rpn", "roi_heads"]], 0, "cpu", None, None),
+    ([["transform", "rpn"], ["backbone", "roi_heads"]], 0, "cpu", None, None),
+    ([["backbone", "transform"], ["rpn", "roi_heads"]], 0, "cpu", None, None),
+    (TWO_STAGES, 0, "cpu", [3, 1], None),
+    (TWO_STAGES, 1, "cpu", [2, 1], None),
+    (TWO_STAGES, 2, "cpu", [2, 1], None),
+    (TWO_STAGES, 2, "device_maps", [2, 1], None),
+    (TWO_STAGES, 2, "device_maps", [1, 2], None),
+    (THREE_STAGES, 4, "device_maps", [1, 4, 2], None),
+    (THREE_STAGES, 4, "device_maps", [2, 2, 4], None),
+    (TWO_STAGES, 0, "cpu", None, ["same", "same"]),
+]
+
+
+def chart_pipeline(placement: list[list[str]], replicas: list[int] | None, names: list[str] | None) -> dict[str, Any]:
+    stages = [{"name": f"stage{i + 1}", "modules": modules} for i, modules in enumerate(placement)]
+    for i, stage in enumerate(stages):
+        if replicas:
+            stage["replicas"] = replicas[i]
+        if names:
+            stage["name"] = names[i]
+    return {"stages": stages}
+
+
+def launcher_topology(values: dict[str, Any]) -> dict[str, Any]:
+    """The topology a pipeline's values stand for (the launcher's format), as the chart renders it."""
+    stages, gpus = values["pipeline"]["stages"], values["worker"]["gpus"]
+    return {
+        "engine": "pipeline",
+        "master": {"devices": 0},
+        "workers": [{"devices": gpus, "stage": s["name"], "replicas": s.get("replicas", 1)} for s in stages],
+        "stages": [{"name": s["name"], "modules": s["modules"]} for s in stages],
+        "network": {"master_port": 29500, "transport": values["pipeline"]["transport"]},
+    }
+
+
+@pytest.mark.parametrize(("placement", "gpus", "transport", "replicas", "names"), PIPELINES)
+def test_the_chart_refuses_the_pipelines_the_launcher_refuses(
+    run_helm, tmp_path: Path, placement, gpus: int, transport: str, replicas, names
+) -> None:
+    """A topology the launcher refuses makes every pod exit 2 at start-up (a JobSet fails at once, a
+    StatefulSet crash-loops): the chart refuses the same values when it is rendered, naming them, and
+    renders the others into the topology the launcher takes."""
+    from maskrcnn_launcher.errors import TopologyError
+
+    values = {
+        "pipeline": {**chart_pipeline(placement, replicas, names), "transport": transport},
+        "worker": {"gpus": gpus},
+    }
+    expected = launcher_topology(values)
+    try:
+        parse_topology(expected, "values")
+        problem = None
+    except TopologyError as exc:
+        problem = str(exc)
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    proc = run_helm("template", RELEASE, str(CHART), "-f", str(path))
+    if problem:
+        assert proc.returncode != 0, f"the chart renders a topology the launcher refuses: {problem}"
+        assert "pipeline.stages" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, f"the chart refuses a topology the launcher takes:\n{proc.stderr}"
+    (cm,) = [o for o in load_manifests(proc.stdout) if o["metadata"]["name"].endswith("-topology")]
+    assert yaml.safe_load(cm["data"]["topology.yaml"]) == expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -235,6 +235,22 @@ ERROR_CASES = [
         jobset_pod("workers", 0, MASKRCNN_COMPLETION_INDEX=""),
         "MASKRCNN_COMPLETION_INDEX: not set in a JobSet pod",
     ),
+    # Python's int() also reads "0_1", " 1" and other digits than 0-9: an index is plain decimal digits.
+    *[
+        (
+            f"JobSet: completion index {text!r}",
+            IdentityInputs(),
+            jobset_pod("workers", 0, MASKRCNN_COMPLETION_INDEX=text),
+            f"MASKRCNN_COMPLETION_INDEX: {text!r} is not an integer",
+        )
+        for text in ("0_1", " 1", "+1", "\u0661", "1.0")
+    ],
+    (
+        "index with an underscore",
+        IdentityInputs(),
+        {"MASKRCNN_ROLE": "worker", "MASKRCNN_INDEX": "0_1"},
+        "'0_1' is not",
+    ),
     ("JobSet: worker index out of range", IdentityInputs(), jobset_pod("workers", 2), "worker 2 is out of range"),
     ("JobSet: master index 1", IdentityInputs(), jobset_pod("master", 1), "the master is index 0, got 1"),
     (
