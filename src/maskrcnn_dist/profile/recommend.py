@@ -21,13 +21,15 @@ def recommended(ranked: Sequence[Prediction]) -> Prediction | None:
 
 
 def table(ranked: Sequence[Prediction]) -> list[str]:
-    header = ("#", "engine", "split", "replicas", "step s", "images/s", "link s", "mem/device", "fits")
+    # images/step: ddp's --batch-size is per process, so its steps hold more images than a pipeline's.
+    header = ("#", "engine", "split", "replicas", "img/step", "step s", "images/s", "link s", "mem/device", "fits")
     rows = [
         (
             str(i),
             p.candidate.engine,
             p.candidate.split,
             ",".join(map(str, p.candidate.replicas)) if p.candidate.engine == "pipeline" else f"{p.candidate.devices}x",
+            str(p.images_per_step),
             f"{p.step_s:.3f}",
             f"{p.images_per_s:.2f}",
             f"{p.link_s:.3f}",

@@ -41,7 +41,7 @@ def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accept
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("#  engine"))
-    for column in ("split", "replicas", "step s", "images/s", "mem/device", "fits"):
+    for column in ("split", "replicas", "img/step", "step s", "images/s", "mem/device", "fits"):
         assert column in lines[header]
     rows = [line for line in lines[header + 1 :] if line[:1].isdigit()]
     # ddp, then 1-stage and 2 runnable 2-stage splits (transform alone is not a stage)
