@@ -251,9 +251,8 @@ class TrainConfig:
             (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
             (self.model.max_size >= self.model.min_size, "--min-size must be <= --max-size"),
             (
-                self.engine != "pipeline" or self.pipeline.micro_batches <= self.data.batch_size,
-                f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
-                "every micro-batch needs at least one image",
+                self.engine != "pipeline" or not self.micro_batch_problem(),
+                self.micro_batch_problem(),
             ),
             (
                 not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
@@ -270,6 +269,15 @@ class TrainConfig:
         if self.device == "cpu" and (fp16 := fp16_on_cpu_problem(self.amp, self.amp_dtype)):
             problems.append(fp16)
         return problems
+
+    def micro_batch_problem(self) -> str:
+        """Why the pipeline cannot split --batch-size into --micro-batches ("" when it can)."""
+        if self.pipeline.micro_batches <= self.data.batch_size:
+            return ""
+        return (
+            f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
+            "every micro-batch needs at least one image"
+        )
 
 
 def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:

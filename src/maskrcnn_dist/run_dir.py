@@ -86,3 +86,12 @@ def output_folder_problem(path: Path, flag: str) -> str | None:
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         return f"{flag} {path}: {existing} is not writable by this user"
     return None
+
+
+def output_file_problem(path: Path, flag: str) -> str | None:
+    """Why a file a flag names cannot be written (a folder in its place, or its folder's problem), or
+    None: checked before minutes of work that would be lost to it. A missing folder is created."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{flag} {path}: a folder, not a file"
+    return output_folder_problem(path.parent, flag)

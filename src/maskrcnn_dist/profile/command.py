@@ -10,17 +10,18 @@ import torch
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.topology import Topology, load_topology
 
-from ..config import ProfileConfig, TrainConfig
+from ..config import ProfileConfig, TrainConfig, fp16_on_cpu_problem
 from ..data.coco import CocoInstanceDataset
 from ..data.layout import find_split
+from ..engines.torch_engine import resolve_device
 from ..errors import UserError
-from ..run_dir import output_folder_problem
+from ..run_dir import output_file_problem
 from ..train import setup_process
 from .candidates import Candidate, candidates
 from .measure import NUM_CLASSES, Batch, Measurements, measure
 from .model import Prediction, Setting, predict
 from .recommend import limits, rank, recommended, table, why
-from .write import launchable, topology_document, write_topology, write_values
+from .write import chart_values_problem, launchable, topology_document, write_topology, write_values
 
 _GIB = 1024**3
 
@@ -81,12 +82,8 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     """Measure on this device, predict every candidate of the topology, rank; write the best's
     topology when asked (never one that does not fit)."""
     topology = load(options.topology)
-    for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values)):
-        # Before minutes of measuring: a path that cannot be written would lose them.
-        if path is not None and (problem := output_folder_problem(Path(path).parent, flag)):
-            raise UserError(problem)
+    device = preflight(cfg, options, topology)
     setup_process(cfg)
-    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     estimate = topology.estimate
     batches: list[Batch] = []
     num_classes, data = NUM_CLASSES, "synthetic"
@@ -113,6 +110,34 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     if best is not None:
         write(best.candidate, topology, cfg, meas, options)
     return ProfileReport(meas, setting, ranked, best)
+
+
+def preflight(cfg: TrainConfig, options: ProfileConfig, topology: Topology) -> torch.device:
+    """The device to measure on, once every input is known to work: each problem found here would
+    otherwise surface after minutes of measuring (or, for a GPU that is not there, as a CPU profile
+    labelled with the flags of a GPU one). UserError naming the flag, all problems in one line."""
+    problems = [
+        cfg.micro_batch_problem(),  # every pipeline candidate splits the batch
+        *(
+            output_file_problem(Path(path), flag) or ""
+            for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values))
+            if path is not None
+        ),
+    ]
+    if options.write_values is not None:
+        problems.append(
+            chart_values_problem([w.devices for w in topology.workers], f"--write-values {options.write_values}")
+        )
+    try:
+        device = resolve_device(cfg.device)
+    except UserError as exc:
+        problems.append(str(exc))
+        device = torch.device("cpu")
+    if device.type == "cpu":  # --device auto on a host without a GPU: the engines refuse it there too
+        problems.append(fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype) or "")
+    if problems := [p for p in problems if p]:
+        raise UserError("; ".join(problems))
+    return device
 
 
 def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
@@ -144,14 +169,18 @@ def write(cand: Candidate, topology: Topology, cfg: TrainConfig, meas: Measureme
         instances=meas.instances_per_image,
         feature_dtype="bfloat16" if cfg.pipeline.bf16_transport else "float32",
     )
-    try:
-        if options.write_topology is not None:
-            write_topology(options.write_topology, doc)
-        if options.write_values is not None:
-            write_values(options.write_values, doc)
-    except LauncherError as exc:  # a bug here, but say where rather than crash
-        raise UserError(f"--write-topology: the recommended topology does not validate: {exc}") from exc
-    except ValueError as exc:
-        raise UserError(f"--write-values {options.write_values}: {exc}") from exc
-    except OSError as exc:
-        raise UserError(f"cannot write {exc.filename}: {exc.strerror}") from exc
+    for flag, path, writer in (
+        ("--write-topology", options.write_topology, write_topology),
+        ("--write-values", options.write_values, write_values),
+    ):
+        if path is None:
+            continue
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            writer(Path(path), doc)
+        except LauncherError as exc:  # a bug here, but say where rather than crash
+            raise UserError(f"{flag} {path}: the recommended topology does not validate: {exc}") from exc
+        except ValueError as exc:
+            raise UserError(f"{flag} {path}: {exc}") from exc
+        except OSError as exc:  # e.g. the disk filled up while measuring
+            raise UserError(f"{flag} {path}: cannot write {exc.filename}: {exc.strerror}") from exc

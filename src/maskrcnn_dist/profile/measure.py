@@ -22,6 +22,7 @@ from torch import Tensor
 from ..config import TrainConfig
 from ..engines.pipeline.stages import MicroBatchState, StageModule, build_stages
 from ..engines.pipeline.transport import gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes
+from ..engines.torch_engine import resolve_device
 from ..model import build_model
 from ..optim import build_optimizer
 from ..perf import autocast_context
@@ -207,7 +208,7 @@ def measure(
     throughput sees). Pass i runs `batches[i % len(batches)]` (micro-batches of a real data set: the
     RoI heads' cost depends on its instances), or else synthetic images of `image_size` with
     `instances_per_image` rectangles each."""
-    device = device or torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device = device or resolve_device(cfg.device)  # as the engines resolve it: no silent CPU for --device cuda
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, num_classes).to(device).train()
     stages = build_stages(model, [[name] for name in MODULES], trained=False)  # timed, not trained as stages

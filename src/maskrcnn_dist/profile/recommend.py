@@ -21,13 +21,15 @@ def recommended(ranked: Sequence[Prediction]) -> Prediction | None:
 
 
 def table(ranked: Sequence[Prediction]) -> list[str]:
-    header = ("#", "engine", "split", "replicas", "step s", "images/s", "link s", "mem/device", "fits")
+    # images/step: ddp's --batch-size is per process, so its steps hold more images than a pipeline's.
+    header = ("#", "engine", "split", "replicas", "img/step", "step s", "images/s", "link s", "mem/device", "fits")
     rows = [
         (
             str(i),
             p.candidate.engine,
             p.candidate.split,
             ",".join(map(str, p.candidate.replicas)) if p.candidate.engine == "pipeline" else f"{p.candidate.devices}x",
+            str(p.images_per_step),
             f"{p.step_s:.3f}",
             f"{p.images_per_s:.2f}",
             f"{p.link_s:.3f}",
@@ -50,6 +52,9 @@ def why(best: Prediction | None, ranked: Sequence[Prediction]) -> str:
     if best.candidate.engine == "pipeline":
         line += f", replicas {','.join(map(str, best.candidate.replicas))}"
     line += f") because it predicts {best.images_per_s:.2f} images/s"
+    if best.candidate.engine == "ddp":
+        # --batch-size is per process under ddp: say so, the global batch (and the lr it wants) differs.
+        line += f" ({best.candidate.devices} processes x --batch-size: {best.images_per_step} images per step)"
     if others:
         runner = others[0]
         ratio = best.images_per_s / runner.images_per_s
@@ -58,7 +63,7 @@ def why(best: Prediction | None, ranked: Sequence[Prediction]) -> str:
         slowest = max(range(len(best.stage_s)), key=best.stage_s.__getitem__)
         line += (
             f"; its slowest stage ({'+'.join(best.candidate.stages[slowest])}) takes {best.stage_s[slowest]:.3f} s "
-            "per micro-batch"
+            "per micro-batch (after replicas)"
         )
     share = best.link_s / best.step_s if best.step_s else 0.0
     line += f"; the network is {share:.0%} of its step"
@@ -86,7 +91,8 @@ def limits(meas: Measurements, setting: Setting) -> list[str]:
             if meas.data == "synthetic"
             else f"data: {meas.data}; other data (more instances, larger images) costs differently"
         ),
-        f"placement assumed: {shared}; pipeline stages as GPipe (all forwards, then all backwards)",
+        f"placement assumed: {shared}; pipeline stages as GPipe (all forwards, then all backwards), a stage's "
+        "replicas taking micro-batches in turn; ddp runs --batch-size per process (processes x batch per step)",
         f"memory per device: parameters + gradients + SGD momentum + activations of every in-flight micro-batch, "
         f"against {setting.device_memory_bytes / _GIB:.2f} GiB",
         "splits with a stage of only `transform` are not offered: a stage trains parameters, and it has none "

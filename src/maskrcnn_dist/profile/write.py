@@ -74,15 +74,25 @@ def write_topology(path: Path, doc: dict[str, Any]) -> None:
     )
 
 
+def chart_values_problem(worker_devices: list[int], where: str = "") -> str:
+    """Why the chart cannot describe workers with these device counts ("" when it can): its
+    worker.gpus is one value for every worker. Checked on the base topology before measuring."""
+    if len(set(worker_devices)) <= 1:
+        return ""
+    prefix = f"{where}: " if where else ""
+    return (
+        f"{prefix}workers have different device counts {sorted(set(worker_devices))}; the chart's worker.gpus "
+        "is one value"
+    )
+
+
 def chart_values(doc: dict[str, Any]) -> dict[str, Any]:
     """A topology document as the chart's values: the chart renders its topology ConfigMap from
     `engine`, `pipeline.stages` (with replicas), `ddp.workers`, `master.gpus`, `worker.gpus` and
     `estimate`. ValueError when the workers' devices differ: the chart gives every worker the same."""
+    if problem := chart_values_problem([w["devices"] for w in doc["workers"]]):
+        raise ValueError(problem)
     devices = {w["devices"] for w in doc["workers"]}
-    if len(devices) > 1:
-        raise ValueError(
-            f"workers have different device counts {sorted(devices)}; the chart's worker.gpus is one value"
-        )
     values: dict[str, Any] = {"engine": doc["engine"], "master": {"gpus": doc["master"]["devices"]}}
     values["worker"] = {"gpus": devices.pop() if devices else 0}
     if doc["engine"] == "ddp":

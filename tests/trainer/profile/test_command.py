@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 from click.testing import CliRunner
 from maskrcnn_launcher.cli import main as launcher_main
@@ -32,14 +34,14 @@ def load_topology_text(name: str) -> str:
 
 def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accepts(tmp_path: Path) -> None:
     topology = small_topology(tmp_path / "small.yaml")
-    written = tmp_path / "recommended.yaml"
+    written = tmp_path / "new" / "recommended.yaml"  # a missing folder is made, as for --output-dir
     args = ["profile", *TINY, "--topology", str(topology), "--batch-size", "2", "--micro-batches", "2"]
     args += ["--threads", "1", "--iterations", "1", "--write-topology", str(written)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("#  engine"))
-    for column in ("split", "replicas", "step s", "images/s", "mem/device", "fits"):
+    for column in ("split", "replicas", "img/step", "step s", "images/s", "mem/device", "fits"):
         assert column in lines[header]
     rows = [line for line in lines[header + 1 :] if line[:1].isdigit()]
     # ddp, then 1-stage and 2 runnable 2-stage splits (transform alone is not a stage)
@@ -60,10 +62,76 @@ def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accept
     assert plan.exit_code == 0, plan.output
 
 
-def test_profile_names_a_bad_topology_in_one_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["profile", *TINY, "--topology", str(tmp_path / "missing.yaml")])
-    assert result.exit_code == 2
-    assert "missing.yaml" in result.output and "Traceback" not in result.output
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there: --device cuda/auto is valid")
+# (case id, profile flags after TINY with {tmp}/{file}/{binary}/{bad} placeholders, fragments of the line)
+WRONG_INPUTS = [
+    ("link-zero", ["--link-gbps", "0"], ["--link-gbps must be >= 0.001"]),
+    ("link-negative", ["--link-gbps", "-1"], ["--link-gbps must be >= 0.001"]),
+    ("link-nan", ["--link-gbps", "nan"], ["--link-gbps must be a finite number"]),
+    ("link-inf", ["--link-gbps", "inf"], ["--link-gbps must be a finite number"]),
+    ("topology-missing", ["--topology", "{tmp}/none.yaml"], ["none.yaml", "neither a file"]),
+    ("topology-binary", ["--topology", "{binary}"], ["binary.yaml", "not a text"]),
+    ("topology-invalid", ["--topology", "{bad}"], ["bad.yaml", "engine"]),
+    ("batch-zero", ["--batch-size", "0"], ["--batch-size must be >= 1"]),
+    (
+        "micro-batches-above-batch",
+        ["--batch-size", "2", "--micro-batches", "3"],
+        ["--micro-batches 3 > --batch-size 2"],
+    ),
+    ("image-size-zero", ["--min-size", "0"], ["--min-size must be >= 32"]),
+    ("image-size-huge", ["--max-size", "100000"], ["--max-size must be <= 8192"]),
+    ("iterations-zero", ["--iterations", "0"], ["--iterations must be >= 1"]),
+    ("memory-zero", ["--device-memory-gib", "0"], ["--device-memory-gib must be >= 0.001"]),
+    ("write-topology-folder", ["--write-topology", "{tmp}"], ["--write-topology", "a folder, not a file"]),
+    ("write-topology-under-a-file", ["--write-topology", "{file}/t.yaml"], ["--write-topology", "a-file"]),
+    ("write-values-under-a-file", ["--write-values", "{file}/v.yaml"], ["--write-values", "a-file"]),
+    (
+        "write-values-uneven-workers",  # the chart's worker.gpus is one value; this topology has 1 and 2
+        ["--topology", "three-machines-gpu", "--device", "cpu", "--write-values", "{tmp}/v.yaml"],
+        ["--write-values", "different device counts"],
+    ),
+    ("data-path-missing", ["--data-path", "{tmp}/none"], ["--data-path", "no train split"]),
+    pytest.param("cuda-without-gpu", ["--device", "cuda"], ["--device cuda"], marks=NO_GPU),
+    pytest.param(
+        "fp16-on-auto-cpu", ["--device", "auto", "--amp", "--amp-dtype", "float16"], ["float16"], marks=NO_GPU
+    ),
+]
+
+
+def _wrong_input_args(tmp: Path, args: list[str]) -> list[str]:
+    files = {"file": tmp / "a-file", "binary": tmp / "binary.yaml", "bad": tmp / "bad.yaml"}
+    files["file"].write_text("not a folder\n")
+    files["binary"].write_bytes(bytes(range(256)))
+    files["bad"].write_text("engine: nonsense\n")
+    values = {"tmp": str(tmp), **{k: str(v) for k, v in files.items()}}
+    topology = ["--topology", str(small_topology(tmp / "small.yaml"))]
+    return ["profile", *TINY, *topology, *(a.format(**values) for a in args)]
+
+
+@pytest.mark.parametrize(("case", "args", "fragments"), WRONG_INPUTS)
+def test_wrong_inputs_are_refused_in_one_line_before_measuring(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str, args: list[str], fragments: list[str]
+) -> None:
+    """Exit 2 with one `error:` line naming the flag or file, and before minutes of measuring."""
+
+    def measured(*_: object, **__: object) -> None:
+        raise AssertionError("measured before refusing the input")
+
+    monkeypatch.setattr("maskrcnn_dist.profile.command.measure", measured)
+    result = CliRunner().invoke(main, _wrong_input_args(tmp_path, args))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert all(fragment in lines[0] for fragment in fragments), lines[0]
+    assert (tmp_path / "a-file").read_text() == "not a folder\n" and not (tmp_path / "v.yaml").exists()
+
+
+@pytest.mark.parametrize("case", ["link-nan", "topology-binary", "write-topology-folder", "micro-batches-above-batch"])
+def test_wrong_inputs_through_the_console_script(console, tmp_path: Path, case: str) -> None:
+    """The same refusals from the installed `maskrcnn-dist`, in a subprocess: stderr, no traceback."""
+    _, args, fragments = next(c for c in WRONG_INPUTS if c[0] == case)
+    result = console("maskrcnn-dist", *_wrong_input_args(tmp_path, args))
+    result.assert_one_error_line(2, *(f.format(tmp=tmp_path) for f in fragments))
+    assert "Traceback" not in result.stderr and not result.stdout
 
 
 def test_profile_writes_nothing_when_no_candidate_fits(tmp_path: Path) -> None:
@@ -95,22 +163,14 @@ def test_every_candidate_writes_a_topology_the_launcher_accepts(tmp_path: Path) 
             assert tuple(w.replicas for w in loaded.workers) == cand.replicas
 
 
-def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
-    """--write-values: `helm template -f` renders a topology ConfigMap the launcher reads back as the
-    same engine, stages and replicas."""
-    import shutil
-    import subprocess
-
-    import pytest
+def runnable_chart_cases() -> list[tuple[object, object]]:
+    """(base topology, candidate) for every candidate the profiler offers on a CPU and a GPU topology
+    the chart can describe (every worker with the same devices), GPU replicas included."""
     from maskrcnn_launcher.topology import parse_topology
 
     from maskrcnn_dist.profile.candidates import candidates
-    from maskrcnn_dist.profile.write import launchable, topology_document, write_values
+    from maskrcnn_dist.profile.write import launchable
 
-    root = Path(__file__).resolve().parents[3]
-    helm = shutil.which("helm") or next((str(p) for p in [root / ".tools" / "helm"] if p.is_file()), None)
-    if helm is None:
-        pytest.skip("no helm on PATH (helm/hack/get-helm.sh installs one into .tools)")
     cpu = load_topology("three-machines")
     gpus = parse_topology(
         {
@@ -124,7 +184,53 @@ def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
     )
     runnable = [(base, c) for base in (cpu, gpus) for c in candidates(base) if launchable(c, base)]
     assert any(max(c.replicas, default=1) > 1 for _, c in runnable)
-    for base, cand in runnable:
+    assert {c.engine for _, c in runnable} == {"ddp", "pipeline"}
+    return runnable
+
+
+def test_chart_values_validate_against_the_charts_schema() -> None:
+    """--write-values of every candidate, over the chart's defaults (as `helm -f` merges them), is
+    valid under helm/values.schema.json: no helm needed."""
+    import json
+
+    import jsonschema
+
+    from maskrcnn_dist.profile.write import chart_values, topology_document
+
+    root = Path(__file__).resolve().parents[3]
+    schema = json.loads((root / "helm" / "values.schema.json").read_text())
+    defaults = yaml.safe_load((root / "helm" / "values.yaml").read_text())
+
+    def merged(base: dict, over: dict) -> dict:
+        return {
+            **base,
+            **{
+                k: merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                for k, v in over.items()
+            },
+        }
+
+    for base, cand in runnable_chart_cases():
+        values = chart_values(topology_document(cand, base, 4, 2, (128, 128), 3, "float32"))
+        errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(merged(defaults, values))]
+        assert not errors, (cand, errors)
+
+
+def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
+    """--write-values: `helm template -f` renders a topology ConfigMap the launcher reads back as the
+    same engine, stages and replicas."""
+    import shutil
+    import subprocess
+
+    from maskrcnn_launcher.topology import parse_topology
+
+    from maskrcnn_dist.profile.write import topology_document, write_values
+
+    root = Path(__file__).resolve().parents[3]
+    helm = shutil.which("helm") or next((str(p) for p in [root / ".tools" / "helm"] if p.is_file()), None)
+    if helm is None:
+        pytest.skip("no helm on PATH (helm/hack/get-helm.sh installs one into .tools)")
+    for base, cand in runnable_chart_cases():
         values = tmp_path / "values.yaml"
         write_values(values, topology_document(cand, base, 4, 2, (128, 128), 3, "float32"))
         proc = subprocess.run(

@@ -119,3 +119,59 @@ def test_candidates_cover_ddp_every_runnable_split_and_replicas() -> None:
     assert all(("transform",) not in s for s in splits)
     assert {c.replicas for c in found if len(c.stages) == 2} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert all(("transform",) not in s for s in contiguous_splits(3))
+
+
+THREE_STAGES = Candidate("pipeline", (("transform", "backbone"), ("rpn",), ("roi_heads",)), (1, 1, 1))
+WHOLE = Candidate("pipeline", (("transform", "backbone", "rpn", "roi_heads"),), (1,))
+
+
+@pytest.mark.parametrize("cand", [WHOLE, BALANCED, THREE_STAGES])
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+def test_pipeline_compute_is_the_gpipe_fill_and_drain_of_the_slowest_stage(cand: Candidate, micro_batches: int) -> None:
+    """(M + S - 1) slots of the slowest stage; a slot is one micro-batch of B / M images."""
+    meas = measurements(backbone=0.8, rpn=0.3, roi_heads=0.5)
+    pred = predict(meas, cand, replace(SETTING, micro_batches=micro_batches))
+    images = SETTING.batch / micro_batches  # per micro-batch; measured on 1 image
+    stage_s = [images * sum(meas.module(n).forward_s + meas.module(n).backward_s for n in s) for s in cand.stages]
+    assert pred.stage_s == pytest.approx(stage_s)
+    assert pred.compute_s == pytest.approx((micro_batches + len(cand.stages) - 1) * max(stage_s))
+
+
+@pytest.mark.parametrize(
+    ("micro_batches", "replicas", "speedup"),
+    [
+        (4, 2, 2.0),  # two micro-batches each
+        (1, 2, 1.0),  # one micro-batch: the second replica idles
+        (3, 2, 1.5),  # the busiest replica runs two of the three
+        (2, 4, 2.0),  # replicas beyond M idle
+    ],
+)
+def test_replicas_gain_only_the_micro_batches_they_share(micro_batches: int, replicas: int, speedup: float) -> None:
+    """The stage host deals micro-batch k to replica k % R: the stage takes ceil(M / R) micro-batch
+    times, and its busiest replica's device holds that many micro-batches' activations."""
+    meas = measurements(backbone=0.5, rpn=0.2, roi_heads=2.0)
+    # Heavy RoI-head activations, so that the replicated stage's device is the most loaded one.
+    heads = replace(meas.module("roi_heads"), activation_bytes=100 * MB)
+    meas = replace(meas, modules=(*meas.modules[:3], heads))
+    setting = replace(SETTING, micro_batches=micro_batches)
+    one = predict(meas, BALANCED, setting)
+    more = predict(meas, replace(BALANCED, replicas=(1, replicas)), setting)
+    assert one.stage_s[1] / more.stage_s[1] == pytest.approx(speedup)
+    waves = -(-micro_batches // replicas)
+    images = SETTING.batch / micro_batches  # per micro-batch
+    # weights, gradients and momentum + activations (per image: rpn 10 MB, roi_heads 100 MB)
+    assert more.memory_bytes == pytest.approx(3 * (2 + 60) * MB + waves * images * 110 * MB, abs=1)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 5])
+def test_ddp_runs_the_batch_per_process_and_ring_all_reduces_the_gradients(processes: int) -> None:
+    """--batch-size is per process under ddp (the loader gives each rank B images): N x B images
+    per step, B images' activations per device, and 2 (N - 1) / N x gradient bytes per step."""
+    meas = measurements(backbone=0.8, rpn=0.3, roi_heads=0.5)
+    pred = predict(meas, Candidate("ddp", devices=processes), SETTING)
+    grads = (50 + 2 + 60) * MB
+    assert pred.link_s == pytest.approx(2 * (processes - 1) / processes * grads / SETTING.link_bytes_per_s)
+    assert pred.compute_s == pytest.approx(SETTING.batch * 1.6)  # whole model, B images, measured on 1
+    assert pred.images_per_step == processes * SETTING.batch
+    assert pred.images_per_s == pytest.approx(processes * SETTING.batch / pred.step_s)
+    assert pred.memory_bytes == 3 * grads + SETTING.batch * 4 * 10 * MB
