@@ -423,6 +423,9 @@ class PredictConfig:
     )
 
 
+#: `report --gallery N`: a few images to look at, not an export (that is `predict`).
+GALLERY_MAX = 64
+
 #: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
 PREDICT_TRAIN_FLAGS = (
     "resume",

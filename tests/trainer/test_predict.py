@@ -17,12 +17,12 @@ from pycocotools.coco import COCO
 
 from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
-from maskrcnn_dist.config import PredictConfig, saved_model_flags
+from maskrcnn_dist.config import GALLERY_MAX, PredictConfig, saved_model_flags
 from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.draw import MASK_ALPHA, PALETTE, draw_detections
-from maskrcnn_dist.errors import UserError
+from maskrcnn_dist.errors import ConfigError, UserError
 from maskrcnn_dist.evaluation import coco_ap
-from maskrcnn_dist.gallery import draw_gallery
+from maskrcnn_dist.gallery import TITLE_INCHES, check_gallery_request, draw_gallery, figure_inches
 from maskrcnn_dist.predict import (
     IMAGES_FILE,
     RESULTS_FILE,
@@ -198,6 +198,42 @@ def test_earlier_predictions_are_refused_or_moved_aside(trained: Path, tmp_path:
     with pytest.raises(UserError, match=r"the drawing of .*x.png would replace that image itself"):
         predict_images([photos[0]], PredictConfig(out=photos[0].parent, overwrite=True), flags)
     assert photos[0].read_bytes() == (tmp_path / "in" / "b" / "x.png").read_bytes()  # both still the photo
+
+
+@pytest.mark.parametrize(
+    ("rows", "height", "width"),
+    [(1, 96, 128), (GALLERY_MAX, 256, 256), (GALLERY_MAX, 480, 640), (GALLERY_MAX, 4096, 3072), (3, 30000, 200)],
+)
+def test_a_gallery_is_a_png_a_viewer_opens(rows: int, height: int, width: int):
+    from PIL import Image
+
+    inches_wide, inches_high = figure_inches(rows, height, width)
+    assert inches_high * 100 < 2**16 and inches_wide * inches_high * 100**2 < Image.MAX_IMAGE_PIXELS
+    if height <= 480:  # small and COCO-sized images keep their own pixels
+        assert inches_high == pytest.approx(rows * (height / 100 + TITLE_INCHES))
+
+
+@pytest.mark.parametrize(
+    ("resume", "count", "message"),
+    [
+        (None, 4, "needs --resume CHECKPOINT"),
+        (Path("run/checkpoints"), 0, f"must be 1 to {GALLERY_MAX} images, got 0"),
+        (Path("run/checkpoints"), GALLERY_MAX + 1, f"got {GALLERY_MAX + 1}"),
+    ],
+)
+def test_a_gallery_request_is_checked_first(resume: Path | None, count: int, message: str):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_gallery_request(resume, count)
+    check_gallery_request(Path("run/checkpoints"), GALLERY_MAX)
+
+
+def test_report_refuses_a_gallery_without_a_model_before_writing(tmp_path: Path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"kind": "train", "step": 1, "loss": 1.0}) + "\n")
+    argv = [sys.executable, "-m", "maskrcnn_dist.cli", "report", "--metrics", metrics, "--gallery", "2"]
+    result = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=120)
+    assert "needs --resume" in _the_error_line(result)
+    assert not (tmp_path / "report.png").exists()
 
 
 # ---------------------------------------------------------------------------------------------------
