@@ -8,6 +8,7 @@ image keeps its own pixels (enlarged by whole factors) instead of being resample
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Subset
@@ -24,13 +25,16 @@ GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images o
 # one a viewer opens (PIL refuses images over 89 Mpixel as decompression bombs).
 ROW_INCHES = 5.0
 TITLE_INCHES = 0.45  # a row's title above its images
+HEADING_INCHES = 0.4  # the gallery's own title, kept clear of the first row's (tight_layout ignores it)
+# One row: the image id, the drawing of the predictions, the drawing of the ground truth (uint8 [3, H, W]).
+Row = tuple[int, torch.Tensor, torch.Tensor]
 
 
 def figure_inches(rows: int, height_px: int, width_px: int) -> tuple[float, float]:
     """(width, height) of a gallery of `rows` rows of two images of at most `height_px` x `width_px`."""
     scale = min(1.0, ROW_INCHES * 100 / max(1, height_px))
     height, width = height_px * scale / 100, width_px * scale / 100
-    return 2 * width + 0.4, rows * (height + TITLE_INCHES)
+    return 2 * width + 0.4, rows * (height + TITLE_INCHES) + HEADING_INCHES
 
 
 def gallery_path(report_png: Path) -> Path:
@@ -65,7 +69,7 @@ def draw_gallery(
         raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
     dataset = open_split(Path(data_path), split)
     categories = predictor.categories_for(dataset)
-    rows: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    rows: list[Row] = []
     subset = Subset(dataset, range(min(count, len(dataset))))
     for images, targets in build_eval_loader(subset, GALLERY_BATCH):
         for image, target, detection in zip(images, targets, predictor.predict(images)):
@@ -83,6 +87,13 @@ def draw_gallery(
     if not rows:
         raise ConfigError(f"report --gallery: the {split} split under {data_path} holds no images")
 
+    after = f" after {predictor.step} steps" if predictor.step is not None else ""
+    heading = f"{predictor.source}{after}: the first {len(rows)} {split} images"
+    return save_figure(gallery_figure(rows, heading, score_threshold), out_png)
+
+
+def gallery_figure(rows: list[Row], heading: str, score_threshold: float) -> Any:
+    """The matplotlib figure of `rows`: predictions left, ground truth right, `heading` on top."""
     size = figure_inches(len(rows), max(p.shape[-2] for _, p, _ in rows), max(p.shape[-1] for _, p, _ in rows))
     fig, axes = pyplot().subplots(len(rows), 2, figsize=size, squeeze=False)
     for (image_id, predicted, truth), (ax_pred, ax_truth) in zip(rows, axes):
@@ -92,7 +103,8 @@ def draw_gallery(
         ax_truth.set_title(f"image {image_id}: ground truth", fontsize=9)
         for ax in (ax_pred, ax_truth):
             ax.axis("off")
-    after = f" after {predictor.step} steps" if predictor.step is not None else ""
-    fig.suptitle(f"{predictor.source}{after}: the first {len(rows)} {split} images", fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, out_png)
+    # The heading in a band of HEADING_INCHES at the top, the rows below it, whatever the figure's
+    # height (matplotlib places a heading and the rows in fractions of the height: tall galleries overlapped).
+    fig.suptitle(heading, fontsize=10, y=1 - 0.1 / size[1], va="top")
+    fig.tight_layout(rect=(0, 0, 1, 1 - HEADING_INCHES / size[1]))
+    return fig

@@ -22,7 +22,14 @@ from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.draw import MASK_ALPHA, PALETTE, draw_detections
 from maskrcnn_dist.errors import ConfigError, UserError
 from maskrcnn_dist.evaluation import coco_ap
-from maskrcnn_dist.gallery import TITLE_INCHES, check_gallery_request, draw_gallery, figure_inches
+from maskrcnn_dist.gallery import (
+    HEADING_INCHES,
+    TITLE_INCHES,
+    check_gallery_request,
+    draw_gallery,
+    figure_inches,
+    gallery_figure,
+)
 from maskrcnn_dist.predict import (
     IMAGES_FILE,
     RESULTS_FILE,
@@ -210,7 +217,7 @@ def test_a_gallery_is_a_png_a_viewer_opens(rows: int, height: int, width: int):
     inches_wide, inches_high = figure_inches(rows, height, width)
     assert inches_high * 100 < 2**16 and inches_wide * inches_high * 100**2 < Image.MAX_IMAGE_PIXELS
     if height <= 480:  # small and COCO-sized images keep their own pixels
-        assert inches_high == pytest.approx(rows * (height / 100 + TITLE_INCHES))
+        assert inches_high == pytest.approx(rows * (height / 100 + TITLE_INCHES) + HEADING_INCHES)
 
 
 @pytest.mark.parametrize(
@@ -225,6 +232,20 @@ def test_a_gallery_request_is_checked_first(resume: Path | None, count: int, mes
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_gallery_request(resume, count)
     check_gallery_request(Path("run/checkpoints"), GALLERY_MAX)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 6, 20])
+def test_the_gallery_heading_clears_the_first_row(rows: int):
+    image = torch.full((3, 256, 256), 120, dtype=torch.uint8)
+    fig = gallery_figure([(i, image, image) for i in range(rows)], "checkpoint run/checkpoints: a heading", 0.5)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    heading = fig._suptitle.get_window_extent(renderer)
+    first_titles = [ax.title.get_window_extent(renderer) for ax in fig.axes[:2]]
+    assert all(heading.y0 >= title.y1 for title in first_titles)  # display y grows upwards
+    from maskrcnn_dist.report import pyplot
+
+    pyplot().close(fig)
 
 
 def test_report_refuses_a_gallery_without_a_model_before_writing(tmp_path: Path):
