@@ -196,7 +196,7 @@ def check_data(data_path: Path | None, check_data: str | None, split: str) -> No
 )
 @click.option(
     "--gallery",
-    type=click.IntRange(0, 1000),
+    type=click.IntRange(0, config_mod.GALLERY_MAX),
     default=0,
     show_default=True,
     help="also draw N validation images: predictions | truth",
@@ -207,6 +207,10 @@ def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path 
     validation images beside their ground truth into a second PNG (report_gallery.png)."""
     from .report import draw_report
 
+    if gallery:  # a gallery that cannot be drawn fails before the report is written
+        from .gallery import check_gallery_request
+
+        check_gallery_request(resume, gallery)
     path = draw_report(metrics_file, out_png or metrics_file.with_name("report.png"))
     click.echo(str(path))
     if gallery:

@@ -425,7 +425,14 @@ class PredictConfig:
     )
     split: str = option("val", "with --data-path: the split whose images to predict")
     batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1, maximum=4096)
+    # Never silently, as for train's --output-dir: earlier predictions in --out are refused or moved aside.
+    overwrite: bool = option(
+        False, "--out holds earlier predictions: first move them (results, drawings) into replaced-<time>/"
+    )
 
+
+#: `report --gallery N`: a few images to look at, not an export (that is `predict`).
+GALLERY_MAX = 64
 
 #: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
 PREDICT_TRAIN_FLAGS = (

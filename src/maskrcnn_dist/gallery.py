@@ -8,10 +8,12 @@ image keeps its own pixels (enlarged by whole factors) instead of being resample
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Subset
 
+from .config import GALLERY_MAX
 from .data import build_eval_loader
 from .draw import draw_detections, to_uint8
 from .errors import ConfigError
@@ -19,12 +21,34 @@ from .predict import draw_prediction, legible_scale, load_predictor, open_split
 from .report import pyplot, save_figure
 
 GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images on CPU
+# Each row at most this tall (inches at 100 dpi; larger images are shown smaller), so that the PNG stays
+# one a viewer opens (PIL refuses images over 89 Mpixel as decompression bombs).
+ROW_INCHES = 5.0
+TITLE_INCHES = 0.45  # a row's title above its images
+HEADING_INCHES = 0.4  # the gallery's own title, kept clear of the first row's (tight_layout ignores it)
+# One row: the image id, the drawing of the predictions, the drawing of the ground truth (uint8 [3, H, W]).
+Row = tuple[int, torch.Tensor, torch.Tensor]
+
+
+def figure_inches(rows: int, height_px: int, width_px: int) -> tuple[float, float]:
+    """(width, height) of a gallery of `rows` rows of two images of at most `height_px` x `width_px`."""
+    scale = min(1.0, ROW_INCHES * 100 / max(1, height_px))
+    height, width = height_px * scale / 100, width_px * scale / 100
+    return 2 * width + 0.4, rows * (height + TITLE_INCHES) + HEADING_INCHES
 
 
 def gallery_path(report_png: Path) -> Path:
     """report.png -> report_gallery.png, beside it."""
     report_png = Path(report_png)
     return report_png.with_name(f"{report_png.stem}_gallery.png")
+
+
+def check_gallery_request(resume: Path | None, count: int) -> None:
+    """What `report` checks before drawing anything: a gallery needs a model and a count in range."""
+    if resume is None:
+        raise ConfigError("report --gallery N needs --resume CHECKPOINT (the model whose predictions to draw)")
+    if not 1 <= count <= GALLERY_MAX:
+        raise ConfigError(f"report --gallery must be 1 to {GALLERY_MAX} images, got {count}")
 
 
 def draw_gallery(
@@ -38,15 +62,14 @@ def draw_gallery(
 ) -> Path:
     """The first `count` images of `split` (under `data_path`, default: the dataset the checkpoint was
     trained on): predictions of checkpoint `resume` (left) and ground truth (right), one row each."""
-    if resume is None:
-        raise ConfigError("report --gallery N needs --resume CHECKPOINT (the model whose predictions to draw)")
+    check_gallery_request(resume, count)
     predictor = load_predictor({"resume": resume, "device": device})
     data_path = data_path or predictor.saved_config.get("data", {}).get("data_path")
     if data_path is None:
         raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
     dataset = open_split(Path(data_path), split)
     categories = predictor.categories_for(dataset)
-    rows: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    rows: list[Row] = []
     subset = Subset(dataset, range(min(count, len(dataset))))
     for images, targets in build_eval_loader(subset, GALLERY_BATCH):
         for image, target, detection in zip(images, targets, predictor.predict(images)):
@@ -64,9 +87,15 @@ def draw_gallery(
     if not rows:
         raise ConfigError(f"report --gallery: the {split} split under {data_path} holds no images")
 
-    height = max(p.shape[-2] for _, p, _ in rows) / 100
-    width = max(p.shape[-1] for _, p, _ in rows) / 100
-    fig, axes = pyplot().subplots(len(rows), 2, figsize=(2 * width + 0.4, len(rows) * (height + 0.45)), squeeze=False)
+    after = f" after {predictor.step} steps" if predictor.step is not None else ""
+    heading = f"{predictor.source}{after}: the first {len(rows)} {split} images"
+    return save_figure(gallery_figure(rows, heading, score_threshold), out_png)
+
+
+def gallery_figure(rows: list[Row], heading: str, score_threshold: float) -> Any:
+    """The matplotlib figure of `rows`: predictions left, ground truth right, `heading` on top."""
+    size = figure_inches(len(rows), max(p.shape[-2] for _, p, _ in rows), max(p.shape[-1] for _, p, _ in rows))
+    fig, axes = pyplot().subplots(len(rows), 2, figsize=size, squeeze=False)
     for (image_id, predicted, truth), (ax_pred, ax_truth) in zip(rows, axes):
         ax_pred.imshow(predicted.permute(1, 2, 0).numpy(), interpolation="nearest")
         ax_pred.set_title(f"image {image_id}: predicted (score >= {score_threshold:g})", fontsize=9)
@@ -74,7 +103,8 @@ def draw_gallery(
         ax_truth.set_title(f"image {image_id}: ground truth", fontsize=9)
         for ax in (ax_pred, ax_truth):
             ax.axis("off")
-    after = f" after {predictor.step} steps" if predictor.step is not None else ""
-    fig.suptitle(f"{predictor.source}{after}: the first {len(rows)} {split} images", fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, out_png)
+    # The heading in a band of HEADING_INCHES at the top, the rows below it, whatever the figure's
+    # height (matplotlib places a heading and the rows in fractions of the height: tall galleries overlapped).
+    fig.suptitle(heading, fontsize=10, y=1 - 0.1 / size[1], va="top")
+    fig.tight_layout(rect=(0, 0, 1, 1 - HEADING_INCHES / size[1]))
+    return fig

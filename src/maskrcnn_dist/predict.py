@@ -10,6 +10,7 @@ batches, detections.json scores exactly `eval`'s AP.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from collections import Counter
@@ -26,13 +27,16 @@ from .categories import Categories
 from .checkpoint import load_checkpoint
 from .config import PredictConfig, build_config, saved_model_flags
 from .data import CocoInstanceDataset, build_eval_loader, find_split, read_image
+from .data.check import ImageEntry, bad_images_error, check_images
 from .draw import draw_detections, to_uint8
 from .engines.torch_engine import TorchEngine
 from .errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from .evaluation import detections_to_coco
 from .model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
-from .run_dir import output_folder_problem
+from .run_dir import REPLACED_PREFIX, move_aside, output_folder_problem, replaced_stamp
 from .train import setup_process
+
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "detections.json"  # COCO results: a list of {image_id, category_id, bbox, score, segmentation}
 IMAGES_FILE = "images.json"  # COCO images + categories, so that COCO(IMAGES_FILE).loadRes(RESULTS_FILE) works
@@ -112,12 +116,21 @@ class InputImage:
     name: str  # the drawing's file name without suffix, unique within a run
 
 
-def collect_images(inputs: Sequence[Path]) -> list[InputImage]:
-    """Image files as given, and the image files in given folders and their subfolders, sorted; ids 1..N."""
+def collect_images(inputs: Sequence[Path], out: Path | None = None) -> list[InputImage]:
+    """Image files as given, and the image files in given folders and their subfolders, sorted; ids 1..N
+    in that order. Folders are searched outside `out`: a second run into a folder inside its input
+    folder must not predict its own drawings."""
+    skip = Path(out).resolve() if out is not None else None
     paths: list[Path] = []
     for given in map(Path, inputs):
         if given.is_dir():
-            found = sorted(p for p in given.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            found = sorted(
+                p
+                for p in given.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() in IMAGE_SUFFIXES
+                and not (skip is not None and p.resolve().is_relative_to(skip))
+            )
             if not found:
                 raise UserError(f"{given}: no image files ({' '.join(IMAGE_SUFFIXES)}) in this folder or below")
             paths += found
@@ -134,8 +147,75 @@ def dataset_images(dataset: CocoInstanceDataset) -> list[InputImage]:
 
 
 def _named(items: list[tuple[int, Path]]) -> list[InputImage]:
-    stems = Counter(path.stem for _, path in items)
-    return [InputImage(iid, path, path.stem if stems[path.stem] == 1 else f"{path.stem}-{iid}") for iid, path in items]
+    """Drawing names: the file's stem, or stem-<id> where stems repeat (a/x.png and b/x.png). Compared
+    case-folded (X.png and x.png are one file on some file systems), and a name another image already
+    took (a second x, and a file called x-2) gets the id again, so no drawing replaces another."""
+    stems = Counter(path.stem.casefold() for _, path in items)
+    taken: set[str] = set()
+    named = []
+    for iid, path in items:
+        name = path.stem if stems[path.stem.casefold()] == 1 else f"{path.stem}-{iid}"
+        while name.casefold() in taken:
+            name = f"{name}-{iid}"
+        taken.add(name.casefold())
+        named.append(InputImage(iid, path, name))
+    return named
+
+
+def check_readable(images: list[InputImage], dataset: CocoInstanceDataset | None) -> None:
+    """Every image opens, is complete (JPEG/PNG end marker) and, in a dataset, has its annotated size:
+    data/check.py's header check, before the model is built and before anything is written."""
+    if dataset is not None:
+        report = check_images(dataset.image_entries(), "header", source=str(dataset.annotation_file))
+        if report.bad:
+            raise bad_images_error([report], "fix or remove them; nothing was predicted")
+        return
+    bad = check_images([ImageEntry(i.image_id, i.path) for i in images], "header").bad
+    if bad:  # files named by the user: the first one by its name alone, as read_image names it
+        more = f" (and {len(bad) - 1} more bad images)" if len(bad) > 1 else ""
+        raise DatasetError(f"{bad[0].path}: {bad[0].reason}{more}")
+
+
+def drawing_file(out: Path, item: InputImage) -> Path:
+    return out / f"{item.name}.png"
+
+
+def earlier_outputs(out: Path, images: list[InputImage]) -> list[str]:
+    """The files in `out` that this run would write over: an earlier run's results and the drawings its
+    IMAGES_FILE lists, and any file named like one of this run's drawings. A drawing that would replace
+    one of the input images themselves is refused outright (UserError)."""
+    inputs = {item.path.resolve() for item in images}
+    for item in images:
+        if drawing_file(out, item).resolve() in inputs:
+            raise UserError(
+                f"--out {out}: the drawing of {item.path} would replace that image itself; choose another --out"
+            )
+    names = [name for name in (RESULTS_FILE, IMAGES_FILE) if (out / name).exists()]
+    names += _listed_drawings(out / IMAGES_FILE)
+    names += [drawing_file(out, item).name for item in images if drawing_file(out, item).exists()]
+    # An input image is never moved away (an earlier drawing given as input is read, not replaced).
+    return [name for name in dict.fromkeys(names) if (out / name).exists() and (out / name).resolve() not in inputs]
+
+
+def _listed_drawings(images_file: Path) -> list[str]:
+    """The drawings an earlier run's IMAGES_FILE names; none when it is unreadable or older."""
+    try:
+        listed = json.loads(images_file.read_text())["images"]
+        return [Path(str(image["drawing"])).name for image in listed if "drawing" in image]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def refuse_earlier_outputs(out: Path, earlier: list[str], overwrite: bool) -> None:
+    if earlier and not overwrite:
+        drawings = sum(name.endswith(".png") for name in earlier)
+        what = [name for name in earlier if not name.endswith(".png")] + (
+            [f"{drawings} drawing(s)"] if drawings else []
+        )
+        raise UserError(
+            f"--out {out} already holds predictions ({', '.join(what)}): add --overwrite to move them into "
+            f"{REPLACED_PREFIX}<time>/ there, or choose another --out"
+        )
 
 
 def open_split(data_path: Path, split: str) -> CocoInstanceDataset:
@@ -212,10 +292,17 @@ def predict_images(
     if bool(inputs) == (data_path is not None):
         raise ConfigError("predict: give image files or folders, or --data-path with --split: one of them")
     dataset = open_split(data_path, options.split) if data_path is not None else None
-    images = dataset_images(dataset) if dataset is not None else collect_images(inputs)
+    images = dataset_images(dataset) if dataset is not None else collect_images(inputs, out)
+    check_readable(images, dataset)  # a bad file fails now, not after half the drawings are written
+    earlier = earlier_outputs(out, images)
+    refuse_earlier_outputs(out, earlier, options.overwrite)
     predictor = load_predictor(flags)  # after the inputs: a typo fails before the model is built
     categories = predictor.categories_for(dataset)
     out.mkdir(parents=True, exist_ok=True)
+    if earlier:
+        log.warning(
+            "--overwrite: earlier predictions in %s moved to %s", out, move_aside(out, replaced_stamp(), earlier)
+        )
     stream = stream or sys.stderr
     results: list[dict[str, Any]] = []
     sizes: dict[int, tuple[int, int]] = {}
@@ -223,14 +310,21 @@ def predict_images(
     for batch, tensors in _batches(images, dataset, options.batch_size):
         for item, image, detection in zip(batch, tensors, predictor.predict(tensors)):
             results += detections_to_coco(item.image_id, detection, list(categories.ids))
-            save_png(draw_prediction(image, detection, categories, options.score_threshold), out / f"{item.name}.png")
+            save_png(draw_prediction(image, detection, categories, options.score_threshold), drawing_file(out, item))
             drawn += int((detection["scores"] >= options.score_threshold).sum())
             sizes[item.image_id] = (image.shape[-1], image.shape[-2])
         _progress(stream, len(sizes), len(images))
     if stream.isatty():
         stream.write("\n")
+    # "drawing" (an extra key COCO tools ignore) tells a later run which files to move aside.
     coco_images = [
-        {"id": i.image_id, "file_name": str(i.path), "width": sizes[i.image_id][0], "height": sizes[i.image_id][1]}
+        {
+            "id": i.image_id,
+            "file_name": str(i.path),
+            "width": sizes[i.image_id][0],
+            "height": sizes[i.image_id][1],
+            "drawing": drawing_file(out, i).name,
+        }
         for i in images
     ]
     (out / IMAGES_FILE).write_text(

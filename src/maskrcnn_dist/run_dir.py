@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"  # metrics.py: one JSON record per line
@@ -57,11 +59,11 @@ def previous_run(output_dir: Path) -> list[str]:
     return found
 
 
-def move_aside(output_dir: Path, stamp: str) -> Path | None:
-    """Move a previous run's outputs into `output_dir/replaced-<stamp>/` (nothing is deleted); the
-    folder, or None when there was nothing to move."""
+def move_aside(output_dir: Path, stamp: str, names: Iterable[str] = RUN_OUTPUTS) -> Path | None:
+    """Move a previous run's outputs (`names` in `output_dir`, by default a training run's) into
+    `output_dir/replaced-<stamp>/` (nothing is deleted); the folder, or None when there was nothing to move."""
     output_dir = Path(output_dir)
-    present = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    present = [output_dir / name for name in dict.fromkeys(names) if (output_dir / name).exists()]
     if not present:
         return None
     target = output_dir / f"{REPLACED_PREFIX}{stamp}"
@@ -72,6 +74,11 @@ def move_aside(output_dir: Path, stamp: str) -> Path | None:
     for path in present:
         path.rename(target / path.name)
     return target
+
+
+def replaced_stamp() -> str:
+    """The UTC time that names a replaced-<time>/ folder."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
 def output_folder_problem(path: Path, flag: str) -> str | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +33,7 @@ from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .loop import Trainer, TrainResult
 from .perf import set_flush_denormal
-from .run_dir import move_aside, output_folder_problem, previous_run
+from .run_dir import move_aside, output_folder_problem, previous_run, replaced_stamp
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ def guard_output_dir(cfg: TrainConfig) -> None:
             "continue it, --overwrite to move its files into a replaced-<time>/ folder there, or choose another "
             "--output-dir"
         )
-    moved = move_aside(cfg.output_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    moved = move_aside(cfg.output_dir, replaced_stamp())
     log.warning("--overwrite: the previous run's files in %s were moved to %s", cfg.output_dir, moved)
 
 

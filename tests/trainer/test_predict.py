@@ -17,12 +17,28 @@ from pycocotools.coco import COCO
 
 from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
-from maskrcnn_dist.config import PredictConfig, saved_model_flags
+from maskrcnn_dist.config import GALLERY_MAX, PredictConfig, saved_model_flags
 from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.draw import MASK_ALPHA, PALETTE, draw_detections
+from maskrcnn_dist.errors import ConfigError, UserError
 from maskrcnn_dist.evaluation import coco_ap
-from maskrcnn_dist.gallery import draw_gallery
-from maskrcnn_dist.predict import RESULTS_FILE, draw_prediction, load_predictor, open_split, predict_images
+from maskrcnn_dist.gallery import (
+    HEADING_INCHES,
+    TITLE_INCHES,
+    check_gallery_request,
+    draw_gallery,
+    figure_inches,
+    gallery_figure,
+)
+from maskrcnn_dist.predict import (
+    IMAGES_FILE,
+    RESULTS_FILE,
+    collect_images,
+    draw_prediction,
+    load_predictor,
+    open_split,
+    predict_images,
+)
 from maskrcnn_dist.train import train
 
 from .conftest import fast_config
@@ -130,6 +146,118 @@ def test_gallery_draws_predictions_beside_truth(trained: Path, tmp_path: Path):
 
 
 # ---------------------------------------------------------------------------------------------------
+# inputs and outputs: no drawing replaces another, an input image, or an earlier run's results
+
+
+def _png(path: Path, size: tuple[int, int] = (40, 30)) -> Path:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (90, 120, 150)).save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ["a/x.png", "b/x.png"],  # the same name in two folders
+        ["a/x.png", "b/x.png", "x-2.png"],  # ... and a file named like the second one's drawing
+        ["x.png", "x.jpg"],  # one stem, two formats
+        ["a/X.png", "b/x.png"],  # one name on a case-insensitive file system
+        ["a/x.png", "b/x.png", "c/x-2.png", "x-2-2.png"],
+    ],
+)
+def test_every_image_gets_its_own_drawing(tmp_path: Path, files: list[str]):
+    for name in files:
+        _png(tmp_path / "in" / name)
+    images = collect_images([tmp_path / "in"])
+    assert len(images) == len(files)
+    assert len({item.name.casefold() for item in images}) == len(files), [item.name for item in images]
+
+
+def test_a_folder_is_searched_outside_the_output_folder(tmp_path: Path):
+    _png(tmp_path / "in" / "a.png")
+    _png(tmp_path / "in" / "pred" / "a.png")  # an earlier run's drawing, under --out
+    _png(tmp_path / "in" / "sub" / "b.PNG")
+    (tmp_path / "in" / "notes.txt").write_text("not an image")
+    found = collect_images([tmp_path / "in"], out=tmp_path / "in" / "pred")
+    assert [item.path.relative_to(tmp_path / "in").as_posix() for item in found] == ["a.png", "sub/b.PNG"]
+    assert [item.image_id for item in found] == [1, 2]
+
+
+def test_earlier_predictions_are_refused_or_moved_aside(trained: Path, tmp_path: Path):
+    photos = [_png(tmp_path / "in" / "a" / "x.png"), _png(tmp_path / "in" / "b" / "x.png")]
+    out = tmp_path / "in" / "pred"  # inside the input folder: a second run must not predict its drawings
+    flags = {"resume": trained, "device": "cpu"}
+    first = predict_images([tmp_path / "in"], PredictConfig(out=out), flags)
+    drawings = sorted(p.name for p in out.glob("*.png"))
+    assert first.images == 2 and len(drawings) == 2
+    before = {name: (out / name).read_bytes() for name in (RESULTS_FILE, IMAGES_FILE, *drawings)}
+    with pytest.raises(UserError, match=r"already holds predictions .*detections.json, images.json, 2 drawing"):
+        predict_images([photos[0]], PredictConfig(out=out), flags)
+    assert {name: (out / name).read_bytes() for name in before} == before  # nothing written over
+
+    second = predict_images([tmp_path / "in"], PredictConfig(out=out, overwrite=True), flags)
+    assert second.images == 2  # not the first run's drawings, which are under --out
+    (replaced,) = out.glob("replaced-*")
+    assert {name: (replaced / name).read_bytes() for name in before} == before  # moved, not deleted
+
+    with pytest.raises(UserError, match=r"the drawing of .*x.png would replace that image itself"):
+        predict_images([photos[0]], PredictConfig(out=photos[0].parent, overwrite=True), flags)
+    assert photos[0].read_bytes() == (tmp_path / "in" / "b" / "x.png").read_bytes()  # both still the photo
+
+
+@pytest.mark.parametrize(
+    ("rows", "height", "width"),
+    [(1, 96, 128), (GALLERY_MAX, 256, 256), (GALLERY_MAX, 480, 640), (GALLERY_MAX, 4096, 3072), (3, 30000, 200)],
+)
+def test_a_gallery_is_a_png_a_viewer_opens(rows: int, height: int, width: int):
+    from PIL import Image
+
+    inches_wide, inches_high = figure_inches(rows, height, width)
+    assert inches_high * 100 < 2**16 and inches_wide * inches_high * 100**2 < Image.MAX_IMAGE_PIXELS
+    if height <= 480:  # small and COCO-sized images keep their own pixels
+        assert inches_high == pytest.approx(rows * (height / 100 + TITLE_INCHES) + HEADING_INCHES)
+
+
+@pytest.mark.parametrize(
+    ("resume", "count", "message"),
+    [
+        (None, 4, "needs --resume CHECKPOINT"),
+        (Path("run/checkpoints"), 0, f"must be 1 to {GALLERY_MAX} images, got 0"),
+        (Path("run/checkpoints"), GALLERY_MAX + 1, f"got {GALLERY_MAX + 1}"),
+    ],
+)
+def test_a_gallery_request_is_checked_first(resume: Path | None, count: int, message: str):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_gallery_request(resume, count)
+    check_gallery_request(Path("run/checkpoints"), GALLERY_MAX)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 6, 20])
+def test_the_gallery_heading_clears_the_first_row(rows: int):
+    image = torch.full((3, 256, 256), 120, dtype=torch.uint8)
+    fig = gallery_figure([(i, image, image) for i in range(rows)], "checkpoint run/checkpoints: a heading", 0.5)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    heading = fig._suptitle.get_window_extent(renderer)
+    first_titles = [ax.title.get_window_extent(renderer) for ax in fig.axes[:2]]
+    assert all(heading.y0 >= title.y1 for title in first_titles)  # display y grows upwards
+    from maskrcnn_dist.report import pyplot
+
+    pyplot().close(fig)
+
+
+def test_report_refuses_a_gallery_without_a_model_before_writing(tmp_path: Path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"kind": "train", "step": 1, "loss": 1.0}) + "\n")
+    argv = [sys.executable, "-m", "maskrcnn_dist.cli", "report", "--metrics", metrics, "--gallery", "2"]
+    result = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=120)
+    assert "needs --resume" in _the_error_line(result)
+    assert not (tmp_path / "report.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
 # drawing
 
 
@@ -218,6 +346,14 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "garbage.pt").write_bytes(b"not a zip")
     torch.save({"something": 1}, root / "foreign.pt")
     (root / "taken").write_text("a file where the output folder should go\n")
+    (root / "empty.png").write_bytes(b"")
+    good = _png(root / "good.png")
+    (root / "truncated.png").write_bytes(good.read_bytes()[:-20])
+    (root / "no_images").mkdir()
+    (root / "no_images" / "notes.txt").write_text("no images here\n")
+    (root / "weights.txt").write_text("not a weights file\n")
+    _png(root / "earlier" / "other.png")
+    (root / "earlier" / RESULTS_FILE).write_text("[]")
     write_train_val(root / "two_classes", num_train=2, num_val=2, seed=1, image_size=(48, 64), num_classes=2)
     return root
 
@@ -231,6 +367,13 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("foreign checkpoint", r"checkpoint .*foreign.pt is not a maskrcnn-dist checkpoint"),
         ("class count", r"two_classes/val/annotations.json: 2 categories, but checkpoint .* was trained for 3"),
         ("out is a file", r"--out .*taken: an existing file, not a folder"),
+        ("zero-byte image", r"empty.png: cannot read image"),
+        ("truncated image", r"truncated.png: image file is truncated"),
+        ("folder without images", r"no_images: no image files"),
+        ("missing image", r"missing.png: no such file or folder"),
+        ("text file as weights", r"weights file .*weights.txt is not a PyTorch file"),
+        ("drawing over its input", r"--out .*: the drawing of .*good.png would replace that image itself"),
+        ("earlier predictions", r"--out .*earlier already holds predictions \(detections.json\): add --overwrite"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, case: str, message: str):
@@ -238,10 +381,19 @@ def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, 
     args = {
         "broken image": ["--resume", trained, "--out", out, bad_inputs / "broken.png"],
         "text file as image": ["--resume", trained, "--out", out, bad_inputs / "notes.txt"],
-        "unreadable checkpoint": ["--resume", bad_inputs / "garbage.pt", "--out", out, bad_inputs / "broken.png"],
-        "foreign checkpoint": ["--resume", bad_inputs / "foreign.pt", "--out", out, bad_inputs / "broken.png"],
+        "unreadable checkpoint": ["--resume", bad_inputs / "garbage.pt", "--out", out, bad_inputs / "good.png"],
+        "foreign checkpoint": ["--resume", bad_inputs / "foreign.pt", "--out", out, bad_inputs / "good.png"],
         "class count": ["--resume", trained, "--out", out, "--data-path", bad_inputs / "two_classes"],
         "out is a file": ["--resume", trained, "--out", bad_inputs / "taken", bad_inputs / "broken.png"],
+        # A bad image after a good one: refused before anything is predicted or written.
+        "zero-byte image": ["--resume", trained, "--out", out, bad_inputs / "good.png", bad_inputs / "empty.png"],
+        "truncated image": ["--resume", trained, "--out", out, bad_inputs / "good.png", bad_inputs / "truncated.png"],
+        "folder without images": ["--resume", trained, "--out", out, bad_inputs / "no_images"],
+        "missing image": ["--resume", trained, "--out", out, bad_inputs / "missing.png"],
+        "text file as weights": ["--weights", bad_inputs / "weights.txt", "--out", out, bad_inputs / "good.png"],
+        "drawing over its input": ["--resume", trained, "--out", bad_inputs, bad_inputs / "good.png"],
+        "earlier predictions": ["--resume", trained, "--out", bad_inputs / "earlier", bad_inputs / "good.png"],
     }[case]
     line = _the_error_line(_predict_cli(*args))
     assert line.startswith("error: ") and re.search(message, line), line
+    assert not out.exists()  # nothing written for a run that was refused

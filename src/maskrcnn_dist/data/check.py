@@ -42,12 +42,12 @@ _END_MARKERS = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
 
 @dataclass(frozen=True)
 class ImageEntry:
-    """What the annotation file says about one image."""
+    """What the annotation file says about one image (no size: a file given by itself, any size will do)."""
 
     image_id: int
     path: Path
-    width: int
-    height: int
+    width: int | None = None
+    height: int | None = None
 
 
 class CheckedDataset(Protocol):
@@ -110,7 +110,7 @@ def check_image(entry: ImageEntry, mode: str) -> str | None:
         return "file not found"
     except Exception as e:  # noqa: BLE001 - any failure to read the file is a verdict on the file
         return " ".join(f"cannot read image: {e}".split()) or type(e).__name__
-    if size != (entry.width, entry.height):
+    if entry.width is not None and size != (entry.width, entry.height):
         return f"image is {size[0]}x{size[1]} but the annotation file says {entry.width}x{entry.height}"
     return None
 
@@ -206,7 +206,10 @@ def raise_if_bad(reports: Sequence[CheckReport]) -> None:
         raise bad_images_error(reports)
 
 
-def bad_images_error(reports: Sequence[CheckReport]) -> DatasetError:
+SKIP_HINT = "fix or remove them, or pass --skip-bad-images to train without them"
+
+
+def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> DatasetError:
     """One line for every split with bad images: the first few files, their reasons and the count."""
     parts = []
     for report in reports:
@@ -214,7 +217,7 @@ def bad_images_error(reports: Sequence[CheckReport]) -> DatasetError:
             listed = "; ".join(str(b) for b in report.bad[:MAX_LISTED])
             more = f"; and {len(report.bad) - MAX_LISTED} more" if len(report.bad) > MAX_LISTED else ""
             parts.append(f"{report.source}: {len(report.bad)} of {report.checked} images are bad: {listed}{more}")
-    return DatasetError(" | ".join(parts) + " (fix or remove them, or pass --skip-bad-images to train without them)")
+    return DatasetError(" | ".join(parts) + f" ({hint})")
 
 
 def check_datasets(datasets: Sequence[CheckedDataset], mode: str) -> list[CheckReport]:
