@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -328,7 +329,7 @@ class FieldSpec:
             items = value if isinstance(value, (list, tuple)) else str(value).split(",")
             return tuple(_to_int(item) for item in items if str(item).strip() != "")
         if self.kind is Path:
-            return Path(value)
+            return _to_path(value)
         if self.kind is int:
             return _to_int(value)
         if self.kind is float:
@@ -357,6 +358,16 @@ class FieldSpec:
     @property
     def type_name(self) -> str:
         return {tuple: "comma-separated integers", Path: "a path"}.get(self.kind, self.kind.__name__)
+
+
+def _to_path(value: Any) -> Path:
+    if isinstance(value, (str, os.PathLike)) and str(value).strip():
+        return Path(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Path(str(value))  # YAML reads a folder named 2024 as a number
+    # A YAML list or mapping, true/false, or an empty string: Path() would fail later, or mean the
+    # current folder.
+    raise ValueError(f"{value!r} is not a path")
 
 
 def _to_int(value: Any) -> int:

@@ -57,6 +57,34 @@ def previous_run(output_dir: Path) -> list[str]:
     return found
 
 
+def resume_problem(output_dir: Path, resume: Path | str, found: list[str]) -> str | None:
+    """Why resuming from `resume` into `output_dir`, which holds a run (`found`: previous_run's words),
+    would write over that run, or None. A resumed run writes its checkpoints and truncates the metrics
+    in `output_dir`, so it may only continue that run: from its own newest checkpoint ("auto", its
+    checkpoints folder or the newest file in it). Another run's checkpoint would replace this run's files,
+    and an older checkpoint of its own would replace the newer ones as training reaches their steps."""
+    if str(resume) == "auto":
+        return None
+    folder = checkpoint_dir(output_dir).resolve()
+    source = Path(resume).resolve()
+    if source == folder:
+        return None
+    if source.parent != folder:
+        return (
+            f"--resume {resume} is not a checkpoint of --output-dir {output_dir}, which already holds a run "
+            f"({', '.join(found)}): training there would replace its checkpoints and metrics; choose another "
+            "--output-dir, or --resume auto to continue that run"
+        )
+    newer = sorted(p.name for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name) and p.name > source.name)
+    if newer:
+        return (
+            f"--resume {resume}: {CHECKPOINT_DIR}/ in --output-dir {output_dir} holds newer checkpoints "
+            f"({', '.join(newer)}) that training from this one would replace; move them out of {folder} first, "
+            "or train into another --output-dir"
+        )
+    return None
+
+
 def move_aside(output_dir: Path, stamp: str) -> Path | None:
     """Move a previous run's outputs into `output_dir/replaced-<stamp>/` (nothing is deleted); the
     folder, or None when there was nothing to move."""

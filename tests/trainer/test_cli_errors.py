@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
-from maskrcnn_dist.run_dir import REPLACED_PREFIX
+from maskrcnn_dist.run_dir import REPLACED_PREFIX, checkpoint_name
 
 # The data check before training would find a bad image first; the loader-worker path is tested without it.
 CHECK_OFF = ["--check-data", "off"]
@@ -24,6 +24,7 @@ def _files(tmp: Path) -> dict[str, Path]:
         "binary": tmp / "binary.yaml",
         "list-yaml": tmp / "list.yaml",
         "range-yaml": tmp / "range.yaml",
+        "path-list-yaml": tmp / "path-list.yaml",
         "text-weights": tmp / "weights.pt",
         "no-loss": tmp / "no-loss.jsonl",
         "json-list": tmp / "list.jsonl",
@@ -33,11 +34,27 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["binary"].write_bytes(bytes(range(256)))
     made["list-yaml"].write_text("- a list\n")
     made["range-yaml"].write_text("threads: -1\n")
+    made["path-list-yaml"].write_text("data-path: [coco, more]\n")
     made["text-weights"].write_text("hello\n")
     made["no-loss"].write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
     made["json-list"].write_text("[1, 2]\n")
     made["binary-metrics"].write_bytes(b"\xff\xfe\x00garbage\n")
+    # Another run's output folder (the refusal comes before any checkpoint is read, so they need not load),
+    # and a checkpoint from elsewhere.
+    made["used-run"] = tmp / "used-run"
+    (made["used-run"] / "checkpoints").mkdir(parents=True)
+    (made["used-run"] / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 2, "loss": 1.0}) + "\n")
+    for step in (1, 2):
+        (made["used-run"] / "checkpoints" / checkpoint_name(step)).write_bytes(b"PK\x03\x04 step %d" % step)
+    made["foreign"] = tmp / "elsewhere" / checkpoint_name(2)
+    made["foreign"].parent.mkdir()
+    made["foreign"].write_bytes(b"PK\x03\x04 another run")
     return made
+
+
+def _snapshot(tmp: Path) -> dict[str, bytes]:
+    """Every file under tmp with its bytes: a refused command must leave the user's files as they were."""
+    return {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(tmp.rglob("*")) if p.is_file()}
 
 
 # (case id, argv with {name} placeholders for _files and {tmp}, fragments the one error line must hold)
@@ -47,6 +64,8 @@ TRAIN_CASES = [
     ("config-missing", ["--config", "{tmp}/none.yaml"], ["--config", "does not exist"]),
     ("config-not-a-mapping", ["--config", "{list-yaml}"], ["list.yaml", "mapping"]),
     ("config-value-out-of-range", ["--config", "{range-yaml}"], ["range.yaml", "--threads must be >= 1"]),
+    ("config-path-is-a-list", ["--config", "{path-list-yaml}"], ["path-list.yaml", "data-path", "is not a path"]),
+    ("output-dir-empty", ["--output-dir", ""], ["--output-dir", "'' is not a path"]),
     ("output-dir-is-a-file", ["--output-dir", "{file}"], ["--output-dir", "a-file", "not a folder"]),
     ("output-dir-under-a-file", ["--output-dir", "{file}/run"], ["--output-dir", "a-file is a file"]),
     ("threads-negative", ["--threads", "-1"], ["--threads must be >= 1"]),
@@ -85,6 +104,16 @@ TRAIN_CASES = [
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
     (
+        "resume-another-runs-checkpoint-into-a-run",
+        ["--output-dir", "{used-run}", "--resume", "{foreign}"],
+        ["--resume", "not a checkpoint of --output-dir", "used-run"],
+    ),
+    (
+        "resume-an-older-checkpoint-of-the-run",
+        ["--output-dir", "{used-run}", "--resume", "{used-run}/checkpoints/checkpoint_00000001.pt"],
+        ["newer checkpoints", "checkpoint_00000002.pt"],
+    ),
+    (
         "weights-text-file",
         ["--weights", "{text-weights}", "--synthetic-images", "4"],
         ["weights file", "weights.pt", "not a PyTorch file"],
@@ -117,18 +146,21 @@ def _fill(words: list[str], tmp: Path, files: dict[str, Path]) -> list[str]:
 @pytest.mark.parametrize(("case", "args", "fragments"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_train_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments):
     files = _files(tmp_path)
+    before = _snapshot(tmp_path)
     output = ["--output-dir", str(tmp_path / "run")]
     result = console("maskrcnn-dist", "train", *TINY, *output, *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training wrote anything
+    assert _snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize(("case", "args", "fragments"), OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
 def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args, fragments):
     files = _files(tmp_path)
+    before = _snapshot(tmp_path)
     result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
-    assert files["file"].read_text() == "not a folder\n"
+    assert _snapshot(tmp_path) == before
 
 
 def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
