@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.run_dir import REPLACED_PREFIX, checkpoint_name
@@ -49,7 +50,25 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["foreign"] = tmp / "elsewhere" / checkpoint_name(2)
     made["foreign"].parent.mkdir()
     made["foreign"].write_bytes(b"PK\x03\x04 another run")
+    made["far-polygon-set"] = _coco_set(tmp / "far-polygon-set", [[0, 0, 1e12, 0, 1e12, 1e12]])
+    made["empty-set"] = _coco_set(tmp / "empty-set", None)
     return made
+
+
+def _coco_set(root: Path, polygon: list[list[float]] | None) -> Path:
+    """A data path whose train split has one 8x6 image with one annotation of `polygon`, or no image at all."""
+    images = root / "train" / "images"
+    images.mkdir(parents=True)
+    Image.new("RGB", (8, 6)).save(images / "1.png")
+    image = {"id": 1, "file_name": "1.png", "width": 8, "height": 6}
+    annotation = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4], "segmentation": polygon}
+    data = {
+        "images": [image] if polygon else [],
+        "annotations": [annotation] if polygon else [],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (root / "train" / "annotations.json").write_text(json.dumps(data))
+    return root
 
 
 def _snapshot(tmp: Path) -> dict[str, bytes]:
@@ -100,6 +119,7 @@ TRAIN_CASES = [
     ("overwrite-and-resume", ["--overwrite", "--resume", "auto"], ["--overwrite and --resume"]),
     ("ddp-outside-torchrun", ["--engine", "ddp", "--synthetic-images", "4"], ["--engine ddp", "RANK"]),
     ("pipeline-outside-launcher", ["--engine", "pipeline"], ["--engine pipeline", "MASKRCNN_POD_PLAN"]),
+    ("train-split-without-images", ["--data-path", "{empty-set}"], ["annotations.json", "lists no images"]),
     ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no train split found"]),
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
@@ -134,6 +154,11 @@ OTHER_CASES = [
     ("report-gallery-negative", ["report", "--metrics", "{no-loss}", "--gallery", "-1"], ["--gallery"]),
     ("synth-data-onto-a-file", ["synth-data", "--output", "{file}"], ["--output", "a-file", "not a folder"]),
     ("synth-data-classes", ["synth-data", "--output", "{tmp}/d", "--classes", "9"], ["--classes"]),
+    (
+        "check-data-polygon-that-crashed-pycocotools",
+        ["check-data", "--data-path", "{far-polygon-set}", "--split", "train"],
+        ["annotations.json", "annotation id 1", "far outside the 8x6 image"],
+    ),
     ("unknown-command", ["trian"], ["trian"]),
 ]
 

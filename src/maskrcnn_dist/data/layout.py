@@ -72,12 +72,17 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
         raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
     train_images, train_ann = find_split(cfg.data.data_path, "train")
     train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False)
+    if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
+        raise DatasetError(f"{train_ann}: the train split lists no images")
     try:
         val_images, val_ann = find_split(cfg.data.data_path, "val")
     except DatasetError:
         log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
         return train_set, None
     val_set = CocoInstanceDataset(val_images, val_ann, train=False, check_files=False)
+    if not len(val_set):
+        log.warning("%s lists no images: no validation loss or COCO AP", val_ann)
+        return train_set, None
     if val_set.label_to_category_id != train_set.label_to_category_id:
         raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
     return train_set, val_set
