@@ -25,9 +25,14 @@ class _FieldType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
-            return self.spec.parse(value)
+            parsed = self.spec.parse(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        # A choice is part of the type, as with click.Choice: commands that build no TrainConfig
+        # (check-data, report) never run its validation, and an unknown mode must not reach the library.
+        if self.spec.choices is not None and parsed is not None and parsed not in self.spec.choices:
+            self.fail(f"{parsed!r} is not one of {', '.join(self.spec.choices)}", param, ctx)
+        return parsed
 
 
 def field_options(specs: tuple[config_mod.FieldSpec, ...]):

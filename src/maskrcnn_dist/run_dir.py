@@ -114,3 +114,16 @@ def output_folder_problem(path: Path, flag: str) -> str | None:
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         return f"{flag} {path}: {existing} is not writable by this user"
     return None
+
+
+def output_file_problem(path: Path, flag: str, suffixes: tuple[str, ...]) -> str | None:
+    """Why the file a flag names cannot be written, or None. Its suffix must be one of `suffixes`: the
+    writers add or switch formats by suffix (matplotlib writes `--out run` to run.png), and a file of
+    another kind (a run's metrics.jsonl, a checkpoint) must never be written over by a chart or a YAML."""
+    path = Path(path)
+    wanted = " or ".join(suffixes)
+    if path.is_dir():
+        return f"{flag} {path}: a folder; give a file name ending in {wanted}"
+    if path.suffix.lower() not in suffixes:
+        return f"{flag} {path}: the file name must end in {wanted}"
+    return output_folder_problem(path.parent, flag)

@@ -30,6 +30,9 @@ def _files(tmp: Path) -> dict[str, Path]:
         "no-loss": tmp / "no-loss.jsonl",
         "json-list": tmp / "list.jsonl",
         "binary-metrics": tmp / "binary.jsonl",
+        "metrics": tmp / "metrics.jsonl",
+        "kind-list": tmp / "kind-list.jsonl",
+        "ap-text": tmp / "ap-text.jsonl",
     }
     made["file"].write_text("not a folder\n")
     made["binary"].write_bytes(bytes(range(256)))
@@ -40,6 +43,10 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["no-loss"].write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
     made["json-list"].write_text("[1, 2]\n")
     made["binary-metrics"].write_bytes(b"\xff\xfe\x00garbage\n")
+    train_record = json.dumps({"kind": "train", "step": 1, "loss": 1.0}) + "\n"
+    made["metrics"].write_text(train_record)
+    made["kind-list"].write_text(json.dumps({"kind": ["train"], "step": 1, "loss": 1.0}) + "\n")
+    made["ap-text"].write_text(train_record + json.dumps({"kind": "eval", "step": 1, "bbox_AP": "high"}) + "\n")
     # Another run's output folder (the refusal comes before any checkpoint is read, so they need not load),
     # and a checkpoint from elsewhere.
     made["used-run"] = tmp / "used-run"
@@ -52,6 +59,10 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["foreign"].write_bytes(b"PK\x03\x04 another run")
     made["far-polygon-set"] = _coco_set(tmp / "far-polygon-set", [[0, 0, 1e12, 0, 1e12, 1e12]])
     made["empty-set"] = _coco_set(tmp / "empty-set", None)
+    made["good-set"] = _coco_set(tmp / "good-set", [[0, 0, 4, 0, 4, 4, 0, 4]])
+    made["binary-metrics-run"] = tmp / "binary-metrics-run"
+    made["binary-metrics-run"].mkdir()
+    (made["binary-metrics-run"] / "metrics.jsonl").write_bytes(b"\xff\xfe\x00 not UTF-8\n")
     return made
 
 
@@ -74,6 +85,12 @@ def _coco_set(root: Path, polygon: list[list[float]] | None) -> Path:
 def _snapshot(tmp: Path) -> dict[str, bytes]:
     """Every file under tmp with its bytes: a refused command must leave the user's files as they were."""
     return {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(tmp.rglob("*")) if p.is_file()}
+
+
+def _assert_nothing_lost(tmp: Path, before: dict[str, bytes]) -> None:
+    """Every file that was there is still there, byte for byte (a refused run may have opened its logs)."""
+    after = _snapshot(tmp)
+    assert {name: after.get(name) for name in before} == before
 
 
 # (case id, argv with {name} placeholders for _files and {tmp}, fragments the one error line must hold)
@@ -108,7 +125,7 @@ TRAIN_CASES = [
     ("rpc-timeout-zero", ["--rpc-timeout", "0"], ["--rpc-timeout must be > 0"]),
     ("epochs-zero", ["--epochs", "0"], ["--epochs must be >= 1"]),
     ("unknown-flag", ["--batch-szie", "4"], ["--batch-szie"]),
-    ("engine-unknown", ["--engine", "mpi"], ["--engine must be one of local, ddp, pipeline"]),
+    ("engine-unknown", ["--engine", "mpi"], ["--engine", "'mpi' is not one of local, ddp, pipeline"]),
     ("fp16-on-cpu", ["--amp", "--amp-dtype", "float16", "--device", "cpu"], ["--amp-dtype float16 on the CPU"]),
     (
         "micro-batches-above-batch",
@@ -120,6 +137,11 @@ TRAIN_CASES = [
     ("ddp-outside-torchrun", ["--engine", "ddp", "--synthetic-images", "4"], ["--engine ddp", "RANK"]),
     ("pipeline-outside-launcher", ["--engine", "pipeline"], ["--engine pipeline", "MASKRCNN_POD_PLAN"]),
     ("train-split-without-images", ["--data-path", "{empty-set}"], ["annotations.json", "lists no images"]),
+    (
+        "resume-onto-metrics-that-are-not-text",
+        ["--output-dir", "{binary-metrics-run}", "--resume", "auto", "--data-path", "{good-set}", *CHECK_OFF],
+        ["binary-metrics-run/metrics.jsonl is not a text file"],
+    ),
     ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no train split found"]),
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
@@ -151,6 +173,17 @@ OTHER_CASES = [
         ["report", "--metrics", "{no-loss}", "--out", "{file}/r.png"],
         ["no-loss.jsonl line 1"],  # the metrics are read (and refused) before anything is written
     ),
+    ("report-kind-a-list", ["report", "--metrics", "{kind-list}"], ["kind-list.jsonl line 1", "'kind'"]),
+    ("report-ap-not-a-number", ["report", "--metrics", "{ap-text}"], ["ap-text.jsonl line 2", "'bbox_AP'"]),
+    ("report-out-a-folder", ["report", "--metrics", "{metrics}", "--out", "{tmp}"], ["--out", "a folder"]),
+    # matplotlib would write r.xyz as it likes, or the chart over the metrics it was drawn from
+    ("report-out-not-a-png", ["report", "--metrics", "{metrics}", "--out", "{tmp}/r.xyz"], ["r.xyz", "end in .png"]),
+    ("report-out-onto-its-metrics", ["report", "--metrics", "{metrics}", "--out", "{metrics}"], ["end in .png"]),
+    (
+        "profile-write-topology-onto-metrics",
+        ["profile", "--device", "cpu", "--write-topology", "{metrics}"],
+        ["--write-topology", "metrics.jsonl", "end in .yaml or .yml"],
+    ),
     ("report-gallery-negative", ["report", "--metrics", "{no-loss}", "--gallery", "-1"], ["--gallery"]),
     ("synth-data-onto-a-file", ["synth-data", "--output", "{file}"], ["--output", "a-file", "not a folder"]),
     ("synth-data-classes", ["synth-data", "--output", "{tmp}/d", "--classes", "9"], ["--classes"]),
@@ -158,6 +191,11 @@ OTHER_CASES = [
         "check-data-polygon-that-crashed-pycocotools",
         ["check-data", "--data-path", "{far-polygon-set}", "--split", "train"],
         ["annotations.json", "annotation id 1", "far outside the 8x6 image"],
+    ),
+    (
+        "check-data-unknown-mode",
+        ["check-data", "--data-path", "{good-set}", "--check-data", "deep"],
+        ["--check-data", "'deep' is not one of header, full, off"],
     ),
     ("unknown-command", ["trian"], ["trian"]),
 ]
@@ -176,7 +214,7 @@ def test_train_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: st
     result = console("maskrcnn-dist", "train", *TINY, *output, *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training wrote anything
-    assert _snapshot(tmp_path) == before
+    _assert_nothing_lost(tmp_path, before)
 
 
 @pytest.mark.parametrize(("case", "args", "fragments"), OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
@@ -185,7 +223,7 @@ def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path,
     before = _snapshot(tmp_path)
     result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
-    assert _snapshot(tmp_path) == before
+    _assert_nothing_lost(tmp_path, before)
 
 
 def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
@@ -228,6 +266,7 @@ def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
     assert _train(console, out, steps=2).code == 0
     # The crash after checkpoint 2: records of steps 3 and 4 were written, their checkpoint was not.
     with open(out / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps({"kind": "note", "text": "a line of the user's, without a step"}) + "\n")
         for step in (3, 4):
             handle.write(json.dumps({"kind": "train", "step": step, "loss": 9.0, "time": 0}) + "\n")
         handle.write('{"kind": "train", "st')  # torn by the kill
@@ -237,6 +276,7 @@ def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == [1, 2, 3, 4]
     assert all(r["loss"] != 9.0 for r in records if r["kind"] == "train")  # steps 3-4 are the re-run's
+    assert [r["kind"] for r in records].count("note") == 1  # not the resume's to delete
 
 
 @pytest.mark.slow
@@ -249,3 +289,14 @@ def test_a_bad_image_found_by_a_loader_worker_is_one_line(console, tmp_path: Pat
     args = [*TINY, "--data-path", str(data), "--workers", "1", "--output-dir", str(tmp_path / "run")]
     result = console("maskrcnn-dist", "train", *args, *CHECK_OFF)
     result.assert_one_error_line(2, bad.name, "cannot read image")
+
+
+@pytest.mark.parametrize("loss", [1.0, 0.0, float("nan")], ids=["positive", "zero", "nan"])
+def test_a_report_that_draws_says_nothing_on_stderr(console, tmp_path: Path, loss: float):
+    """A run without evaluation, or with losses a log axis cannot show, is drawn without matplotlib's
+    warnings: stderr is for the one error line."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"kind": k, "step": 1, "loss": loss}) + "\n" for k in ("train", "val")))
+    result = console("maskrcnn-dist", "report", "--metrics", str(metrics))
+    assert (result.code, result.stderr) == (0, ""), result.stderr
+    assert (tmp_path / "report.png").stat().st_size > 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from maskrcnn_launcher.errors import LauncherError
@@ -14,7 +13,7 @@ from ..config import ProfileConfig, TrainConfig
 from ..data.coco import CocoInstanceDataset
 from ..data.layout import find_split
 from ..errors import UserError
-from ..run_dir import output_folder_problem
+from ..run_dir import output_file_problem
 from ..train import setup_process
 from .candidates import Candidate, candidates
 from .measure import NUM_CLASSES, Batch, Measurements, measure
@@ -83,7 +82,7 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     topology = load(options.topology)
     for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values)):
         # Before minutes of measuring: a path that cannot be written would lose them.
-        if path is not None and (problem := output_folder_problem(Path(path).parent, flag)):
+        if path is not None and (problem := output_file_problem(path, flag, (".yaml", ".yml"))):
             raise UserError(problem)
     setup_process(cfg)
     device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
