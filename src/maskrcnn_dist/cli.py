@@ -235,7 +235,9 @@ DEMO_GALLERY_IMAGES = 4  # a few seconds on CPU after training
 
 @main.command()
 @click.option("--output-dir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
-@click.option("--steps", default=120, show_default=True, help="optimizer steps")
+@click.option(
+    "--steps", type=click.IntRange(1, config_mod.INT64_MAX), default=120, show_default=True, help="optimizer steps"
+)
 @click.option(
     "--engine",
     type=click.Choice(["pipeline", "local"]),

@@ -252,11 +252,6 @@ class TrainConfig:
             (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
             (self.model.max_size >= self.model.min_size, "--min-size must be <= --max-size"),
             (
-                self.engine != "pipeline" or self.pipeline.micro_batches <= self.data.batch_size,
-                f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
-                "every micro-batch needs at least one image",
-            ),
-            (
                 not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
                 "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
                 "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16",
@@ -268,9 +263,21 @@ class TrainConfig:
             ),
         ]
         problems = [message for ok, message in checks if not ok]
+        if self.engine == "pipeline" and (micro := self.micro_batches_problem()):
+            problems.append(micro)
         if self.device == "cpu" and (fp16 := fp16_on_cpu_problem(self.amp, self.amp_dtype)):
             problems.append(fp16)
         return problems
+
+    def micro_batches_problem(self) -> str | None:
+        """Why the batch cannot be split into --micro-batches (the pipeline engine, and profile's pipeline
+        candidates), or None."""
+        if self.pipeline.micro_batches <= self.data.batch_size:
+            return None
+        return (
+            f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
+            "every micro-batch needs at least one image"
+        )
 
 
 def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:

@@ -184,6 +184,12 @@ OTHER_CASES = [
         ["profile", "--device", "cpu", "--write-topology", "{metrics}"],
         ["--write-topology", "metrics.jsonl", "end in .yaml or .yml"],
     ),
+    (
+        "profile-micro-batches-above-batch",
+        ["profile", "--device", "cpu", "--micro-batches", "3", "--batch-size", "2"],
+        ["--micro-batches 3 > --batch-size 2"],
+    ),
+    ("demo-steps-zero", ["demo", "--steps", "0", "--output-dir", "{tmp}/demo"], ["--steps", "0"]),
     ("report-gallery-negative", ["report", "--metrics", "{no-loss}", "--gallery", "-1"], ["--gallery"]),
     ("synth-data-onto-a-file", ["synth-data", "--output", "{file}"], ["--output", "a-file", "not a folder"]),
     ("synth-data-classes", ["synth-data", "--output", "{tmp}/d", "--classes", "9"], ["--classes"]),

@@ -79,6 +79,8 @@ def load(ref: str | None) -> Topology:
 def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     """Measure on this device, predict every candidate of the topology, rank; write the best's
     topology when asked (never one that does not fit)."""
+    if problem := cfg.micro_batches_problem():  # every pipeline candidate splits the batch so
+        raise UserError(problem)
     topology = load(options.topology)
     for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values)):
         # Before minutes of measuring: a path that cannot be written would lose them.
