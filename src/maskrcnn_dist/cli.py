@@ -147,6 +147,10 @@ def synth_data(
 
     if problem := output_folder_problem(output, "--output"):
         raise ConfigError(problem)
+    if taken := [split for split in ("train", "val") if (output / split).exists()]:
+        raise ConfigError(
+            f"--output {output} already holds {' and '.join(taken)}/: the new set would be written over it"
+        )
     try:
         splits = write_train_val(
             output,

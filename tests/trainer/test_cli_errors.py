@@ -142,6 +142,11 @@ TRAIN_CASES = [
         ["--output-dir", "{binary-metrics-run}", "--resume", "auto", "--data-path", "{good-set}", *CHECK_OFF],
         ["binary-metrics-run/metrics.jsonl is not a text file"],
     ),
+    (
+        "synthetic-set-into-a-folder-of-other-files",
+        ["--synthetic-images", "4", "--data-path", "{used-run}"],
+        ["--synthetic-images", "used-run holds other files", "--data-path"],
+    ),
     ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no train split found"]),
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
@@ -192,6 +197,11 @@ OTHER_CASES = [
     ("demo-steps-zero", ["demo", "--steps", "0", "--output-dir", "{tmp}/demo"], ["--steps", "0"]),
     ("report-gallery-negative", ["report", "--metrics", "{no-loss}", "--gallery", "-1"], ["--gallery"]),
     ("synth-data-onto-a-file", ["synth-data", "--output", "{file}"], ["--output", "a-file", "not a folder"]),
+    (
+        "synth-data-onto-a-data-set",
+        ["synth-data", "--output", "{good-set}", "--train-images", "2", "--val-images", "1"],
+        ["--output", "good-set already holds train/"],
+    ),
     ("synth-data-classes", ["synth-data", "--output", "{tmp}/d", "--classes", "9"], ["--classes"]),
     (
         "check-data-polygon-that-crashed-pycocotools",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
+from ..run_dir import output_folder_problem
 from .check import CheckReport, check_datasets
 from .coco import CocoInstanceDataset
 from .synthetic import write_train_val
@@ -41,6 +42,16 @@ def ensure_synthetic(cfg: TrainConfig) -> Path:
     root = cfg.data.data_path or (cfg.output_dir / "data")
     if (root / "train" / "annotations.json").is_file():
         return root
+    flag = "--data-path" if cfg.data.data_path else "--output-dir"
+    if problem := output_folder_problem(root, flag):
+        raise ConfigError(problem)
+    # The set is renamed into place whole: a folder with other files cannot take it (and must not be
+    # mixed with it). The second look is for a rank that renamed its copy in between.
+    if root.is_dir() and any(root.iterdir()) and not (root / "train" / "annotations.json").is_file():
+        raise ConfigError(
+            f"--synthetic-images: {root} holds other files but no synthetic set (train/annotations.json); "
+            f"the set is written into a new or empty folder: give another {flag}"
+        )
     tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     n = cfg.data.synthetic_images
