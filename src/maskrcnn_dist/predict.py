@@ -191,6 +191,17 @@ def _check_output_dir(out: Path) -> Path:
     return Path(out)
 
 
+def _refuse_drawing_over_inputs(images: list[InputImage], out: Path) -> None:
+    """--out may be the folder the images come from: a drawing named like its image would replace it."""
+    sources = {item.path.resolve() for item in images}
+    replaced = [path for item in images if (path := (out / f"{item.name}.png").resolve()) in sources]
+    if replaced:
+        raise UserError(
+            f"--out {out}: the drawings would replace {len(replaced)} of the input images (e.g. {replaced[0]}); "
+            "choose another --out"
+        )
+
+
 @dataclass
 class PredictSummary:
     images: int
@@ -213,6 +224,7 @@ def predict_images(
         raise ConfigError("predict: give image files or folders, or --data-path with --split: one of them")
     dataset = open_split(data_path, options.split) if data_path is not None else None
     images = dataset_images(dataset) if dataset is not None else collect_images(inputs)
+    _refuse_drawing_over_inputs(images, out)
     predictor = load_predictor(flags)  # after the inputs: a typo fails before the model is built
     categories = predictor.categories_for(dataset)
     out.mkdir(parents=True, exist_ok=True)

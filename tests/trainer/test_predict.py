@@ -231,6 +231,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("foreign checkpoint", r"checkpoint .*foreign.pt is not a maskrcnn-dist checkpoint"),
         ("class count", r"two_classes/val/annotations.json: 2 categories, but checkpoint .* was trained for 3"),
         ("out is a file", r"--out .*taken: an existing file, not a folder"),
+        ("out is the images' folder", r"--out .*: the drawings would replace 1 of the input images .*broken.png"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, case: str, message: str):
@@ -242,6 +243,7 @@ def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, 
         "foreign checkpoint": ["--resume", bad_inputs / "foreign.pt", "--out", out, bad_inputs / "broken.png"],
         "class count": ["--resume", trained, "--out", out, "--data-path", bad_inputs / "two_classes"],
         "out is a file": ["--resume", trained, "--out", bad_inputs / "taken", bad_inputs / "broken.png"],
+        "out is the images' folder": ["--resume", trained, "--out", bad_inputs, bad_inputs / "broken.png"],
     }[case]
     line = _the_error_line(_predict_cli(*args))
     assert line.startswith("error: ") and re.search(message, line), line
