@@ -41,6 +41,20 @@ RUN_OUTPUTS = (METRICS_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, REPORT_FILE, GALLE
 REPLACED_PREFIX = "replaced-"
 
 
+def layout_problem(output_dir: Path) -> str | None:
+    """Why a run cannot write its outputs into `output_dir`: a file where it keeps a folder (checkpoints/,
+    tensorboard/) or a folder where it appends its metrics; found at start, not at the first checkpoint
+    after the training it was to keep. None when each is absent or of the right kind."""
+    for name, folder in ((METRICS_FILE, False), (CHECKPOINT_DIR, True), (TENSORBOARD_DIR, True)):
+        path = Path(output_dir) / name
+        if path.exists() and path.is_dir() != folder:
+            return (
+                f"--output-dir {output_dir}: {name} is a {'folder' if path.is_dir() else 'file'}, "
+                f"where the run writes its {'folder' if folder else 'file'} of that name"
+            )
+    return None
+
+
 def previous_run(output_dir: Path) -> list[str]:
     """What in `output_dir` shows that a run already trained there: a non-empty metrics file and the
     complete checkpoints (described for the user), or [] when nothing would be lost."""

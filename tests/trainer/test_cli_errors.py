@@ -59,6 +59,9 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["foreign"].write_bytes(b"PK\x03\x04 another run")
     made["far-polygon-set"] = _coco_set(tmp / "far-polygon-set", [[0, 0, 1e12, 0, 1e12, 1e12]])
     made["empty-set"] = _coco_set(tmp / "empty-set", None)
+    made["checkpoints-a-file"] = tmp / "checkpoints-a-file"
+    made["checkpoints-a-file"].mkdir()
+    (made["checkpoints-a-file"] / "checkpoints").write_text("a note, not the folder of checkpoints\n")
     made["good-set"] = _coco_set(tmp / "good-set", [[0, 0, 4, 0, 4, 4, 0, 4]])
     made["binary-metrics-run"] = tmp / "binary-metrics-run"
     made["binary-metrics-run"].mkdir()
@@ -102,6 +105,11 @@ TRAIN_CASES = [
     ("config-value-out-of-range", ["--config", "{range-yaml}"], ["range.yaml", "--threads must be >= 1"]),
     ("config-path-is-a-list", ["--config", "{path-list-yaml}"], ["path-list.yaml", "data-path", "is not a path"]),
     ("output-dir-empty", ["--output-dir", ""], ["--output-dir", "'' is not a path"]),
+    (
+        "output-dir-with-a-file-named-checkpoints",
+        ["--output-dir", "{checkpoints-a-file}", "--data-path", "{good-set}"],
+        ["--output-dir", "checkpoints is a file"],
+    ),
     ("output-dir-is-a-file", ["--output-dir", "{file}"], ["--output-dir", "a-file", "not a folder"]),
     ("output-dir-under-a-file", ["--output-dir", "{file}/run"], ["--output-dir", "a-file is a file"]),
     ("threads-negative", ["--threads", "-1"], ["--threads must be >= 1"]),
