@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,6 +48,33 @@ class _Seconds(click.ParamType):
 SECONDS = _Seconds()
 
 
+class _DnsName(click.ParamType):
+    """A Kubernetes name that becomes part of a pod's DNS name: a DNS-1123 label (`labels=1`) or a
+    subdomain of them (the cluster domain). The plan prints those DNS names; a wrong one would only
+    show up as a worker that never finds its master."""
+
+    _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+    def __init__(self, subdomain: bool = False) -> None:
+        self.subdomain = subdomain
+        self.name = "dns-subdomain" if subdomain else "dns-label"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        labels = text.split(".") if self.subdomain else [text]
+        if len(text) > (253 if self.subdomain else 63) or not all(
+            len(label) <= 63 and self._LABEL.match(label) for label in labels
+        ):
+            what = "dot-separated labels of" if self.subdomain else "at most 63"
+            self.fail(
+                f"{text!r} is not a DNS name: {what} lower-case letters, digits and '-', starting and ending "
+                "with a letter or digit",
+                param,
+                ctx,
+            )
+        return text
+
+
 def _topology_option(func: F) -> F:
     return click.option(
         "--topology",
@@ -71,6 +99,7 @@ def main() -> None:
 )
 @click.option(
     "--prefix",
+    type=_DnsName(),
     default="maskrcnn",
     show_default=True,
     help="StatefulSet name prefix, or the JobSet's name (the chart's: <release>-maskrcnn-dist).",
@@ -83,10 +112,15 @@ def main() -> None:
     help="The pods' names: StatefulSet pods <prefix>-master-0, or JobSet host names <prefix>-master-0-0.",
 )
 @click.option(
-    "--service", default=None, help="Headless Service name (a JobSet's subdomain) [default: <prefix>-headless]."
+    "--service",
+    type=_DnsName(),
+    default=None,
+    help="Headless Service name (a JobSet's subdomain) [default: <prefix>-headless].",
 )
-@click.option("--namespace", default="default", show_default=True)
-@click.option("--cluster-domain", default=contract.DEFAULT_CLUSTER_DOMAIN, show_default=True)
+@click.option("--namespace", type=_DnsName(), default="default", show_default=True)
+@click.option(
+    "--cluster-domain", type=_DnsName(subdomain=True), default=contract.DEFAULT_CLUSTER_DOMAIN, show_default=True
+)
 def plan(
     topology_ref: str | None,
     as_json: bool,

@@ -69,8 +69,18 @@ def trainer_environment(pod: PodLaunch, base: Mapping[str, str]) -> dict[str, st
 
 
 def parse_trainer_cmd(flag: str | None, env: Mapping[str, str]) -> list[str] | None:
+    """The trainer command as words (--trainer-cmd, else its environment variable), or None for the default."""
     text = flag or env.get(contract.TRAINER_CMD)
-    return shlex.split(text) if text else None
+    if not text:
+        return None
+    source = "--trainer-cmd" if flag else contract.TRAINER_CMD
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # an unclosed quote: the user's text, so say whose
+        raise LauncherError(f"{source} {text!r}: {exc} (it is split into shell words)") from None
+    if not words:
+        raise LauncherError(f"{source} {text!r}: no command in it")
+    return words
 
 
 def must_wait(pod: PodLaunch) -> bool:

@@ -33,6 +33,14 @@ TRANSPORTS = ("cpu", "device_maps")
 FEATURE_DTYPES = ("float32", "bfloat16")
 DEFAULT_TOPOLOGY = "three-machines"
 
+# Ceilings of the counts (int_field): far above any real machine or model, low enough that every
+# product the plan and the byte estimate take of them stays a finite float.
+MAX_DEVICES = 1024  # GPUs on one pod, and replicas of a stage on one worker
+MAX_IMAGES = 65_536  # estimate: images per batch
+MAX_PIXELS = 65_536  # estimate: image side
+MAX_INSTANCES = 100_000  # estimate: instances per image
+MAX_PARAMETERS = 10**13  # estimate: model parameters
+
 # torchvision's maskrcnn_resnet50_fpn has 44,401,393 parameters (its weights' metadata); only used
 # for ddp's all-reduce byte estimate.
 DEFAULT_MODEL_PARAMETERS = 44_401_393
@@ -153,7 +161,7 @@ def parse_topology(data: Any, source: str = "<topology>") -> Topology:
 
     master = _mapping(data.get("master", {}), "master", errs)
     errs.keys(master, "master", ("devices",))
-    master_devices = errs.int_field(master, "devices", "master.devices", default=0, minimum=0)
+    master_devices = errs.int_field(master, "devices", "master.devices", default=0, minimum=0, maximum=MAX_DEVICES)
     if engine == "pipeline" and master_devices > 0:
         # The pipeline master holds the data loader and drives the optimizer; stages run on workers.
         errs.add("master.devices", "must be 0 for the pipeline engine (the master holds no stage)")
@@ -193,7 +201,7 @@ def _workers(raw: Any, engine: str, errs: _Errors) -> list[Worker]:
         where = f"workers[{i}]"
         item = _mapping(item, where, errs)
         errs.keys(item, where, ("devices", "stage", "replicas"))
-        devices = errs.int_field(item, "devices", f"{where}.devices", default=0, minimum=0)
+        devices = errs.int_field(item, "devices", f"{where}.devices", default=0, minimum=0, maximum=MAX_DEVICES)
         if engine == "ddp":
             for key in ("stage", "replicas"):
                 if key in item:
@@ -206,7 +214,7 @@ def _workers(raw: Any, engine: str, errs: _Errors) -> list[Worker]:
         elif not isinstance(stage, str):
             errs.add(f"{where}.stage", f"expected a stage name, got {stage!r}")
             stage = None
-        replicas = errs.int_field(item, "replicas", f"{where}.replicas", default=1, minimum=1)
+        replicas = errs.int_field(item, "replicas", f"{where}.replicas", default=1, minimum=1, maximum=MAX_DEVICES)
         if devices > 0 and replicas > devices:
             errs.add(f"{where}.replicas", f"{replicas} replicas but the worker has {devices} device(s)")
         workers.append(Worker(i, devices, stage, replicas))
@@ -308,9 +316,9 @@ def _check_device_map_replicas(topology: Topology, errs: _Errors) -> None:
 def _network(raw: Any, errs: _Errors) -> Network:
     raw = _mapping(raw, "network", errs)
     errs.keys(raw, "network", ("master_port", "interface", "transport"))
-    port = errs.int_field(raw, "master_port", "network.master_port", default=DEFAULT_MASTER_PORT, minimum=None)
-    if not 1 <= port <= 65535:
-        errs.add("network.master_port", f"{port} is out of range 1..65535")
+    port = errs.int_field(
+        raw, "master_port", "network.master_port", default=DEFAULT_MASTER_PORT, minimum=1, maximum=65535
+    )
     interface = raw.get("interface")
     if interface is not None and (not isinstance(interface, str) or not interface):
         errs.add("network.interface", f"expected an interface name such as eth0, got {interface!r}")
@@ -332,22 +340,31 @@ def _estimate(raw: Any, errs: _Errors) -> Estimate:
         "model_parameters",
     )
     errs.keys(raw, "estimate", keys)
-    batch = errs.int_field(raw, "batch_size", "estimate.batch_size", default=2, minimum=1)
-    micro = errs.int_field(raw, "micro_batches", "estimate.micro_batches", default=min(2, batch), minimum=1)
+    batch = errs.int_field(raw, "batch_size", "estimate.batch_size", default=2, minimum=1, maximum=MAX_IMAGES)
+    micro = errs.int_field(
+        raw, "micro_batches", "estimate.micro_batches", default=min(2, batch), minimum=1, maximum=MAX_IMAGES
+    )
     if micro > batch:
         errs.add("estimate.micro_batches", f"{micro} micro-batches for a batch of {batch} images")
     size = raw.get("image_size", [800, 1333])
     if isinstance(size, int) and not isinstance(size, bool):
         size = [size, size]
-    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size)):
+    if not (isinstance(size, list) and len(size) == 2 and all(_is_int(v) and 0 < v <= MAX_PIXELS for v in size)):
         errs.add("estimate.image_size", f"expected [height, width] in pixels, got {size!r}")
         size = [800, 1333]
     dtype = raw.get("feature_dtype", "float32")
     if dtype not in FEATURE_DTYPES:
         errs.add("estimate.feature_dtype", f"{dtype!r} is not one of {', '.join(FEATURE_DTYPES)}")
-    instances = errs.int_field(raw, "instances_per_image", "estimate.instances_per_image", default=7, minimum=0)
+    instances = errs.int_field(
+        raw, "instances_per_image", "estimate.instances_per_image", default=7, minimum=0, maximum=MAX_INSTANCES
+    )
     params = errs.int_field(
-        raw, "model_parameters", "estimate.model_parameters", default=DEFAULT_MODEL_PARAMETERS, minimum=1
+        raw,
+        "model_parameters",
+        "estimate.model_parameters",
+        default=DEFAULT_MODEL_PARAMETERS,
+        minimum=1,
+        maximum=MAX_PARAMETERS,
     )
     return Estimate(batch, (size[0], size[1]), micro, dtype, instances, params)
 
@@ -372,19 +389,28 @@ class _Errors:
                 path = f"{where}.{key}" if where else str(key)
                 self.add(path, f"unknown key{_suggest(str(key), known)} (known: {', '.join(known)})")
 
-    def int_field(self, data: dict[str, Any], key: str, where: str, default: int, minimum: int | None) -> int:
+    def int_field(self, data: dict[str, Any], key: str, where: str, default: int, minimum: int, maximum: int) -> int:
+        """An integer in [minimum, maximum]; every count has a ceiling, or a typo such as 2**70 replicas
+        would pass here and fail (or hang) in whatever tries to start that many."""
         value = data.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not _is_int(value):
             self.add(where, f"expected an integer, got {value!r}")
             return default
-        if minimum is not None and value < minimum:
+        if value < minimum:
             self.add(where, f"{value} is below the minimum {minimum}")
+            return default
+        if value > maximum:
+            self.add(where, f"{value} is above the maximum {maximum}")
             return default
         return value
 
     def raise_if_any(self, source: str) -> None:
         if self.items:
             raise TopologyError([f"{source}: {item}" for item in self.items])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _mapping(value: Any, where: str, errs: _Errors) -> dict[str, Any]:

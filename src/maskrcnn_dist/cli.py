@@ -25,9 +25,14 @@ class _FieldType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
-            return self.spec.parse(value)
+            parsed = self.spec.parse(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        # A choice is part of the type, as with click.Choice: commands that build no TrainConfig
+        # (check-data, report) never run its validation, and an unknown mode must not reach the library.
+        if self.spec.choices is not None and parsed is not None and parsed not in self.spec.choices:
+            self.fail(f"{parsed!r} is not one of {', '.join(self.spec.choices)}", param, ctx)
+        return parsed
 
 
 def field_options(specs: tuple[config_mod.FieldSpec, ...]):
@@ -142,6 +147,10 @@ def synth_data(
 
     if problem := output_folder_problem(output, "--output"):
         raise ConfigError(problem)
+    if taken := [split for split in ("train", "val") if (output / split).exists()]:
+        raise ConfigError(
+            f"--output {output} already holds {' and '.join(taken)}/: the new set would be written over it"
+        )
     try:
         splits = write_train_val(
             output,
@@ -234,7 +243,9 @@ DEMO_GALLERY_IMAGES = 4  # a few seconds on CPU after training
 
 @main.command()
 @click.option("--output-dir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
-@click.option("--steps", default=120, show_default=True, help="optimizer steps")
+@click.option(
+    "--steps", type=click.IntRange(1, config_mod.INT64_MAX), default=120, show_default=True, help="optimizer steps"
+)
 @click.option(
     "--engine",
     type=click.Choice(["pipeline", "local"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -251,10 +252,6 @@ class TrainConfig:
             (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
             (self.model.max_size >= self.model.min_size, "--min-size must be <= --max-size"),
             (
-                self.engine != "pipeline" or not self.micro_batch_problem(),
-                self.micro_batch_problem(),
-            ),
-            (
                 not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
                 "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
                 "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16",
@@ -266,14 +263,17 @@ class TrainConfig:
             ),
         ]
         problems = [message for ok, message in checks if not ok]
+        if self.engine == "pipeline" and (micro := self.micro_batches_problem()):
+            problems.append(micro)
         if self.device == "cpu" and (fp16 := fp16_on_cpu_problem(self.amp, self.amp_dtype)):
             problems.append(fp16)
         return problems
 
-    def micro_batch_problem(self) -> str:
-        """Why the pipeline cannot split --batch-size into --micro-batches ("" when it can)."""
+    def micro_batches_problem(self) -> str | None:
+        """Why the batch cannot be split into --micro-batches (the pipeline engine, and profile's pipeline
+        candidates), or None."""
         if self.pipeline.micro_batches <= self.data.batch_size:
-            return ""
+            return None
         return (
             f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
             "every micro-batch needs at least one image"
@@ -336,7 +336,7 @@ class FieldSpec:
             items = value if isinstance(value, (list, tuple)) else str(value).split(",")
             return tuple(_to_int(item) for item in items if str(item).strip() != "")
         if self.kind is Path:
-            return Path(value)
+            return _to_path(value)
         if self.kind is int:
             return _to_int(value)
         if self.kind is float:
@@ -365,6 +365,16 @@ class FieldSpec:
     @property
     def type_name(self) -> str:
         return {tuple: "comma-separated integers", Path: "a path"}.get(self.kind, self.kind.__name__)
+
+
+def _to_path(value: Any) -> Path:
+    if isinstance(value, (str, os.PathLike)) and str(value).strip():
+        return Path(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Path(str(value))  # YAML reads a folder named 2024 as a number
+    # A YAML list or mapping, true/false, or an empty string: Path() would fail later, or mean the
+    # current folder.
+    raise ValueError(f"{value!r} is not a path")
 
 
 def _to_int(value: Any) -> int:
@@ -433,6 +443,7 @@ class PredictConfig:
 
 #: `report --gallery N`: a few images to look at, not an export (that is `predict`).
 GALLERY_MAX = 64
+
 
 #: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
 PREDICT_TRAIN_FLAGS = (

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from maskrcnn_launcher.contract import format_progress_bar, format_progress_line
 from maskrcnn_launcher.contract import parse_progress_line as parse_progress_line
 
+from .errors import UserError
 from .run_dir import METRICS_FILE, TENSORBOARD_DIR
 
 
@@ -62,11 +63,19 @@ class MetricsWriter:
 
     def truncate_after(self, step: int) -> int:
         """Drop the records of steps after `step` (and a torn last line): a resumed run re-runs them, and
-        readers must see one record per step. The file is replaced atomically; returns how many went."""
+        readers must see one record per step. Lines that carry no step are not this writer's to judge and
+        stay. The file is replaced atomically; returns how many went."""
         if not self.enabled or not self.path.is_file():
             return 0
-        lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:  # rewriting it would lose whatever it holds: stop instead
+            raise UserError(
+                f"{self.path} is not a text file ({exc.reason} at byte {exc.start}): the resumed run cannot "
+                "append to it; move it away or train into another --output-dir"
+            ) from None
+        torn = lines[-1:] if lines and not _is_json(lines[-1]) else []  # a writer killed mid-line
+        kept = [line for line in lines[: len(lines) - len(torn)] if (_step_of(line) or 0) <= step]
         if len(kept) == len(lines):
             return 0
         self._jsonl.close()
@@ -97,6 +106,14 @@ class MetricsWriter:
             self._tb.close()
 
 
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _step_of(line: str) -> int | None:
     """The step of one metrics line; None for a torn or foreign line."""
     try:
@@ -104,7 +121,7 @@ def _step_of(line: str) -> int | None:
     except json.JSONDecodeError:
         return None
     step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

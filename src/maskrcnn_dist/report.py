@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .run_dir import output_folder_problem
+from .run_dir import output_file_problem
 
 
 def pyplot() -> Any:
@@ -29,8 +30,10 @@ def save_figure(fig: Any, out_png: Path) -> Path:
     return out_png
 
 
-# What each kind of record must carry for the curves (numbers); eval records are drawn by the AP keys they have.
+# What each kind of record must carry for the curves (finite numbers); eval records are drawn by the AP
+# keys they have, and those must be numbers when present.
 REQUIRED_KEYS = {"train": ("step", "loss"), "val": ("step", "loss"), "eval": ("step",)}
+AP_KEYS = (("bbox_AP", "bbox AP"), ("segm_AP", "segm AP"), ("bbox_AP50", "bbox AP50"))
 
 
 def read_report_records(metrics_file: Path) -> list[dict[str, Any]]:
@@ -53,39 +56,53 @@ def read_report_records(metrics_file: Path) -> list[dict[str, Any]]:
             raise UserError(f"report: {path} line {number}: not JSON") from None
         if not isinstance(record, dict):
             raise UserError(f"report: {path} line {number}: a JSON {type(record).__name__}, not a metrics record")
-        for key in REQUIRED_KEYS.get(record.get("kind"), ()):
+        kind = record.get("kind")
+        if kind is not None and not isinstance(kind, str):  # records of other kinds (or none) are not drawn
+            raise UserError(f"report: {path} line {number}: 'kind' must be a string such as \"train\", got {kind!r}")
+        drawn = [(key, True) for key in REQUIRED_KEYS.get(kind, ())]
+        if kind == "eval":
+            drawn += [(key, False) for key, _ in AP_KEYS]
+        for key, required in drawn:
             value = record.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserError(f"report: {path} line {number}: a {record['kind']!r} record without a numeric {key!r}")
+            if (required or value is not None) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise UserError(f"report: {path} line {number}: a {kind!r} record without a numeric {key!r}")
         records.append(record)
     return records
+
+
+def _finite(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The records whose `key` can be drawn: a diverged validation loss (nan, inf) leaves a gap."""
+    return [r for r in records if key in r and math.isfinite(r[key])]
 
 
 def draw_report(metrics_file: Path, out_png: Path) -> Path:
     """Training and validation loss (left), COCO bbox/segm AP (right). Returns the PNG's path."""
     records = read_report_records(metrics_file)
-    if problem := output_folder_problem(Path(out_png).parent, "--out"):
+    if problem := output_file_problem(out_png, "--out", (".png",)):
         raise UserError(problem)
     plt = pyplot()
-    train = [r for r in records if r.get("kind") == "train"]
-    if not train:
+    if not any(r.get("kind") == "train" for r in records):
         raise UserError(f"report: {metrics_file} holds no training records")
-    val = [r for r in records if r.get("kind") == "val"]
+    train = _finite([r for r in records if r.get("kind") == "train"], "loss")
+    val = _finite([r for r in records if r.get("kind") == "val"], "loss")
     evals = [r for r in records if r.get("kind") == "eval"]
 
     fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)  # one step axis for both
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
     if val:
         ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="validation loss")
-    ax_loss.set(xlabel="step", ylabel="loss (sum of terms)", title="Loss", yscale="log")
+    # A log axis cannot show a loss <= 0 (matplotlib warns on stderr and drops the point).
+    positive = all(r["loss"] > 0 for r in train + val)
+    ax_loss.set(xlabel="step", ylabel="loss (sum of terms)", title="Loss", yscale="log" if positive else "linear")
     ax_loss.legend()
-    for key, label in (("bbox_AP", "bbox AP"), ("segm_AP", "segm AP"), ("bbox_AP50", "bbox AP50")):
-        points = [(r["step"], r[key]) for r in evals if key in r]
+    for key, label in AP_KEYS:
+        points = [(r["step"], r[key]) for r in _finite(evals, key)]
         if points:
             ax_ap.plot(*zip(*points), "o-", label=label)
             step, value = points[-1]
             ax_ap.annotate(f"{value:.3f}", (step, value), textcoords="offset points", xytext=(-30, 6))
     ax_ap.set(xlabel="step", ylabel="COCO AP", title="Evaluation", ylim=(0, 1))
-    ax_ap.legend()
+    if ax_ap.get_lines():  # a run without evaluation: no legend (matplotlib would warn on stderr)
+        ax_ap.legend()
     fig.tight_layout()
     return save_figure(fig, out_png)

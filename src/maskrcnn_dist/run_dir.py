@@ -43,6 +43,20 @@ RUN_OUTPUTS = (METRICS_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, REPORT_FILE, GALLE
 REPLACED_PREFIX = "replaced-"
 
 
+def layout_problem(output_dir: Path) -> str | None:
+    """Why a run cannot write its outputs into `output_dir`: a file where it keeps a folder (checkpoints/,
+    tensorboard/) or a folder where it appends its metrics; found at start, not at the first checkpoint
+    after the training it was to keep. None when each is absent or of the right kind."""
+    for name, folder in ((METRICS_FILE, False), (CHECKPOINT_DIR, True), (TENSORBOARD_DIR, True)):
+        path = Path(output_dir) / name
+        if path.exists() and path.is_dir() != folder:
+            return (
+                f"--output-dir {output_dir}: {name} is a {'folder' if path.is_dir() else 'file'}, "
+                f"where the run writes its {'folder' if folder else 'file'} of that name"
+            )
+    return None
+
+
 def previous_run(output_dir: Path) -> list[str]:
     """What in `output_dir` shows that a run already trained there: a non-empty metrics file and the
     complete checkpoints (described for the user), or [] when nothing would be lost."""
@@ -57,6 +71,34 @@ def previous_run(output_dir: Path) -> list[str]:
         if count:
             found.append(f"{count} checkpoint(s) in {CHECKPOINT_DIR}/")
     return found
+
+
+def resume_problem(output_dir: Path, resume: Path | str, found: list[str]) -> str | None:
+    """Why resuming from `resume` into `output_dir`, which holds a run (`found`: previous_run's words),
+    would write over that run, or None. A resumed run writes its checkpoints and truncates the metrics
+    in `output_dir`, so it may only continue that run: from its own newest checkpoint ("auto", its
+    checkpoints folder or the newest file in it). Another run's checkpoint would replace this run's files,
+    and an older checkpoint of its own would replace the newer ones as training reaches their steps."""
+    if str(resume) == "auto":
+        return None
+    folder = checkpoint_dir(output_dir).resolve()
+    source = Path(resume).resolve()
+    if source == folder:
+        return None
+    if source.parent != folder:
+        return (
+            f"--resume {resume} is not a checkpoint of --output-dir {output_dir}, which already holds a run "
+            f"({', '.join(found)}): training there would replace its checkpoints and metrics; choose another "
+            "--output-dir, or --resume auto to continue that run"
+        )
+    newer = sorted(p.name for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name) and p.name > source.name)
+    if newer:
+        return (
+            f"--resume {resume}: {CHECKPOINT_DIR}/ in --output-dir {output_dir} holds newer checkpoints "
+            f"({', '.join(newer)}) that training from this one would replace; move them out of {folder} first, "
+            "or train into another --output-dir"
+        )
+    return None
 
 
 def move_aside(output_dir: Path, stamp: str, names: Iterable[str] = RUN_OUTPUTS) -> Path | None:
@@ -95,10 +137,14 @@ def output_folder_problem(path: Path, flag: str) -> str | None:
     return None
 
 
-def output_file_problem(path: Path, flag: str) -> str | None:
-    """Why a file a flag names cannot be written (a folder in its place, or its folder's problem), or
-    None: checked before minutes of work that would be lost to it. A missing folder is created."""
+def output_file_problem(path: Path, flag: str, suffixes: tuple[str, ...]) -> str | None:
+    """Why the file a flag names cannot be written, or None. Its suffix must be one of `suffixes`: the
+    writers add or switch formats by suffix (matplotlib writes `--out run` to run.png), and a file of
+    another kind (a run's metrics.jsonl, a checkpoint) must never be written over by a chart or a YAML."""
     path = Path(path)
+    wanted = " or ".join(suffixes)
     if path.is_dir():
-        return f"{flag} {path}: a folder, not a file"
+        return f"{flag} {path}: a folder; give a file name ending in {wanted}"
+    if path.suffix.lower() not in suffixes:
+        return f"{flag} {path}: the file name must end in {wanted}"
     return output_folder_problem(path.parent, flag)

@@ -33,7 +33,7 @@ from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .loop import Trainer, TrainResult
 from .perf import set_flush_denormal
-from .run_dir import move_aside, output_folder_problem, previous_run, replaced_stamp
+from .run_dir import layout_problem, move_aside, output_folder_problem, previous_run, replaced_stamp, resume_problem
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +128,16 @@ def check_input_files(cfg: TrainConfig) -> None:
 
 def guard_output_dir(cfg: TrainConfig) -> None:
     """Never write over another run: a fresh run into an --output-dir with metrics or checkpoints is
-    refused unless --resume continues it or --overwrite moves its files aside first."""
-    if problem := output_folder_problem(cfg.output_dir, "--output-dir"):
+    refused unless --resume continues it (from its own newest checkpoint) or --overwrite moves its files
+    aside first."""
+    if problem := output_folder_problem(cfg.output_dir, "--output-dir") or layout_problem(cfg.output_dir):
         raise ConfigError(problem)
     found = previous_run(cfg.output_dir)
-    if not found or cfg.resume is not None:
+    if not found:
+        return
+    if cfg.resume is not None:
+        if problem := resume_problem(cfg.output_dir, cfg.resume, found):
+            raise ConfigError(problem)
         return
     if not cfg.overwrite:
         raise ConfigError(

@@ -14,19 +14,43 @@ CASES = [
     ("topology-not-yaml", ["validate", "--topology", "{bad-yaml}"], ["bad.yaml: not valid YAML"]),
     ("topology-list", ["validate", "--topology", "{list-yaml}"], ["expected a mapping"]),
     ("unknown-command", ["pla"], ["pla"]),
+    ("plan-prefix-not-a-dns-label", ["plan", "--prefix", "My_Release"], ["--prefix", "'My_Release' is not a DNS name"]),
+    ("plan-namespace-empty", ["plan", "--namespace", ""], ["--namespace", "'' is not a DNS name"]),
+    ("plan-cluster-domain", ["plan", "--cluster-domain", "cluster..local"], ["--cluster-domain", "not a DNS name"]),
     ("wait-timeout", ["launch", "--role", "master", "--wait-timeout", "-1"], ["--wait-timeout"]),
     ("no-identity", ["launch", "--dry-run"], []),
     ("wait-timeout-nan", ["local", "--wait-timeout", "nan"], ["--wait-timeout", "finite"]),
     ("grace-zero", ["local", "--grace", "0"], ["--grace"]),
     ("master-port-range", ["launch", "--master-port", "70000"], ["--master-port"]),
     ("index-negative", ["launch", "--index", "-1"], ["--index"]),
+    (
+        "topology-count-beyond-any-machine",
+        ["validate", "--topology", "{huge-yaml}"],
+        ["workers[0].devices", "above the maximum"],
+    ),
+    (
+        "trainer-cmd-unclosed-quote",
+        ["launch", "--role", "master", "--dry-run", "--trainer-cmd", "'python -m x"],
+        ["--trainer-cmd", "No closing quotation"],
+    ),
+    (
+        "trainer-cmd-blank",
+        ["launch", "--role", "master", "--dry-run", "--trainer-cmd", " "],
+        ["--trainer-cmd", "no command"],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("case", "args", "fragments"), CASES, ids=[c[0] for c in CASES])
 def test_launcher_user_errors_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments: list[str]):
-    files = {"binary": tmp_path / "binary.yaml", "bad-yaml": tmp_path / "bad.yaml", "list-yaml": tmp_path / "l.yaml"}
+    files = {
+        "binary": tmp_path / "binary.yaml",
+        "bad-yaml": tmp_path / "bad.yaml",
+        "list-yaml": tmp_path / "l.yaml",
+        "huge-yaml": tmp_path / "huge.yaml",
+    }
     files["binary"].write_bytes(bytes(range(256)))
+    files["huge-yaml"].write_text(f"engine: ddp\nworkers: [{{devices: {2**70}}}]\n")  # a typo, not a machine
     files["bad-yaml"].write_text("engine: [unclosed\n")
     files["list-yaml"].write_text("- 1\n")
     values = {"tmp": str(tmp_path), **{k: str(v) for k, v in files.items()}}

@@ -110,8 +110,32 @@ ERROR_CASES = [
         {"engine": "ddp", "master": {"devices": 2}, "workers": [{"devices": 0}]},
         "ddp needs every pod with GPUs or every pod without",
     ),
-    ("port too high", edited(**{"network.master_port": 70000}), "network.master_port: 70000 is out of range 1..65535"),
-    ("port zero", edited(**{"network.master_port": 0}), "network.master_port: 0 is out of range"),
+    (
+        "port too high",
+        edited(**{"network.master_port": 70000}),
+        "network.master_port: 70000 is above the maximum 65535",
+    ),
+    ("port zero", edited(**{"network.master_port": 0}), "network.master_port: 0 is below the minimum 1"),
+    (
+        "replicas beyond any machine",
+        edited(**{"workers.0.replicas": 2**70}),
+        "workers[0].replicas: 1180591620717411303424 is above",
+    ),
+    (
+        "devices beyond any machine",
+        edited(**{"workers.0.devices": 10**6}),
+        "workers[0].devices: 1000000 is above",
+    ),
+    (
+        "image side beyond floats",
+        edited(estimate={"image_size": [10**400, 8]}),
+        "estimate.image_size: expected [height, width]",
+    ),
+    (
+        "batch beyond any machine",
+        edited(estimate={"batch_size": 2**40}),
+        "estimate.batch_size: 1099511627776 is above",
+    ),
     ("port not a number", edited(**{"network.master_port": "http"}), "network.master_port: expected an integer"),
     ("world size mismatch", edited(world_size=4), "world_size: 4 does not match the roles: 1 master + workers = 3"),
     (

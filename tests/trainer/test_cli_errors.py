@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
-from maskrcnn_dist.run_dir import REPLACED_PREFIX
+from maskrcnn_dist.run_dir import REPLACED_PREFIX, checkpoint_name
 
 # The data check before training would find a bad image first; the loader-worker path is tested without it.
 CHECK_OFF = ["--check-data", "off"]
@@ -24,20 +25,75 @@ def _files(tmp: Path) -> dict[str, Path]:
         "binary": tmp / "binary.yaml",
         "list-yaml": tmp / "list.yaml",
         "range-yaml": tmp / "range.yaml",
+        "path-list-yaml": tmp / "path-list.yaml",
         "text-weights": tmp / "weights.pt",
         "no-loss": tmp / "no-loss.jsonl",
         "json-list": tmp / "list.jsonl",
         "binary-metrics": tmp / "binary.jsonl",
+        "metrics": tmp / "metrics.jsonl",
+        "kind-list": tmp / "kind-list.jsonl",
+        "ap-text": tmp / "ap-text.jsonl",
     }
     made["file"].write_text("not a folder\n")
     made["binary"].write_bytes(bytes(range(256)))
     made["list-yaml"].write_text("- a list\n")
     made["range-yaml"].write_text("threads: -1\n")
+    made["path-list-yaml"].write_text("data-path: [coco, more]\n")
     made["text-weights"].write_text("hello\n")
     made["no-loss"].write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
     made["json-list"].write_text("[1, 2]\n")
     made["binary-metrics"].write_bytes(b"\xff\xfe\x00garbage\n")
+    train_record = json.dumps({"kind": "train", "step": 1, "loss": 1.0}) + "\n"
+    made["metrics"].write_text(train_record)
+    made["kind-list"].write_text(json.dumps({"kind": ["train"], "step": 1, "loss": 1.0}) + "\n")
+    made["ap-text"].write_text(train_record + json.dumps({"kind": "eval", "step": 1, "bbox_AP": "high"}) + "\n")
+    # Another run's output folder (the refusal comes before any checkpoint is read, so they need not load),
+    # and a checkpoint from elsewhere.
+    made["used-run"] = tmp / "used-run"
+    (made["used-run"] / "checkpoints").mkdir(parents=True)
+    (made["used-run"] / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 2, "loss": 1.0}) + "\n")
+    for step in (1, 2):
+        (made["used-run"] / "checkpoints" / checkpoint_name(step)).write_bytes(b"PK\x03\x04 step %d" % step)
+    made["foreign"] = tmp / "elsewhere" / checkpoint_name(2)
+    made["foreign"].parent.mkdir()
+    made["foreign"].write_bytes(b"PK\x03\x04 another run")
+    made["far-polygon-set"] = _coco_set(tmp / "far-polygon-set", [[0, 0, 1e12, 0, 1e12, 1e12]])
+    made["empty-set"] = _coco_set(tmp / "empty-set", None)
+    made["checkpoints-a-file"] = tmp / "checkpoints-a-file"
+    made["checkpoints-a-file"].mkdir()
+    (made["checkpoints-a-file"] / "checkpoints").write_text("a note, not the folder of checkpoints\n")
+    made["good-set"] = _coco_set(tmp / "good-set", [[0, 0, 4, 0, 4, 4, 0, 4]])
+    made["binary-metrics-run"] = tmp / "binary-metrics-run"
+    made["binary-metrics-run"].mkdir()
+    (made["binary-metrics-run"] / "metrics.jsonl").write_bytes(b"\xff\xfe\x00 not UTF-8\n")
     return made
+
+
+def _coco_set(root: Path, polygon: list[list[float]] | None) -> Path:
+    """A data path whose train split has one 8x6 image with one annotation of `polygon`, or no image at all."""
+    images = root / "train" / "images"
+    images.mkdir(parents=True)
+    Image.new("RGB", (8, 6)).save(images / "1.png")
+    image = {"id": 1, "file_name": "1.png", "width": 8, "height": 6}
+    annotation = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4], "segmentation": polygon}
+    data = {
+        "images": [image] if polygon else [],
+        "annotations": [annotation] if polygon else [],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (root / "train" / "annotations.json").write_text(json.dumps(data))
+    return root
+
+
+def _snapshot(tmp: Path) -> dict[str, bytes]:
+    """Every file under tmp with its bytes: a refused command must leave the user's files as they were."""
+    return {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(tmp.rglob("*")) if p.is_file()}
+
+
+def _assert_nothing_lost(tmp: Path, before: dict[str, bytes]) -> None:
+    """Every file that was there is still there, byte for byte (a refused run may have opened its logs)."""
+    after = _snapshot(tmp)
+    assert {name: after.get(name) for name in before} == before
 
 
 # (case id, argv with {name} placeholders for _files and {tmp}, fragments the one error line must hold)
@@ -47,6 +103,13 @@ TRAIN_CASES = [
     ("config-missing", ["--config", "{tmp}/none.yaml"], ["--config", "does not exist"]),
     ("config-not-a-mapping", ["--config", "{list-yaml}"], ["list.yaml", "mapping"]),
     ("config-value-out-of-range", ["--config", "{range-yaml}"], ["range.yaml", "--threads must be >= 1"]),
+    ("config-path-is-a-list", ["--config", "{path-list-yaml}"], ["path-list.yaml", "data-path", "is not a path"]),
+    ("output-dir-empty", ["--output-dir", ""], ["--output-dir", "'' is not a path"]),
+    (
+        "output-dir-with-a-file-named-checkpoints",
+        ["--output-dir", "{checkpoints-a-file}", "--data-path", "{good-set}"],
+        ["--output-dir", "checkpoints is a file"],
+    ),
     ("output-dir-is-a-file", ["--output-dir", "{file}"], ["--output-dir", "a-file", "not a folder"]),
     ("output-dir-under-a-file", ["--output-dir", "{file}/run"], ["--output-dir", "a-file is a file"]),
     ("threads-negative", ["--threads", "-1"], ["--threads must be >= 1"]),
@@ -70,7 +133,7 @@ TRAIN_CASES = [
     ("rpc-timeout-zero", ["--rpc-timeout", "0"], ["--rpc-timeout must be > 0"]),
     ("epochs-zero", ["--epochs", "0"], ["--epochs must be >= 1"]),
     ("unknown-flag", ["--batch-szie", "4"], ["--batch-szie"]),
-    ("engine-unknown", ["--engine", "mpi"], ["--engine must be one of local, ddp, pipeline"]),
+    ("engine-unknown", ["--engine", "mpi"], ["--engine", "'mpi' is not one of local, ddp, pipeline"]),
     ("fp16-on-cpu", ["--amp", "--amp-dtype", "float16", "--device", "cpu"], ["--amp-dtype float16 on the CPU"]),
     (
         "micro-batches-above-batch",
@@ -81,9 +144,30 @@ TRAIN_CASES = [
     ("overwrite-and-resume", ["--overwrite", "--resume", "auto"], ["--overwrite and --resume"]),
     ("ddp-outside-torchrun", ["--engine", "ddp", "--synthetic-images", "4"], ["--engine ddp", "RANK"]),
     ("pipeline-outside-launcher", ["--engine", "pipeline"], ["--engine pipeline", "MASKRCNN_POD_PLAN"]),
+    ("train-split-without-images", ["--data-path", "{empty-set}"], ["annotations.json", "lists no images"]),
+    (
+        "resume-onto-metrics-that-are-not-text",
+        ["--output-dir", "{binary-metrics-run}", "--resume", "auto", "--data-path", "{good-set}", *CHECK_OFF],
+        ["binary-metrics-run/metrics.jsonl is not a text file"],
+    ),
+    (
+        "synthetic-set-into-a-folder-of-other-files",
+        ["--synthetic-images", "4", "--data-path", "{used-run}"],
+        ["--synthetic-images", "used-run holds other files", "--data-path"],
+    ),
     ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no train split found"]),
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
+    (
+        "resume-another-runs-checkpoint-into-a-run",
+        ["--output-dir", "{used-run}", "--resume", "{foreign}"],
+        ["--resume", "not a checkpoint of --output-dir", "used-run"],
+    ),
+    (
+        "resume-an-older-checkpoint-of-the-run",
+        ["--output-dir", "{used-run}", "--resume", "{used-run}/checkpoints/checkpoint_00000001.pt"],
+        ["newer checkpoints", "checkpoint_00000002.pt"],
+    ),
     (
         "weights-text-file",
         ["--weights", "{text-weights}", "--synthetic-images", "4"],
@@ -102,9 +186,41 @@ OTHER_CASES = [
         ["report", "--metrics", "{no-loss}", "--out", "{file}/r.png"],
         ["no-loss.jsonl line 1"],  # the metrics are read (and refused) before anything is written
     ),
+    ("report-kind-a-list", ["report", "--metrics", "{kind-list}"], ["kind-list.jsonl line 1", "'kind'"]),
+    ("report-ap-not-a-number", ["report", "--metrics", "{ap-text}"], ["ap-text.jsonl line 2", "'bbox_AP'"]),
+    ("report-out-a-folder", ["report", "--metrics", "{metrics}", "--out", "{tmp}"], ["--out", "a folder"]),
+    # matplotlib would write r.xyz as it likes, or the chart over the metrics it was drawn from
+    ("report-out-not-a-png", ["report", "--metrics", "{metrics}", "--out", "{tmp}/r.xyz"], ["r.xyz", "end in .png"]),
+    ("report-out-onto-its-metrics", ["report", "--metrics", "{metrics}", "--out", "{metrics}"], ["end in .png"]),
+    (
+        "profile-write-topology-onto-metrics",
+        ["profile", "--device", "cpu", "--write-topology", "{metrics}"],
+        ["--write-topology", "metrics.jsonl", "end in .yaml or .yml"],
+    ),
+    (
+        "profile-micro-batches-above-batch",
+        ["profile", "--device", "cpu", "--micro-batches", "3", "--batch-size", "2"],
+        ["--micro-batches 3 > --batch-size 2"],
+    ),
+    ("demo-steps-zero", ["demo", "--steps", "0", "--output-dir", "{tmp}/demo"], ["--steps", "0"]),
     ("report-gallery-negative", ["report", "--metrics", "{no-loss}", "--gallery", "-1"], ["--gallery"]),
     ("synth-data-onto-a-file", ["synth-data", "--output", "{file}"], ["--output", "a-file", "not a folder"]),
+    (
+        "synth-data-onto-a-data-set",
+        ["synth-data", "--output", "{good-set}", "--train-images", "2", "--val-images", "1"],
+        ["--output", "good-set already holds train/"],
+    ),
     ("synth-data-classes", ["synth-data", "--output", "{tmp}/d", "--classes", "9"], ["--classes"]),
+    (
+        "check-data-polygon-that-crashed-pycocotools",
+        ["check-data", "--data-path", "{far-polygon-set}", "--split", "train"],
+        ["annotations.json", "annotation id 1", "far outside the 8x6 image"],
+    ),
+    (
+        "check-data-unknown-mode",
+        ["check-data", "--data-path", "{good-set}", "--check-data", "deep"],
+        ["--check-data", "'deep' is not one of header, full, off"],
+    ),
     ("unknown-command", ["trian"], ["trian"]),
 ]
 
@@ -117,18 +233,21 @@ def _fill(words: list[str], tmp: Path, files: dict[str, Path]) -> list[str]:
 @pytest.mark.parametrize(("case", "args", "fragments"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_train_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments):
     files = _files(tmp_path)
+    before = _snapshot(tmp_path)
     output = ["--output-dir", str(tmp_path / "run")]
     result = console("maskrcnn-dist", "train", *TINY, *output, *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training wrote anything
+    _assert_nothing_lost(tmp_path, before)
 
 
 @pytest.mark.parametrize(("case", "args", "fragments"), OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
 def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args, fragments):
     files = _files(tmp_path)
+    before = _snapshot(tmp_path)
     result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
-    assert files["file"].read_text() == "not a folder\n"
+    _assert_nothing_lost(tmp_path, before)
 
 
 def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
@@ -171,6 +290,7 @@ def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
     assert _train(console, out, steps=2).code == 0
     # The crash after checkpoint 2: records of steps 3 and 4 were written, their checkpoint was not.
     with open(out / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps({"kind": "note", "text": "a line of the user's, without a step"}) + "\n")
         for step in (3, 4):
             handle.write(json.dumps({"kind": "train", "step": step, "loss": 9.0, "time": 0}) + "\n")
         handle.write('{"kind": "train", "st')  # torn by the kill
@@ -180,6 +300,7 @@ def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == [1, 2, 3, 4]
     assert all(r["loss"] != 9.0 for r in records if r["kind"] == "train")  # steps 3-4 are the re-run's
+    assert [r["kind"] for r in records].count("note") == 1  # not the resume's to delete
 
 
 @pytest.mark.slow
@@ -192,3 +313,14 @@ def test_a_bad_image_found_by_a_loader_worker_is_one_line(console, tmp_path: Pat
     args = [*TINY, "--data-path", str(data), "--workers", "1", "--output-dir", str(tmp_path / "run")]
     result = console("maskrcnn-dist", "train", *args, *CHECK_OFF)
     result.assert_one_error_line(2, bad.name, "cannot read image")
+
+
+@pytest.mark.parametrize("loss", [1.0, 0.0, float("nan")], ids=["positive", "zero", "nan"])
+def test_a_report_that_draws_says_nothing_on_stderr(console, tmp_path: Path, loss: float):
+    """A run without evaluation, or with losses a log axis cannot show, is drawn without matplotlib's
+    warnings: stderr is for the one error line."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"kind": k, "step": 1, "loss": loss}) + "\n" for k in ("train", "val")))
+    result = console("maskrcnn-dist", "report", "--metrics", str(metrics))
+    assert (result.code, result.stderr) == (0, ""), result.stderr
+    assert (tmp_path / "report.png").stat().st_size > 0

@@ -370,14 +370,14 @@ def _check_area(ann: dict, img: dict, ctx: str) -> float:
 
 def _check_segmentation(segm: Any, height: int, width: int, ctx: str) -> None:
     if isinstance(segm, list):
-        _check_polygons(segm, ctx)
+        _check_polygons(segm, height, width, ctx)
     elif isinstance(segm, dict):
         _check_rle(segm, height, width, ctx)
     else:
         raise DatasetError(f"{ctx}: 'segmentation' must be a list of polygons or an RLE object")
 
 
-def _check_polygons(polygons: list[Any], ctx: str) -> None:
+def _check_polygons(polygons: list[Any], height: int, width: int, ctx: str) -> None:
     if not polygons:
         raise DatasetError(f"{ctx}: 'segmentation' has no polygon")
     for k, poly in enumerate(polygons):
@@ -388,6 +388,16 @@ def _check_polygons(polygons: list[Any], ctx: str) -> None:
             raise DatasetError(
                 f"{ctx}: polygon {k} has {len(poly)} coordinates; it needs at least 3 points "
                 "(6 numbers) and an even count"
+            )
+        # pycocotools rasterises a polygon edge by edge in C, sized by the coordinates: points far
+        # outside the image make it allocate without bound or crash the process (SIGSEGV at 1e12).
+        # Real annotations stray from the image by rounding only; one image size either side is lenient.
+        points = np.asarray(poly, dtype=np.float64).reshape(-1, 2)
+        outside = (np.abs(points - [width / 2, height / 2]) > [1.5 * width, 1.5 * height]).any(axis=1)
+        if outside.any():
+            x, y = points[int(np.argmax(outside))]
+            raise DatasetError(
+                f"{ctx}: polygon {k} has the point ({x:g}, {y:g}), far outside the {width}x{height} image"
             )
 
 
@@ -403,6 +413,36 @@ def _check_rle(rle: dict, height: int, width: int, ctx: str) -> None:
             )
     elif not isinstance(counts, str) or not counts:
         raise DatasetError(f"{ctx}: RLE 'counts' must be a list of integers or a compressed string")
+    elif (runs := compressed_rle_runs(counts)) is None or min(runs) < 0 or sum(runs) != height * width:
+        # pycocotools decodes whatever it is given: garbage raises a bare ValueError, a short string
+        # silently gives a mask of the wrong size.
+        raise DatasetError(
+            f"{ctx}: compressed RLE 'counts' is not a valid run-length string covering "
+            f"height*width = {height * width} pixels"
+        )
+
+
+def compressed_rle_runs(text: str) -> list[int] | None:
+    """The runs of a compressed COCO RLE string (pycocotools' rleFrString, in Python), or None when the
+    text is not one: 6 bits per character from '0', 5 of value, the sixth "more follows"; from the
+    third run on, each value is a difference to the run two before."""
+    runs: list[int] = []
+    pos = 0
+    while pos < len(text):
+        value, shift, more = 0, 0, True
+        while more:
+            if pos >= len(text):
+                return None  # the last run was cut off
+            code = ord(text[pos]) - 48
+            if not 0 <= code < 64:
+                return None
+            value |= (code & 0x1F) << shift
+            more = bool(code & 0x20)
+            pos, shift = pos + 1, shift + 5
+            if not more and code & 0x10:
+                value |= -1 << shift  # sign extension of the last group
+        runs.append(value + runs[-2] if len(runs) > 2 else value)
+    return runs or None
 
 
 def _to_rle(segm: list | dict, height: int, width: int) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
+from ..run_dir import output_folder_problem
 from .check import CheckReport, check_datasets
 from .coco import CocoInstanceDataset
 from .synthetic import write_train_val
@@ -41,6 +42,16 @@ def ensure_synthetic(cfg: TrainConfig) -> Path:
     root = cfg.data.data_path or (cfg.output_dir / "data")
     if (root / "train" / "annotations.json").is_file():
         return root
+    flag = "--data-path" if cfg.data.data_path else "--output-dir"
+    if problem := output_folder_problem(root, flag):
+        raise ConfigError(problem)
+    # The set is renamed into place whole: a folder with other files cannot take it (and must not be
+    # mixed with it). The second look is for a rank that renamed its copy in between.
+    if root.is_dir() and any(root.iterdir()) and not (root / "train" / "annotations.json").is_file():
+        raise ConfigError(
+            f"--synthetic-images: {root} holds other files but no synthetic set (train/annotations.json); "
+            f"the set is written into a new or empty folder: give another {flag}"
+        )
     tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     n = cfg.data.synthetic_images
@@ -72,12 +83,17 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
         raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
     train_images, train_ann = find_split(cfg.data.data_path, "train")
     train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False)
+    if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
+        raise DatasetError(f"{train_ann}: the train split lists no images")
     try:
         val_images, val_ann = find_split(cfg.data.data_path, "val")
     except DatasetError:
         log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
         return train_set, None
     val_set = CocoInstanceDataset(val_images, val_ann, train=False, check_files=False)
+    if not len(val_set):
+        log.warning("%s lists no images: no validation loss or COCO AP", val_ann)
+        return train_set, None
     if val_set.label_to_category_id != train_set.label_to_category_id:
         raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
     return train_set, val_set

@@ -117,9 +117,9 @@ def preflight(cfg: TrainConfig, options: ProfileConfig, topology: Topology) -> t
     otherwise surface after minutes of measuring (or, for a GPU that is not there, as a CPU profile
     labelled with the flags of a GPU one). UserError naming the flag, all problems in one line."""
     problems = [
-        cfg.micro_batch_problem(),  # every pipeline candidate splits the batch
+        cfg.micro_batches_problem() or "",  # every pipeline candidate splits the batch
         *(
-            output_file_problem(Path(path), flag) or ""
+            output_file_problem(Path(path), flag, (".yaml", ".yml")) or ""
             for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values))
             if path is not None
         ),

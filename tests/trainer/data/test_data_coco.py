@@ -134,6 +134,21 @@ def test_uncompressed_rle_must_cover_the_image(tmp_path: Path) -> None:
     assert "annotation id 7" in message and "summing to" in message
 
 
+@pytest.mark.parametrize(
+    ("segmentation", "expected"),
+    [
+        # pycocotools allocates by the coordinates in C: at 1e12 the process dies of SIGSEGV
+        ([[0, 0, 1e12, 0, 1e12, 1e12]], "polygon 0 has the point (1e+12, 0), far outside the 8x6 image"),
+        ([[1, 1, 5, 1, 5, 4], [-9, 0, 1, 0, 1, 1]], "polygon 1 has the point (-9, 0)"),
+        ({"size": [H, W], "counts": "!!!!garbage"}, "compressed RLE 'counts' is not a valid run-length string"),
+        ({"size": [H, W], "counts": "0"}, "covering height*width = 48 pixels"),  # decodes, but to 0 pixels
+        ({"size": [H, W], "counts": "0o"}, "not a valid run-length string"),  # the last run cut off
+    ],
+)
+def test_segmentations_pycocotools_cannot_rasterise(tmp_path: Path, segmentation: Any, expected: str) -> None:
+    assert expected in _error(tmp_path, [_ann(7, segmentation=segmentation)])
+
+
 def test_duplicate_ids(tmp_path: Path) -> None:
     assert "duplicate annotation id" in _error(tmp_path, [_ann(3), _ann(3)])
     assert "image id 1: duplicate image id" in _error(tmp_path / "b", [], images=[_image(1), _image(1)])

@@ -82,7 +82,8 @@ WRONG_INPUTS = [
     ("image-size-huge", ["--max-size", "100000"], ["--max-size must be <= 8192"]),
     ("iterations-zero", ["--iterations", "0"], ["--iterations must be >= 1"]),
     ("memory-zero", ["--device-memory-gib", "0"], ["--device-memory-gib must be >= 0.001"]),
-    ("write-topology-folder", ["--write-topology", "{tmp}"], ["--write-topology", "a folder, not a file"]),
+    ("write-topology-folder", ["--write-topology", "{tmp}"], ["--write-topology", "a folder; give a file name"]),
+    ("write-topology-not-yaml", ["--write-topology", "{tmp}/t.json"], ["--write-topology", "must end in .yaml"]),
     ("write-topology-under-a-file", ["--write-topology", "{file}/t.yaml"], ["--write-topology", "a-file"]),
     ("write-values-under-a-file", ["--write-values", "{file}/v.yaml"], ["--write-values", "a-file"]),
     (
