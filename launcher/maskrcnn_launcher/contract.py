@@ -18,10 +18,11 @@ process-group backend (`process_group_backend`) and the trainer's console progre
 
 The exit codes and the error boundary every entry point runs in (boundary.py) are re-exported here:
 Kubernetes acts on a pod's exit code (a JobSet fails at once on a user error), so the trainer's
-processes must exit the way the launcher's do.
+processes must exit the way the launcher's do. So is the reader of the YAML files a user writes
+(yamlfile.py: a key given twice is an error), so a topology and a trainer `--config` are read alike.
 
-Only the standard library (and click, for the boundary) is imported: the trainer imports this module
-next to torch, the launcher without it.
+Only the standard library (and click for the boundary, PyYAML for the YAML reader) is imported: the
+trainer imports this module next to torch, the launcher without it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from maskrcnn_launcher.boundary import GuardedGroup as GuardedGroup
 from maskrcnn_launcher.boundary import one_line as one_line
 from maskrcnn_launcher.boundary import os_error_line as os_error_line
 from maskrcnn_launcher.errors import PlanFormatError
+from maskrcnn_launcher.yamlfile import load_yaml as load_yaml
 
 # ---------------------------------------------------------------------------------------------
 # Variables the launcher reads.

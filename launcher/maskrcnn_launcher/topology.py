@@ -27,6 +27,7 @@ import yaml
 
 from maskrcnn_launcher.contract import DEFAULT_MASTER_PORT, MODULES, placement_problems
 from maskrcnn_launcher.errors import TopologyError
+from maskrcnn_launcher.yamlfile import load_yaml
 
 ENGINES = ("pipeline", "ddp")
 TRANSPORTS = ("cpu", "device_maps")
@@ -142,7 +143,7 @@ def read_topology_text(ref: str | None) -> tuple[str, str]:
 def load_topology(ref: str | None) -> Topology:
     source, text = read_topology_text(ref)
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise TopologyError(f"{source}: not valid YAML: {exc}") from exc
     return parse_topology(data, source)

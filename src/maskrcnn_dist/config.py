@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from maskrcnn_launcher.contract import load_yaml
 
 from .errors import ConfigError
 
@@ -532,7 +533,7 @@ def apply_overrides(cfg: Any, values: dict[str, Any], source: str, table: dict[s
 def load_yaml_config(path: Path) -> dict[str, Any]:
     """Read a YAML config file of flag names (dashes or underscores) -> values."""
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        raw = load_yaml(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"--config {path}: the file does not exist") from exc
     except UnicodeDecodeError as exc:
@@ -545,7 +546,13 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"--config {path}: must hold a mapping of flag names to values")
-    return {str(k).replace("_", "-"): v for k, v in raw.items()}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        flag = str(key).replace("_", "-")
+        if flag in values:  # data_path and data-path name one flag: which one wins would be a guess
+            raise ConfigError(f"--config {path}: {flag} is given twice (as {key!r} and with the other spelling)")
+        values[flag] = value
+    return values
 
 
 def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainConfig:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from maskrcnn_launcher.yamlfile import load_yaml_all
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm"
@@ -71,26 +72,9 @@ def api_args(jobset_api: bool) -> list[str]:
     return ["--api-versions", JOBSET_API] if jobset_api else []
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a key given twice in one mapping. PyYAML keeps the last one silently;
-    the API server's decoder refuses the object (or, client-side, one of the two values is lost), so
-    a chart that renders a key twice (a user's label over one of the chart's) is a chart error."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
 def load_manifests(text: str) -> list[dict[str, Any]]:
     """The objects of `helm template` output, every mapping's keys unique."""
-    return [doc for doc in yaml.load_all(text, Loader=UniqueKeyLoader) if doc]
+    return load_yaml_all(text)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ CASES = [
     ("topology-missing", ["validate", "--topology", "{tmp}/none.yaml"], ["neither a file nor a packaged topology"]),
     ("topology-not-yaml", ["validate", "--topology", "{bad-yaml}"], ["bad.yaml: not valid YAML"]),
     ("topology-list", ["validate", "--topology", "{list-yaml}"], ["expected a mapping"]),
+    ("topology-key-twice", ["plan", "--topology", "{twice-yaml}"], ["twice.yaml", "found the key 'replicas' twice"]),
     ("unknown-command", ["pla"], ["pla"]),
     ("plan-prefix-not-a-dns-label", ["plan", "--prefix", "My_Release"], ["--prefix", "'My_Release' is not a DNS name"]),
     ("plan-namespace-empty", ["plan", "--namespace", ""], ["--namespace", "'' is not a DNS name"]),
@@ -48,11 +49,13 @@ def test_launcher_user_errors_exit_2(console, tmp_path: Path, case: str, args: l
         "bad-yaml": tmp_path / "bad.yaml",
         "list-yaml": tmp_path / "l.yaml",
         "huge-yaml": tmp_path / "huge.yaml",
+        "twice-yaml": tmp_path / "twice.yaml",
     }
     files["binary"].write_bytes(bytes(range(256)))
     files["huge-yaml"].write_text(f"engine: ddp\nworkers: [{{devices: {2**70}}}]\n")  # a typo, not a machine
     files["bad-yaml"].write_text("engine: [unclosed\n")
     files["list-yaml"].write_text("- 1\n")
+    files["twice-yaml"].write_text("workers:\n  - {devices: 0, stage: s1, replicas: 1, replicas: 2}\n")
     values = {"tmp": str(tmp_path), **{k: str(v) for k, v in files.items()}}
     env = {"POD_NAME": "", "HOSTNAME": "not-a-pod", "MASKRCNN_TOPOLOGY": ""}
     result = console("maskrcnn-launch", *[a.format(**values) for a in args], env=env)

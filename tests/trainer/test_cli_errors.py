@@ -26,6 +26,8 @@ def _files(tmp: Path) -> dict[str, Path]:
         "list-yaml": tmp / "list.yaml",
         "range-yaml": tmp / "range.yaml",
         "path-list-yaml": tmp / "path-list.yaml",
+        "twice-yaml": tmp / "twice.yaml",
+        "spellings-yaml": tmp / "spellings.yaml",
         "text-weights": tmp / "weights.pt",
         "no-loss": tmp / "no-loss.jsonl",
         "json-list": tmp / "list.jsonl",
@@ -39,6 +41,8 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["list-yaml"].write_text("- a list\n")
     made["range-yaml"].write_text("threads: -1\n")
     made["path-list-yaml"].write_text("data-path: [coco, more]\n")
+    made["twice-yaml"].write_text("lr: 0.1\nepochs: 2\nlr: 0.2\n")
+    made["spellings-yaml"].write_text("data_path: coco\ndata-path: other\n")
     made["text-weights"].write_text("hello\n")
     made["no-loss"].write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
     made["json-list"].write_text("[1, 2]\n")
@@ -104,6 +108,8 @@ TRAIN_CASES = [
     ("config-not-a-mapping", ["--config", "{list-yaml}"], ["list.yaml", "mapping"]),
     ("config-value-out-of-range", ["--config", "{range-yaml}"], ["range.yaml", "--threads must be >= 1"]),
     ("config-path-is-a-list", ["--config", "{path-list-yaml}"], ["path-list.yaml", "data-path", "is not a path"]),
+    ("config-key-twice", ["--config", "{twice-yaml}"], ["twice.yaml", "found the key 'lr' twice", "line 3"]),
+    ("config-key-two-spellings", ["--config", "{spellings-yaml}"], ["spellings.yaml", "data-path is given twice"]),
     ("output-dir-empty", ["--output-dir", ""], ["--output-dir", "'' is not a path"]),
     (
         "output-dir-with-a-file-named-checkpoints",
