@@ -223,6 +223,11 @@ OTHER_CASES = [
         ["annotations.json", "annotation id 1", "far outside the 8x6 image"],
     ),
     (
+        "check-data-train-split-without-images",  # train refuses it: the check must not pass it
+        ["check-data", "--data-path", "{empty-set}"],
+        ["annotations.json", "the train split lists no images"],
+    ),
+    (
         "check-data-unknown-mode",
         ["check-data", "--data-path", "{good-set}", "--check-data", "deep"],
         ["--check-data", "'deep' is not one of header, full, off"],

@@ -84,7 +84,7 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
     train_images, train_ann = find_split(cfg.data.data_path, "train")
     train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False)
     if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
-        raise DatasetError(f"{train_ann}: the train split lists no images")
+        raise empty_train_split(train_ann)
     try:
         val_images, val_ann = find_split(cfg.data.data_path, "val")
     except DatasetError:
@@ -99,7 +99,23 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
     return train_set, val_set
 
 
+def empty_train_split(annotation_file: Path) -> DatasetError:
+    return DatasetError(f"{annotation_file}: the train split lists no images")
+
+
 def check_split(data_path: Path, splits: Sequence[str], mode: str) -> list[CheckReport]:
-    """`maskrcnn-dist check-data`: check every image of the named splits under a --data-path."""
-    datasets = [CocoInstanceDataset(*find_split(data_path, split), check_files=False) for split in splits]
-    return check_datasets(datasets, mode)
+    """`maskrcnn-dist check-data`: check every image of the named splits under a --data-path, judged as
+    training judges them: a train split listing no images is refused; with both splits asked for, a
+    missing val split is skipped with a warning (training runs without AP then), not an error."""
+    located = {}
+    for split in splits:
+        try:
+            located[split] = find_split(data_path, split)
+        except DatasetError:
+            if split != "val" or len(splits) == 1:
+                raise
+            log.warning("no val split under %s: training would run without validation loss or COCO AP", data_path)
+    datasets = {split: CocoInstanceDataset(*where, check_files=False) for split, where in located.items()}
+    if "train" in datasets and not len(datasets["train"]):
+        raise empty_train_split(located["train"][1])
+    return check_datasets(list(datasets.values()), mode)

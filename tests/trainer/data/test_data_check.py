@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -157,6 +158,18 @@ def test_check_data_command_exit_codes(broken_coco: Path, tmp_path: Path) -> Non
     assert "Traceback" not in bad.stderr
     missing = _check_data_cli("--data-path", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no train split found" in missing.stderr
+
+
+def test_check_data_judges_a_set_without_val_as_training_does(broken_coco: Path, tmp_path: Path) -> None:
+    """Training runs without a val split (no AP): checking both splits of such a set passes with a
+    warning; asking for the val split alone still names what is missing."""
+    train_only = tmp_path / "train-only"
+    shutil.copytree(broken_coco / "val", train_only / "train")  # the good split, as the only one
+    both = _check_data_cli("--data-path", str(train_only))
+    assert both.returncode == 0, both.stderr
+    assert "no val split under" in both.stderr and "4 images checked" in both.stdout
+    val = _check_data_cli("--data-path", str(train_only), "--split", "val")
+    assert val.returncode == 2 and "no val split found" in val.stderr
 
 
 def test_pipeline_master_checks_before_joining_rpc(broken_coco: Path, tmp_path: Path, monkeypatch) -> None:
