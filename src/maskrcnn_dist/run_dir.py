@@ -73,12 +73,18 @@ def previous_run(output_dir: Path) -> list[str]:
     return found
 
 
-def resume_problem(output_dir: Path, resume: Path | str, found: list[str]) -> str | None:
+def resume_problem(output_dir: Path, resume: Path | str | None, found: list[str], trains: bool = True) -> str | None:
     """Why resuming from `resume` into `output_dir`, which holds a run (`found`: previous_run's words),
     would write over that run, or None. A resumed run writes its checkpoints and truncates the metrics
     in `output_dir`, so it may only continue that run: from its own newest checkpoint ("auto", its
     checkpoints folder or the newest file in it). Another run's checkpoint would replace this run's files,
-    and an older checkpoint of its own would replace the newer ones as training reaches their steps."""
+    and an older checkpoint of its own would replace the newer ones as training reaches their steps.
+    An evaluation (`trains=False`: eval, --test-only) only appends its record to the run's metrics, so
+    any checkpoint of the run's own may be evaluated there; another run's (or --weights, resume None)
+    would file its AP among this run's records."""
+    doing = "training there would replace its checkpoints and metrics" if trains else "its AP would join its metrics"
+    if resume is None:
+        return f"--output-dir {output_dir} already holds a run ({', '.join(found)}): {doing}; choose another one"
     if str(resume) == "auto":
         return None
     folder = checkpoint_dir(output_dir).resolve()
@@ -88,9 +94,11 @@ def resume_problem(output_dir: Path, resume: Path | str, found: list[str]) -> st
     if source.parent != folder:
         return (
             f"--resume {resume} is not a checkpoint of --output-dir {output_dir}, which already holds a run "
-            f"({', '.join(found)}): training there would replace its checkpoints and metrics; choose another "
-            "--output-dir, or --resume auto to continue that run"
+            f"({', '.join(found)}): {doing}; choose another --output-dir"
+            + (", or --resume auto to continue that run" if trains else "")
         )
+    if not trains:
+        return None
     newer = sorted(p.name for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name) and p.name > source.name)
     if newer:
         return (

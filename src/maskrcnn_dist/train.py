@@ -72,7 +72,7 @@ def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:
         require_torchrun_environment()
     setup_process(cfg)
     check_input_files(cfg)
-    if not cfg.test_only and is_main_process(cfg):
+    if is_main_process(cfg):
         guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
     datasets = load_datasets(cfg)
     if cfg.engine != "ddp":
@@ -129,14 +129,14 @@ def check_input_files(cfg: TrainConfig) -> None:
 def guard_output_dir(cfg: TrainConfig) -> None:
     """Never write over another run: a fresh run into an --output-dir with metrics or checkpoints is
     refused unless --resume continues it (from its own newest checkpoint) or --overwrite moves its files
-    aside first."""
+    aside first. An evaluation (--test-only) there must evaluate one of that run's own checkpoints."""
     if problem := output_folder_problem(cfg.output_dir, "--output-dir") or layout_problem(cfg.output_dir):
         raise ConfigError(problem)
     found = previous_run(cfg.output_dir)
     if not found:
         return
-    if cfg.resume is not None:
-        if problem := resume_problem(cfg.output_dir, cfg.resume, found):
+    if cfg.resume is not None or cfg.test_only:
+        if problem := resume_problem(cfg.output_dir, cfg.resume, found, trains=not cfg.test_only):
             raise ConfigError(problem)
         return
     if not cfg.overwrite:

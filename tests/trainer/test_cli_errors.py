@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
-from maskrcnn_dist.run_dir import REPLACED_PREFIX, checkpoint_name
+from maskrcnn_dist.run_dir import REPLACED_PREFIX, checkpoint_name, resume_problem
 
 # The data check before training would find a bad image first; the loader-worker path is tested without it.
 CHECK_OFF = ["--check-data", "off"]
@@ -183,6 +183,16 @@ TRAIN_CASES = [
 
 OTHER_CASES = [
     ("eval-without-model", ["eval", *TINY, "--synthetic-images", "4"], ["--test-only", "--resume"]),
+    (
+        "eval-another-runs-checkpoint-into-a-run",  # its AP would be filed among that run's records
+        ["eval", *TINY, "--data-path", "{good-set}", "--output-dir", "{used-run}", "--resume", "{foreign}"],
+        ["--resume", "not a checkpoint of --output-dir", "used-run", "its AP would join its metrics"],
+    ),
+    (
+        "eval-weights-into-a-run",
+        ["eval", *TINY, "--data-path", "{good-set}", "--output-dir", "{used-run}", "--weights", "{text-weights}"],
+        ["--output-dir", "used-run already holds a run", "its AP would join its metrics"],
+    ),
     ("report-missing", ["report", "--metrics", "{tmp}/none.jsonl"], ["none.jsonl does not exist"]),
     ("report-without-loss", ["report", "--metrics", "{no-loss}"], ["no-loss.jsonl line 1", "'loss'"]),
     ("report-json-list", ["report", "--metrics", "{json-list}"], ["list.jsonl line 1", "JSON list"]),
@@ -259,6 +269,26 @@ def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path,
     result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
     _assert_nothing_lost(tmp_path, before)
+
+
+@pytest.mark.parametrize(
+    ("resume", "trains", "refused"),
+    [
+        ("auto", True, False),
+        ("{used-run}/checkpoints", True, False),
+        ("{used-run}/checkpoints/checkpoint_00000002.pt", True, False),  # the newest: continues the run
+        ("{used-run}/checkpoints/checkpoint_00000001.pt", True, True),  # training would replace step 2's
+        ("{used-run}/checkpoints/checkpoint_00000001.pt", False, False),  # evaluating it only adds a record
+        ("{foreign}", True, True),
+        ("{foreign}", False, True),
+        (None, False, True),  # eval --weights into a run: not one of its checkpoints
+    ],
+)
+def test_what_may_continue_or_evaluate_in_a_run(tmp_path: Path, resume: str | None, trains: bool, refused: bool):
+    files = _files(tmp_path)
+    source = None if resume is None else _fill([resume], tmp_path, files)[0]
+    problem = resume_problem(files["used-run"], source, ["metrics.jsonl"], trains=trains)
+    assert (problem is not None) == refused, problem
 
 
 def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
