@@ -116,10 +116,10 @@ def preflight(cfg: TrainConfig, options: ProfileConfig, topology: Topology) -> t
     """The device to measure on, once every input is known to work: each problem found here would
     otherwise surface after minutes of measuring (or, for a GPU that is not there, as a CPU profile
     labelled with the flags of a GPU one). UserError naming the flag, all problems in one line."""
-    problems = [
-        cfg.micro_batches_problem() or "",  # every pipeline candidate splits the batch
+    problems: list[str | None] = [
+        cfg.micro_batches_problem(),  # every pipeline candidate splits the batch
         *(
-            output_file_problem(Path(path), flag, (".yaml", ".yml")) or ""
+            output_file_problem(Path(path), flag, (".yaml", ".yml"))
             for flag, path in (("--write-topology", options.write_topology), ("--write-values", options.write_values))
             if path is not None
         ),
@@ -134,9 +134,9 @@ def preflight(cfg: TrainConfig, options: ProfileConfig, topology: Topology) -> t
         problems.append(str(exc))
         device = torch.device("cpu")
     if device.type == "cpu":  # --device auto on a host without a GPU: the engines refuse it there too
-        problems.append(fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype) or "")
-    if problems := [p for p in problems if p]:
-        raise UserError("; ".join(problems))
+        problems.append(fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype))
+    if found := [p for p in problems if p]:
+        raise UserError("; ".join(found))
     return device
 
 

@@ -74,11 +74,11 @@ def write_topology(path: Path, doc: dict[str, Any]) -> None:
     )
 
 
-def chart_values_problem(worker_devices: list[int], where: str = "") -> str:
-    """Why the chart cannot describe workers with these device counts ("" when it can): its
+def chart_values_problem(worker_devices: list[int], where: str = "") -> str | None:
+    """Why the chart cannot describe workers with these device counts (None when it can): its
     worker.gpus is one value for every worker. Checked on the base topology before measuring."""
     if len(set(worker_devices)) <= 1:
-        return ""
+        return None
     prefix = f"{where}: " if where else ""
     return (
         f"{prefix}workers have different device counts {sorted(set(worker_devices))}; the chart's worker.gpus "
