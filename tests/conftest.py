@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder."""
+"""Fixtures shared by every test folder, and the guard that keeps every test inside the checkout
+(checkout_guard.py: a test that reads `../shared` or anything else beside the repository fails)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from maskrcnn_launcher.peers import free_port as pick_free_port
+
+pytest_plugins = ("checkout_guard",)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools"
