@@ -70,7 +70,7 @@ def test_identity_env_values(render, scenario: str, jobset_api: bool) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 def test_one_pod_template_for_both_workloads(render, scenario: str) -> None:
-    """The JobSet's pods are the StatefulSets' pods (one definition in _helpers.tpl), except what a
+    """The JobSet's pods are the StatefulSets' pods (one definition in _pod.tpl), except what a
     Job needs: restartPolicy Never, and the JobSet identity variables."""
     sts = pod_templates(render(scenario, "workload=statefulset"))
     jobset = pod_templates(render(scenario, "workload=jobset"))
