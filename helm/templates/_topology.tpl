@@ -67,9 +67,60 @@ feeds the printed plan, so changing it restarts no pod.
 {{- end -}}
 {{- $_ := set $topology "stages" $stages -}}
 {{- end -}}
-{{- if and $withEstimate .Values.estimate -}}
-{{- $_ := set $topology "estimate" .Values.estimate -}}
+{{- if $withEstimate -}}
+{{- with include "maskrcnn-dist.estimate" $root | fromYaml -}}
+{{- $_ := set $topology "estimate" . -}}
+{{- end -}}
 {{- end -}}
 {{- toYaml $topology -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The estimate keys a trainer flag decides: a values file states the batch and the micro-batch count
+once, in trainer.args, and the topology's estimate takes them from there.
+*/}}
+{{- define "maskrcnn-dist.estimateFlags" -}}
+{{- toYaml (dict "batch_size" "--batch-size" "micro_batches" "--micro-batches") -}}
+{{- end -}}
+
+{{/*
+The value of a trainer flag in trainer.args, `--flag VALUE` or `--flag=VALUE` (the last one wins, as
+on the trainer's command line), each argument rendered with tpl as the pod gets it; empty when the
+flag is not there. Argument: (dict "root" $ "flag" "--batch-size").
+*/}}
+{{- define "maskrcnn-dist.trainerFlag" -}}
+{{- $root := .root -}}
+{{- $flag := .flag -}}
+{{- $args := list -}}
+{{- range $root.Values.trainer.args -}}
+{{- $args = append $args (tpl (toString .) $root) -}}
+{{- end -}}
+{{- $value := "" -}}
+{{- range $i, $arg := $args -}}
+{{- if and (eq $arg $flag) (lt (add1 $i) (len $args)) -}}
+{{- $value = index $args (add1 $i) -}}
+{{- else if hasPrefix (printf "%s=" $flag) $arg -}}
+{{- $value = trimPrefix (printf "%s=" $flag) $arg -}}
+{{- end -}}
+{{- end -}}
+{{- $value -}}
+{{- end -}}
+
+{{/*
+The topology's `estimate` (YAML; empty when there is none): the values' estimate, with batch_size
+and micro_batches taken from trainer.args (estimateFlags) where estimate does not give them.
+validateEstimate refuses an estimate that gives them otherwise than trainer.args.
+*/}}
+{{- define "maskrcnn-dist.estimate" -}}
+{{- $estimate := deepCopy (default (dict) .Values.estimate) -}}
+{{- range $key, $flag := include "maskrcnn-dist.estimateFlags" . | fromYaml -}}
+{{- $value := include "maskrcnn-dist.trainerFlag" (dict "root" $ "flag" $flag) -}}
+{{- if and $value (not (hasKey $estimate $key)) -}}
+{{- $_ := set $estimate $key (atoi $value) -}}
+{{- end -}}
+{{- end -}}
+{{- with $estimate -}}
+{{- toYaml . -}}
 {{- end -}}
 {{- end -}}

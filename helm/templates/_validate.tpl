@@ -46,11 +46,7 @@ renders StatefulSets or not).
 {{- end -}}
 {{- end -}}
 {{- include "maskrcnn-dist.validateVolumes" . -}}
-{{- $estimate := default (dict) .Values.estimate -}}
-{{- $batch := int (default 2 $estimate.batch_size) -}}
-{{- if and (hasKey $estimate "micro_batches") (gt (int $estimate.micro_batches) $batch) -}}
-{{- fail (printf "estimate.micro_batches (%v) exceeds estimate.batch_size (%d): the launcher would refuse the topology and no pod would start, although estimate only feeds the printed plan; the run's micro-batches are the trainer's --micro-batches" $estimate.micro_batches $batch) -}}
-{{- end -}}
+{{- include "maskrcnn-dist.validateEstimate" . -}}
 {{- end -}}
 
 {{/*
@@ -193,5 +189,36 @@ cleaned (`/data/`, `//tmp` and `/tmp/../data` are /data, /tmp and /data).
 {{- if not (has $mount.name $names) -}}
 {{- fail (printf "extraVolumeMounts[%d].name=%s names no volume of extraVolumes (%s): add the volume to extraVolumes" $i $mount.name (join ", " (default (list "none") $names))) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The topology's estimate against trainer.args: batch_size and micro_batches come from the trainer's
+--batch-size and --micro-batches (_topology.tpl's maskrcnn-dist.estimate), so an estimate that gives
+them otherwise describes another run than the one the pods train, and is refused; a flag value that
+is not a count cannot be taken. And the launcher's own rule: no more micro-batches than images.
+*/}}
+{{- define "maskrcnn-dist.validateEstimate" -}}
+{{- $given := default (dict) .Values.estimate -}}
+{{- $from := dict -}}
+{{- range $key, $flag := include "maskrcnn-dist.estimateFlags" . | fromYaml -}}
+{{- $value := include "maskrcnn-dist.trainerFlag" (dict "root" $ "flag" $flag) -}}
+{{- $_ := set $from $key (printf "estimate.%s" $key) -}}
+{{- if $value -}}
+{{- if not (and (regexMatch "^[0-9]+$" $value) (gt (atoi $value) 0)) -}}
+{{- fail (printf "trainer.args: %s %s is not a positive whole number (the trainer would refuse it, and estimate.%s cannot be taken from it)" $flag $value $key) -}}
+{{- end -}}
+{{- if and (hasKey $given $key) (ne (int (get $given $key)) (atoi $value)) -}}
+{{- fail (printf "estimate.%s (%v) contradicts trainer.args %s %s: estimate describes the run the trainer's flags decide; leave estimate.%s out (the chart takes it from trainer.args) or give the same value" $key (get $given $key) $flag $value $key) -}}
+{{- end -}}
+{{- if not (hasKey $given $key) -}}
+{{- $_ := set $from $key (printf "trainer.args %s" $flag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $estimate := include "maskrcnn-dist.estimate" . | fromYaml -}}
+{{- $batch := int (default 2 $estimate.batch_size) -}}
+{{- if and (hasKey $estimate "micro_batches") (gt (int $estimate.micro_batches) $batch) -}}
+{{- fail (printf "%s (%v) exceeds %s (%d): the launcher would refuse the topology and no pod would start, although estimate only feeds the printed plan; the run's micro-batches are the trainer's --micro-batches" $from.micro_batches $estimate.micro_batches $from.batch_size $batch) -}}
 {{- end -}}
 {{- end -}}

@@ -8,6 +8,7 @@ without JobSet, and as for one that serves `jobset.x-k8s.io/v1alpha2` (`--api-ve
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import subprocess
 from collections.abc import Callable
@@ -74,6 +75,20 @@ def render(run_helm) -> Callable[..., list[dict[str, Any]]]:
         return cache[key]
 
     return _render
+
+
+@pytest.fixture
+def template_values(run_helm, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """template_values(values, *helm args) -> `helm template` of the chart with `values` (a mapping,
+    written as a values file, so a string stays a string and a number a number) over its defaults."""
+    files = itertools.count()
+
+    def run(values: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / f"values-{next(files)}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        return run_helm("template", RELEASE, str(CHART), "-f", str(path), *args)
+
+    return run
 
 
 @pytest.fixture(scope="session")

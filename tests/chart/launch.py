@@ -14,7 +14,7 @@ from typing import Any
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.contract import JOBSET_FIELDS
 
-from .objects import by_kind
+from .objects import topology_text
 
 
 def pod_environment(
@@ -58,9 +58,8 @@ def expand(arg: str, env: dict[str, str]) -> str:
 
 def write_topology(objects: list[dict[str, Any]], folder: Path) -> Path:
     """The topology ConfigMap's file, where the launcher can read it (the pod mounts it)."""
-    (cm,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-topology")]
     path = folder / "topology.yaml"
-    path.write_text(cm["data"]["topology.yaml"])
+    path.write_text(topology_text(objects))
     return path
 
 

@@ -90,10 +90,15 @@ def trainer(template: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
-def topology_of(objects: list[dict[str, Any]]):
+def topology_text(objects: list[dict[str, Any]]) -> str:
+    """The topology file the chart's ConfigMap holds (what the pods mount and the launcher reads)."""
     (cm,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-topology")]
+    return cm["data"]["topology.yaml"]
+
+
+def topology_of(objects: list[dict[str, Any]]):
     # The launcher's own parser: the chart's ConfigMap is a topology the launcher accepts.
-    return parse_topology(yaml.safe_load(cm["data"]["topology.yaml"]), "configmap")
+    return parse_topology(yaml.safe_load(topology_text(objects)), "configmap")
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -5,7 +5,6 @@ exactly the pipelines the launcher refuses, and `estimate` feeds only the printe
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +12,8 @@ import yaml
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.topology import parse_topology
 
-from .conftest import CHART, RELEASE, load_manifests
-from .objects import CASE_IDS, CASES, pod_templates, topology_of, trainer
+from .conftest import load_manifests
+from .objects import CASE_IDS, CASES, pod_templates, topology_of, topology_text, trainer
 
 pytestmark = pytest.mark.needs_helm
 
@@ -56,6 +55,84 @@ def test_estimate_changes_only_the_printed_plan(render, jobset_api: bool) -> Non
     differ = [o["kind"] for o, p in zip(with_estimate, without, strict=True) if o != p]
     assert differ == ["ConfigMap"], differ
     assert with_estimate != without
+
+
+# (trainer.args, estimate) -> the topology's estimate: batch_size and micro_batches come from the
+# trainer's flags when estimate leaves them out, in every spelling; the last flag given wins.
+BF16 = {"feature_dtype": "bfloat16"}
+ESTIMATES = [
+    (["--batch-size", "8", "--micro-batches", "4"], None, {"batch_size": 8, "micro_batches": 4}),
+    (["--batch-size=6"], {}, {"batch_size": 6}),
+    (["--micro-batches=2", "--amp", "--batch-size", "4"], None, {"batch_size": 4, "micro_batches": 2}),
+    (["--batch-size", "2", "--batch-size", "6"], None, {"batch_size": 6}),
+    (["--batch-size", "{{ add 4 4 }}"], None, {"batch_size": 8}),
+    (
+        ["--batch-size", "8"],
+        {"batch_size": 8, "feature_dtype": "bfloat16"},
+        {"batch_size": 8, "feature_dtype": "bfloat16"},
+    ),
+    (["--resume", "auto"], {"batch_size": 4, "micro_batches": 4}, {"batch_size": 4, "micro_batches": 4}),
+    (["--resume", "auto"], None, None),
+]
+
+
+@pytest.mark.parametrize(("args", "estimate", "expected"), ESTIMATES)
+def test_estimate_takes_the_batch_and_micro_batches_from_trainer_args(
+    template_values, args: list[str], estimate: dict[str, Any] | None, expected: dict[str, Any] | None
+) -> None:
+    values: dict[str, Any] = {"trainer": {"args": args}}
+    if estimate is not None:
+        values["estimate"] = estimate
+    proc = template_values(values)
+    assert proc.returncode == 0, proc.stderr
+    objects = load_manifests(proc.stdout)
+    assert yaml.safe_load(topology_text(objects)).get("estimate") == expected
+    topology_of(objects)  # the launcher takes it
+
+
+def test_a_values_file_states_the_batch_once(render, values) -> None:
+    """ci/gpu-3-machines-values.yaml gives --batch-size 8 and --micro-batches 4 in trainer.args only;
+    the plan's estimate says the same."""
+    assert not {"batch_size", "micro_batches"} & set(values("gpu-3-machines")["estimate"])
+    estimate = topology_of(render("gpu-3-machines")).estimate
+    assert (estimate.batch_size, estimate.micro_batches) == (8, 4)
+
+
+# (trainer.args, estimate, the message): an estimate that says otherwise than trainer.args, a flag value
+# that is no count, and micro-batches the launcher refuses, wherever they come from.
+CONTRADICTIONS = [
+    (
+        ["--batch-size", "8"],
+        {"batch_size": 4},
+        "estimate.batch_size (4) contradicts trainer.args --batch-size 8: estimate describes the run",
+    ),
+    (
+        ["--batch-size", "8", "--micro-batches=4"],
+        {"micro_batches": 2},
+        "estimate.micro_batches (2) contradicts trainer.args --micro-batches 4",
+    ),
+    (["--batch-size", "2", "--batch-size=6"], {"batch_size": 2}, "estimate.batch_size (2) contradicts"),
+    (["--batch-size", "eight"], None, "trainer.args: --batch-size eight is not a positive whole number"),
+    (["--micro-batches=0"], None, "trainer.args: --micro-batches 0 is not a positive whole number"),
+    (
+        ["--batch-size", "2", "--micro-batches", "4"],
+        None,
+        "trainer.args --micro-batches (4) exceeds trainer.args --batch-size (2)",
+    ),
+    (["--batch-size", "2"], {"micro_batches": 3}, "estimate.micro_batches (3) exceeds trainer.args --batch-size (2)"),
+]
+
+
+@pytest.mark.parametrize(("args", "estimate", "message"), CONTRADICTIONS)
+def test_an_estimate_that_contradicts_trainer_args_is_refused(
+    template_values, args: list[str], estimate: dict[str, Any] | None, message: str
+) -> None:
+    values: dict[str, Any] = {"trainer": {"args": args}}
+    if estimate is not None:
+        values["estimate"] = estimate
+    proc = template_values(values)
+    assert proc.returncode != 0, f"{args} with estimate {estimate} was accepted"
+    assert message in proc.stderr, proc.stderr
 
 
 def contiguous_splits(modules: tuple[str, ...]) -> list[list[list[str]]]:
@@ -111,7 +188,7 @@ def launcher_topology(values: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("placement", "gpus", "transport", "replicas", "names"), PIPELINES)
 def test_the_chart_refuses_the_pipelines_the_launcher_refuses(
-    run_helm, tmp_path: Path, placement, gpus: int, transport: str, replicas, names
+    template_values, placement, gpus: int, transport: str, replicas, names
 ) -> None:
     """A topology the launcher refuses makes every pod exit 2 at start-up (a JobSet fails at once, a
     StatefulSet crash-loops): the chart refuses the same values when it is rendered, naming them, and
@@ -128,13 +205,10 @@ def test_the_chart_refuses_the_pipelines_the_launcher_refuses(
         problem = None
     except TopologyError as exc:
         problem = str(exc)
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    proc = run_helm("template", RELEASE, str(CHART), "-f", str(path))
+    proc = template_values(values)
     if problem:
         assert proc.returncode != 0, f"the chart renders a topology the launcher refuses: {problem}"
         assert "pipeline.stages" in proc.stderr, proc.stderr
         return
     assert proc.returncode == 0, f"the chart refuses a topology the launcher takes:\n{proc.stderr}"
-    (cm,) = [o for o in load_manifests(proc.stdout) if o["metadata"]["name"].endswith("-topology")]
-    assert yaml.safe_load(cm["data"]["topology.yaml"]) == expected
+    assert yaml.safe_load(topology_text(load_manifests(proc.stdout))) == expected
