@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import re
 import subprocess
 from collections.abc import Callable
@@ -80,12 +81,13 @@ def render(run_helm) -> Callable[..., list[dict[str, Any]]]:
 @pytest.fixture
 def template_values(run_helm, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """template_values(values, *helm args) -> `helm template` of the chart with `values` (a mapping,
-    written as a values file, so a string stays a string and a number a number) over its defaults."""
+    written as a JSON values file, so a string stays a string and a number a number: YAML would read
+    an unquoted 1e3 as 1000) over its defaults."""
     files = itertools.count()
 
     def run(values: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
         path = tmp_path / f"values-{next(files)}.yaml"
-        path.write_text(yaml.safe_dump(values))
+        path.write_text(json.dumps(values))
         return run_helm("template", RELEASE, str(CHART), "-f", str(path), *args)
 
     return run

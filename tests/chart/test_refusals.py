@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from maskrcnn_launcher import contract
 
-from .conftest import CHART, RELEASE
+from .conftest import CHART, RELEASE, load_manifests
 from .objects import VOLUME, pod_templates, trainer
+from .validate import validate_kubernetes_objects
 
 pytestmark = pytest.mark.needs_helm
 
@@ -136,10 +137,86 @@ def test_bad_values_are_rejected_with_a_clear_message(run_helm, setting: str, me
     proc = run_helm("template", RELEASE, str(CHART), "--set", setting)
     assert proc.returncode != 0, f"--set {setting} was accepted"
     if message.startswith("/"):
-        spellings = (f"'{message}'", message[1:].replace("/", "."))
-        assert any(s in proc.stderr for s in spellings), proc.stderr
+        assert names_schema_path(proc.stderr, *message[1:].split("/")), proc.stderr
     else:
         assert message in proc.stderr, proc.stderr
+
+
+def names_schema_path(stderr: str, *keys: str) -> bool:
+    """Whether a schema error names the value at `keys` ("worker", "gpus"), as helm 4 says it (a JSON
+    pointer, '/worker/gpus', a "/" in a key written "~1") or helm 3 (worker.gpus)."""
+    pointer = "/" + "/".join(key.replace("~", "~0").replace("/", "~1") for key in keys)
+    return f"'{pointer}'" in stderr or ".".join(keys) in stderr
+
+
+# (value, whether it is a Kubernetes quantity), as apimachinery's resource.ParseQuantity has it
+# (parseQuantityString, then the suffix: a binary or decimal SI one, or "e"/"E" and an integer), and
+# not negative (the API server refuses a negative request or limit). The chart checks it at render
+# time, where the API server would refuse the pods later, or for a JobSet only when the Job
+# controller makes them.
+QUANTITIES = [
+    ("100m", True),
+    ("0.5", True),
+    (0.5, True),
+    (2, True),
+    ("2", True),
+    ("0", True),
+    ("1.5Gi", True),
+    ("512Mi", True),
+    ("4G", True),
+    ("64k", True),
+    ("250u", True),
+    ("10n", True),
+    ("1e3", True),
+    ("1E3", True),
+    ("1e-3", True),
+    ("2E", True),  # two exa: E alone is the decimal suffix
+    ("+1", True),
+    (".5", True),
+    ("1.", True),
+    ("2 cores", False),
+    ("4GB", False),
+    ("1gi", False),
+    ("1K", False),  # kilo is k; K only begins Ki
+    ("1KB", False),
+    ("1Mi3", False),
+    ("-1", False),
+    (-1, False),
+    (-0.5, False),
+    ("", False),
+    (" 1", False),
+    ("1 ", False),
+    ("1.5.5", False),
+    ("e3", False),
+    ("1e", False),
+    ("Gi", False),
+    ("1,5", False),
+    ("0x10", False),
+    (True, False),
+]
+# Where each case is set, in turn: requests and limits of both roles, every kind of resource.
+RESOURCE_FIELDS = [
+    ("worker", "requests", "cpu"),
+    ("master", "limits", "memory"),
+    ("worker", "limits", "ephemeral-storage"),
+    ("master", "requests", "cpu"),
+    ("worker", "requests", "memory"),
+    ("master", "limits", "example.com/fpga"),
+]
+
+
+@pytest.mark.parametrize(("index", "value", "valid"), [(i, v, ok) for i, (v, ok) in enumerate(QUANTITIES)])
+def test_resource_quantities_are_checked_at_render_time(template_values, index: int, value, valid: bool) -> None:
+    role, section, name = RESOURCE_FIELDS[index % len(RESOURCE_FIELDS)]
+    proc = template_values({role: {"resources": {section: {name: value}}}})
+    if not valid:
+        assert proc.returncode != 0, f"{role}.resources.{section}.{name}={value!r} was accepted"
+        assert names_schema_path(proc.stderr, role, "resources", section, name), proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    objects = load_manifests(proc.stdout)
+    assert trainer(pod_templates(objects)[role])["resources"][section][name] == value
+    validate_kubernetes_objects(objects)
 
 
 def test_schema_errors_read_well_with_the_pinned_helm(run_helm) -> None:
