@@ -182,6 +182,9 @@ def describe(touched: dict[str, str]) -> str:
 # The one guard of this process, made by the first pytest_configure: an audit hook cannot be removed,
 # so a second session in the same process (pytester's inline runs) reuses it rather than adding one.
 _GUARD: list[CheckoutGuard] = []
+GUARD_KEY = pytest.StashKey[CheckoutGuard]()
+# What was touched while no test ran, for the terminal summary.
+LEFT_KEY = pytest.StashKey[dict[str, str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -190,9 +193,6 @@ def pytest_configure(config: pytest.Config) -> None:
         _GUARD.append(guard)
         sys.addaudithook(guard.audit)
     config.stash[GUARD_KEY] = _GUARD[0]
-
-
-GUARD_KEY = pytest.StashKey[CheckoutGuard]()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -224,9 +224,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if left:
         session.config.stash[LEFT_KEY] = left
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-LEFT_KEY = pytest.StashKey[dict[str, str]]()
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
