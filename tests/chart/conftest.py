@@ -1,18 +1,17 @@
-"""Fixtures for the chart tests: a helm binary (fetched when none is installed) and rendered objects.
+"""Fixtures for the chart tests: helm runs, rendered objects, scenario values and the JobSet schema.
 
-helm comes from PATH, else from .tools/ (where `make helm` puts it), else helm/hack/get-helm.sh
-fetches the pinned one now: a missing helm is a failure with a reason, never a silent skip.
-
-Every scenario is rendered twice: as for a cluster without JobSet, and as for one that serves
-`jobset.x-k8s.io/v1alpha2` (`--api-versions`), where `workload: auto` renders a JobSet.
+The `helm` binary is tests/conftest.py's fixture. Every scenario is rendered twice: as for a cluster
+without JobSet, and as for one that serves `jobset.x-k8s.io/v1alpha2` (`--api-versions`), where
+`workload: auto` renders a JobSet.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import hashlib
+import itertools
+import json
+import re
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,33 +22,17 @@ from maskrcnn_launcher.yamlfile import load_yaml_all
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm"
-TOOLS = ROOT / ".tools"
 RELEASE = "t"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-# The JobSet CRD as published by kubernetes-sigs/jobset v0.12.0 (config/components/crd/bases), which the
-# JobSet render is validated against: ../shared/schemas/ beside the checkout (see its README), or the
-# file MASKRCNN_JOBSET_CRD names. Pinned by hash, so a changed file cannot pass for the published one.
-JOBSET_CRD = Path(
-    os.environ.get("MASKRCNN_JOBSET_CRD") or ROOT.parent / "shared" / "schemas" / "jobset.x-k8s.io_jobsets-v0.12.0.yaml"
-)
-JOBSET_CRD_SHA256 = "d022b87624512cf0b6741b31b24a2bea9945b5a838b50713af29332c878bb6fe"
+# Published API schemas, kept as published, with their provenance and sha256 in the README's table.
+SCHEMAS = ROOT / "schemas"
+# The JobSet CRD of kubernetes-sigs/jobset v0.12.0, which every rendered JobSet is validated against.
+JOBSET_CRD = SCHEMAS / "jobset.x-k8s.io_jobsets-v0.12.0.yaml"
 # Scenario name -> values file (None: the chart's defaults, which k8s/ is rendered from).
 SCENARIOS: dict[str, Path | None] = {
     "default": None,
     **{p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))},
 }
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    found = shutil.which("helm") or (str(TOOLS / "helm") if (TOOLS / "helm").is_file() else None)
-    if found:
-        return found
-    env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run([str(CHART / "hack" / "get-helm.sh"), str(TOOLS)], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"no helm on PATH and helm/hack/get-helm.sh failed:\n{proc.stdout}\n{proc.stderr}")
-    return str(TOOLS / "helm")
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +78,21 @@ def render(run_helm) -> Callable[..., list[dict[str, Any]]]:
     return _render
 
 
+@pytest.fixture
+def template_values(run_helm, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """template_values(values, *helm args) -> `helm template` of the chart with `values` (a mapping,
+    written as a JSON values file, so a string stays a string and a number a number: YAML would read
+    an unquoted 1e3 as 1000) over its defaults."""
+    files = itertools.count()
+
+    def run(values: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / f"values-{next(files)}.yaml"
+        path.write_text(json.dumps(values))
+        return run_helm("template", RELEASE, str(CHART), "-f", str(path), *args)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def values() -> Callable[[str], dict[str, Any]]:
     """The merged values of a scenario (chart defaults overlaid by its ci file, shallow per key)."""
@@ -114,17 +112,29 @@ def values() -> Callable[[str], dict[str, Any]]:
     return _values
 
 
+# A row of schemas/README.md's table: | `file` | what | project | tag | path | licence | `sha256` |
+SCHEMA_ROW = re.compile(r"^\| `(?P<file>[^`]+)` \|.*\| `(?P<sha256>[0-9a-f]{64})` \|$", re.MULTILINE)
+
+
+def recorded_schemas() -> dict[str, str]:
+    """schemas/README.md's table: file name -> the sha256 recorded for it."""
+    return {m["file"]: m["sha256"] for m in SCHEMA_ROW.finditer((SCHEMAS / "README.md").read_text())}
+
+
+def published_schema(path: Path) -> Any:
+    """A file of schemas/, parsed, once its bytes are checked against the sha256 the README records
+    (an edited file cannot pass for the published one)."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    recorded = recorded_schemas().get(path.name)
+    assert digest == recorded, f"{path}: sha256 {digest}, schemas/README.md records {recorded}"
+    return yaml.safe_load(data)
+
+
 @pytest.fixture(scope="session")
 def jobset_schema() -> dict[str, Any]:
     """The CRD's v1alpha2 openAPIV3Schema, made strict: a field it does not name is an error."""
-    import hashlib
-
-    if not JOBSET_CRD.is_file():
-        pytest.fail(f"the JobSet CRD is not at {JOBSET_CRD} (set MASKRCNN_JOBSET_CRD to the published v0.12.0 file)")
-    data = JOBSET_CRD.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    assert digest == JOBSET_CRD_SHA256, f"{JOBSET_CRD}: sha256 {digest} is not the published v0.12.0 CRD's"
-    crd = yaml.safe_load(data)
+    crd = published_schema(JOBSET_CRD)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
     return strict_schema(version["schema"]["openAPIV3Schema"])
 

