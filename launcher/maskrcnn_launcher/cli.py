@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import click
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.boundary import EXIT_USER_ERROR, ExitWith, GuardedGroup
+from maskrcnn_launcher.boundary import EXIT_USER_ERROR as EXIT_INVALID  # noqa: F401 (tests/chart imports it from here)
+from maskrcnn_launcher.boundary import ExitWith, GuardedGroup
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
@@ -26,8 +27,6 @@ from maskrcnn_launcher.render import plan_json, plan_table
 from maskrcnn_launcher.topology import builtin_topologies, load_topology
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_INVALID = EXIT_USER_ERROR
 
 
 class _Seconds(click.ParamType):
