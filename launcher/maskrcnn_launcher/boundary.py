@@ -5,10 +5,14 @@ Exit codes are part of the pod contract: a JobSet's podFailurePolicy fails the j
 EXIT_USER_ERROR instead of restarting the group over the same mistake, and anything else counts as a
 crash to recover from. So every failure leaves through here, as one line on stderr:
 
-    EXIT_USER_ERROR (2)   the user can fix it: a flag, a field, a file (its name is in the line)
-    EXIT_RUNTIME (1)      anything else; the traceback only with --debug or MASKRCNN_DEBUG=1
-    EXIT_UNREACHABLE (3)  the launcher could not reach the master
+    EXIT_OK (0)            done
+    EXIT_USER_ERROR (2)    the user can fix it: a flag, a field, a file (its name is in the line)
+    EXIT_RUNTIME (1)       anything else; the traceback only with --debug or MASKRCNN_DEBUG=1
+    EXIT_UNREACHABLE (3)   the launcher could not reach the master (`launch`, `wait-master`)
     EXIT_INTERRUPTED (130) Ctrl-C / SIGINT
+    EXIT_TERMINATED (143)  SIGTERM to `maskrcnn-launch local`, after it has stopped its pods
+
+Every exit code is written here and only here; the other modules use these names.
 
 Each package adds what it knows about its own exceptions through `classify`; what is common (click's
 usage errors, the launcher's errors, OS errors on a named path) is decided here, once. Standard library
@@ -28,10 +32,12 @@ import click
 
 from maskrcnn_launcher.errors import LauncherError, PeerTimeout
 
+EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USER_ERROR = 2
 EXIT_UNREACHABLE = 3
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for a signal
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 #: Set to 1 to print the traceback of a runtime failure (same as the --debug flag of either CLI).
 DEBUG_ENV = "MASKRCNN_DEBUG"
@@ -171,7 +177,7 @@ class GuardedGroup(click.Group):
             failure = (self.classify(exc) if self.classify else None) or classify_common(exc)
             report(failure, exc, debug)
             sys.exit(failure.code)
-        code = result if isinstance(result, int) else 0  # click returns --help's 0 without standalone_mode
+        code = result if isinstance(result, int) else EXIT_OK  # click returns --help's 0 without standalone_mode
         if standalone_mode:
             sys.exit(code)
         return result

@@ -1,4 +1,4 @@
-"""`maskrcnn-launch`: plan, validate, launch, local, status. Thin over the library; every failure leaves
+"""`maskrcnn-launch`: plan, validate, launch, local, wait-master, status. Thin over the library; every failure leaves
 through the error boundary (boundary.py): exit 2 on bad input (or a cluster that cannot answer `status`),
 3 on an unreachable master, 1 otherwise, one `error:` line each."""
 
@@ -15,19 +15,18 @@ from typing import Any, TypeVar
 import click
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.boundary import EXIT_USER_ERROR, ExitWith, GuardedGroup
+from maskrcnn_launcher.boundary import EXIT_USER_ERROR as EXIT_INVALID  # noqa: F401 (tests/chart imports it from here)
+from maskrcnn_launcher.boundary import ExitWith, GuardedGroup
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
 from maskrcnn_launcher.launch import must_wait, parse_trainer_cmd, trainer_command
-from maskrcnn_launcher.peers import WaitPolicy, free_port
+from maskrcnn_launcher.peers import WaitPolicy, free_port, wait_until_master_reachable
 from maskrcnn_launcher.plan import derive_job, derive_pod
 from maskrcnn_launcher.render import plan_json, plan_table
 from maskrcnn_launcher.topology import builtin_topologies, load_topology
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_INVALID = EXIT_USER_ERROR
 
 
 class _Seconds(click.ParamType):
@@ -210,12 +209,8 @@ def launch(
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     policy = WaitPolicy(timeout_s=_wait_timeout(wait_timeout, env))
-
-    def log(message: str) -> None:
-        click.echo(message, err=True)
-
-    log(f"maskrcnn-launch: {plan.role} {plan.index} ({identity.source}); master {plan.master_addr}:{plan.master_port}")
-    run_launch(pod, trainer_args, command, policy, env, log)
+    _log(f"maskrcnn-launch: {plan.role} {plan.index} ({identity.source}); master {plan.master_addr}:{plan.master_port}")
+    run_launch(pod, trainer_args, command, policy, env, _log)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -261,6 +256,33 @@ def local(
         raise ExitWith(result.code, f"{result.pod}: {result.error or f'exited with {result.code}'}")
 
 
+@main.command("wait-master")
+@click.option("--master-addr", required=True, metavar="HOST", help="The master's address: its DNS name or IP.")
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=contract.DEFAULT_MASTER_PORT,
+    show_default=True,
+    help="The master's rendezvous port (the topology's network.master_port).",
+)
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    default=contract.DEFAULT_WAIT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the name to resolve and then the port to accept a connection.",
+)
+def wait_master(master_addr: str, master_port: int, timeout: float) -> None:
+    """Wait until the master's name resolves and its port accepts a TCP connection, as a worker's
+    `launch` does before it starts the trainer; print `master reachable at HOST:PORT`, or one error line
+    and exit 3 after --timeout. The chart's `helm test` runs it (the port is open while training runs).
+    """
+    if not master_addr.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--master-addr'")
+    wait_until_master_reachable(master_addr, master_port, WaitPolicy(timeout_s=timeout), _log)
+    click.echo(f"master reachable at {master_addr}:{master_port}")
+
+
 @main.command()
 @click.option("--release", required=True, help="Helm release name (the pods' app.kubernetes.io/instance label).")
 @click.option(
@@ -290,6 +312,11 @@ def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json
     finally:
         connection.close()
     click.echo(render_status(result, as_json=as_json))
+
+
+def _log(message: str) -> None:
+    """The launcher's own progress lines go to stderr: stdout is the trainer's, or a command's answer."""
+    click.echo(message, err=True)
 
 
 def _wait_timeout(flag: float | None, env: dict[str, str]) -> float:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from maskrcnn_launcher.boundary import EXIT_USER_ERROR
+from maskrcnn_launcher.boundary import EXIT_OK, EXIT_TERMINATED, EXIT_USER_ERROR
 from maskrcnn_launcher.launch import EXEC_MARK
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
@@ -82,7 +82,7 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
     them could not help, and the group cannot go on without it."""
     # A SIGTERM to this runner (Ctrl-C, `timeout`, a CI kill) must still stop the pods: unwind
     # through the `finally` below instead of dying with them orphaned.
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_TERMINATED))
     procs = {
         pod.name: subprocess.Popen(
             pod.argv,
@@ -108,7 +108,7 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
     deadline: float | None = None
     try:
         while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
-            failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, 0)]
+            failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, EXIT_OK)]
             if failed and first_failure is None:
                 failed_pod, first_failure = failed[0]
                 grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
@@ -128,8 +128,8 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
             pump.join(timeout=5)
         signal.signal(signal.SIGTERM, previous)
     if first_failure is None:
-        failed_pod, first_failure = next(((n, p.returncode) for n, p in procs.items() if p.returncode), (None, 0))
-    return LocalResult(first_failure or 0, failed_pod, errors.get(failed_pod) if failed_pod else None)
+        failed_pod, first_failure = next(((n, p.returncode) for n, p in procs.items() if p.returncode), (None, EXIT_OK))
+    return LocalResult(first_failure or EXIT_OK, failed_pod, errors.get(failed_pod) if failed_pod else None)
 
 
 def _die_with_parent() -> None:

@@ -56,6 +56,15 @@ def wait_for_master(host: str, port: int, policy: WaitPolicy, log: Callable[[str
     log(f"maskrcnn-launch: master {host}:{port} accepts connections")
 
 
+def wait_until_master_reachable(host: str, port: int, policy: WaitPolicy, log: Callable[[str], None] = print) -> None:
+    """`wait_for_master`, with its timeout as one line that names the host and the port whatever gave
+    out (the name or the port): what `maskrcnn-launch wait-master` (the chart's `helm test`) reports."""
+    try:
+        wait_for_master(host, port, policy, log)
+    except PeerTimeout as exc:
+        raise PeerTimeout(f"master not reachable at {host}:{port}: {exc}") from exc
+
+
 def wait_for_name(host: str, deadline: float, policy: WaitPolicy, log: Callable[[str], None] = print) -> list[str]:
     return _retry(
         lambda remaining: _resolve(host, remaining),

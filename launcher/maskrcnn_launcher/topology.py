@@ -1,4 +1,4 @@
-"""Topology YAML -> validated dataclasses. Every problem is collected, each naming its field.
+"""Topology YAML -> validated dataclasses. Every problem is collected, each naming its field (fieldcheck.py).
 
 The format (see launcher/README.md for the full reference):
 
@@ -17,7 +17,6 @@ The format (see launcher/README.md for the full reference):
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,6 +26,7 @@ import yaml
 
 from maskrcnn_launcher.contract import DEFAULT_MASTER_PORT, MODULES, placement_problems
 from maskrcnn_launcher.errors import TopologyError
+from maskrcnn_launcher.fieldcheck import FieldProblems, as_mapping, is_int, suggest
 from maskrcnn_launcher.yamlfile import load_yaml
 
 ENGINES = ("pipeline", "ddp")
@@ -151,7 +151,7 @@ def load_topology(ref: str | None) -> Topology:
 
 def parse_topology(data: Any, source: str = "<topology>") -> Topology:
     """Validate a loaded YAML document; raise `TopologyError` listing every problem."""
-    errs = _Errors()
+    errs = FieldProblems(TopologyError)
     if not isinstance(data, dict):
         raise TopologyError(f"{source}: expected a mapping at the top level")
     errs.keys(data, "", ("engine", "world_size", "master", "workers", "stages", "network", "estimate"))
@@ -160,7 +160,7 @@ def parse_topology(data: Any, source: str = "<topology>") -> Topology:
     if engine not in ENGINES:
         errs.add("engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
 
-    master = _mapping(data.get("master", {}), "master", errs)
+    master = as_mapping(data.get("master", {}), "master", errs)
     errs.keys(master, "master", ("devices",))
     master_devices = errs.int_field(master, "devices", "master.devices", default=0, minimum=0, maximum=MAX_DEVICES)
     if engine == "pipeline" and master_devices > 0:
@@ -193,14 +193,14 @@ def parse_topology(data: Any, source: str = "<topology>") -> Topology:
 # ---------------------------------------------------------------------------------------------
 
 
-def _workers(raw: Any, engine: str, errs: _Errors) -> list[Worker]:
+def _workers(raw: Any, engine: str, errs: FieldProblems) -> list[Worker]:
     if not isinstance(raw, list):
         errs.add("workers", "expected a list")
         return []
     workers = []
     for i, item in enumerate(raw):
         where = f"workers[{i}]"
-        item = _mapping(item, where, errs)
+        item = as_mapping(item, where, errs)
         errs.keys(item, where, ("devices", "stage", "replicas"))
         devices = errs.int_field(item, "devices", f"{where}.devices", default=0, minimum=0, maximum=MAX_DEVICES)
         if engine == "ddp":
@@ -222,7 +222,7 @@ def _workers(raw: Any, engine: str, errs: _Errors) -> list[Worker]:
     return workers
 
 
-def _stages(raw: Any, engine: str, errs: _Errors) -> list[TopologyStage]:
+def _stages(raw: Any, engine: str, errs: FieldProblems) -> list[TopologyStage]:
     if engine == "ddp":
         if raw:
             errs.add("stages", "the ddp engine has no stage placements (every pod holds the model)")
@@ -236,7 +236,7 @@ def _stages(raw: Any, engine: str, errs: _Errors) -> list[TopologyStage]:
     stages = []
     for i, item in enumerate(raw):
         where = f"stages[{i}]"
-        item = _mapping(item, where, errs)
+        item = as_mapping(item, where, errs)
         errs.keys(item, where, ("name", "modules"))
         name = item.get("name")
         if not isinstance(name, str) or not name:
@@ -248,7 +248,7 @@ def _stages(raw: Any, engine: str, errs: _Errors) -> list[TopologyStage]:
             modules = []
         for m in modules:
             if m not in MODULES:
-                errs.add(f"{where}.modules", f"unknown module{_suggest(str(m), MODULES)}")
+                errs.add(f"{where}.modules", f"unknown module{suggest(str(m), MODULES)}")
         stages.append(TopologyStage(name, tuple(str(m) for m in modules)))
     names = [s.name for s in stages]
     for name in sorted({n for n in names if names.count(n) > 1}):
@@ -257,7 +257,7 @@ def _stages(raw: Any, engine: str, errs: _Errors) -> list[TopologyStage]:
     return stages
 
 
-def _check_module_order(stages: list[TopologyStage], errs: _Errors) -> None:
+def _check_module_order(stages: list[TopologyStage], errs: FieldProblems) -> None:
     """The contract's placement rule, reported under `stages`. Unknown names were reported above with
     a suggestion, and stages left without a known module as non-empty-list errors: neither is
     reported twice."""
@@ -268,14 +268,14 @@ def _check_module_order(stages: list[TopologyStage], errs: _Errors) -> None:
         errs.add("stages", problem)
 
 
-def _check_placement(topology: Topology, errs: _Errors) -> None:
+def _check_placement(topology: Topology, errs: FieldProblems) -> None:
     known = {s.name for s in topology.stages}
     holders: dict[str, list[int]] = {name: [] for name in known}
     for w in topology.workers:
         if w.stage is None:
             continue
         if w.stage not in known:
-            errs.add(f"workers[{w.index}].stage", f"unknown stage{_suggest(w.stage, sorted(known))}")
+            errs.add(f"workers[{w.index}].stage", f"unknown stage{suggest(w.stage, sorted(known))}")
         else:
             holders[w.stage].append(w.index)
     for stage in topology.stages:
@@ -296,7 +296,7 @@ def _check_placement(topology: Topology, errs: _Errors) -> None:
         _check_device_map_replicas(topology, errs)
 
 
-def _check_device_map_replicas(topology: Topology, errs: _Errors) -> None:
+def _check_device_map_replicas(topology: Topology, errs: FieldProblems) -> None:
     """TensorPipe device maps are one-to-one per peer pair (see devicemaps.py): with the identity-by-
     replica-index rule, every replica device of stage k needs a landing device on stage k+1's worker,
     so stage k+1 needs at least as many replicas as stage k when both sides have GPUs."""
@@ -314,8 +314,8 @@ def _check_device_map_replicas(topology: Topology, errs: _Errors) -> None:
             )
 
 
-def _network(raw: Any, errs: _Errors) -> Network:
-    raw = _mapping(raw, "network", errs)
+def _network(raw: Any, errs: FieldProblems) -> Network:
+    raw = as_mapping(raw, "network", errs)
     errs.keys(raw, "network", ("master_port", "interface", "transport"))
     port = errs.int_field(
         raw, "master_port", "network.master_port", default=DEFAULT_MASTER_PORT, minimum=1, maximum=65535
@@ -330,8 +330,8 @@ def _network(raw: Any, errs: _Errors) -> Network:
     return Network(port, interface, transport)
 
 
-def _estimate(raw: Any, errs: _Errors) -> Estimate:
-    raw = _mapping(raw, "estimate", errs)
+def _estimate(raw: Any, errs: FieldProblems) -> Estimate:
+    raw = as_mapping(raw, "estimate", errs)
     keys = (
         "batch_size",
         "image_size",
@@ -350,7 +350,7 @@ def _estimate(raw: Any, errs: _Errors) -> Estimate:
     size = raw.get("image_size", [800, 1333])
     if isinstance(size, int) and not isinstance(size, bool):
         size = [size, size]
-    if not (isinstance(size, list) and len(size) == 2 and all(_is_int(v) and 0 < v <= MAX_PIXELS for v in size)):
+    if not (isinstance(size, list) and len(size) == 2 and all(is_int(v) and 0 < v <= MAX_PIXELS for v in size)):
         errs.add("estimate.image_size", f"expected [height, width] in pixels, got {size!r}")
         size = [800, 1333]
     dtype = raw.get("feature_dtype", "float32")
@@ -368,61 +368,3 @@ def _estimate(raw: Any, errs: _Errors) -> Estimate:
         maximum=MAX_PARAMETERS,
     )
     return Estimate(batch, (size[0], size[1]), micro, dtype, instances, params)
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
-
-
-class _Errors:
-    """Collects problems so the user sees all of them at once, not one per run."""
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, where: str, message: str) -> None:
-        self.items.append(f"{where}: {message}")
-
-    def keys(self, data: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
-        for key in data:
-            if key not in known:
-                path = f"{where}.{key}" if where else str(key)
-                self.add(path, f"unknown key{_suggest(str(key), known)} (known: {', '.join(known)})")
-
-    def int_field(self, data: dict[str, Any], key: str, where: str, default: int, minimum: int, maximum: int) -> int:
-        """An integer in [minimum, maximum]; every count has a ceiling, or a typo such as 2**70 replicas
-        would pass here and fail (or hang) in whatever tries to start that many."""
-        value = data.get(key, default)
-        if not _is_int(value):
-            self.add(where, f"expected an integer, got {value!r}")
-            return default
-        if value < minimum:
-            self.add(where, f"{value} is below the minimum {minimum}")
-            return default
-        if value > maximum:
-            self.add(where, f"{value} is above the maximum {maximum}")
-            return default
-        return value
-
-    def raise_if_any(self, source: str) -> None:
-        if self.items:
-            raise TopologyError([f"{source}: {item}" for item in self.items])
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _mapping(value: Any, where: str, errs: _Errors) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        errs.add(where, f"expected a mapping, got {type(value).__name__}")
-        return {}
-    return value
-
-
-def _suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" {word!r} (did you mean {close[0]!r}?)" if close else f" {word!r}"

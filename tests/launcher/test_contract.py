@@ -1,5 +1,5 @@
 """The decisions the contract owns once for launcher, trainer and status: placement, pod names, backend,
-and the trainer's record. (The progress line is tested with its reader, in test_status.py.)"""
+and the trainer's record. (The progress line is tested with its reader, in test_status_report.py.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Waiting for the master: a late port is waited for; a name that never resolves fails within the bound."""
+"""Waiting for the master: a late port is waited for; a name that never resolves fails within the bound; and
+`maskrcnn-launch wait-master`, the same wait as a command (the chart's helm test)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,44 @@ def test_launch_cli_rejects_bad_wait_timeout() -> None:
         env={"MASKRCNN_WAIT_TIMEOUT": "soon"},
     )
     assert result.exit_code == 2 and "MASKRCNN_WAIT_TIMEOUT: 'soon' is not a number" in result.output
+
+
+# -- `maskrcnn-launch wait-master`: the chart's helm test, through the real console script --------------
+
+
+def test_wait_master_succeeds_on_a_listening_port(console) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:  # the backlog accepts: no accept() needed
+        port = server.getsockname()[1]
+        result = console("maskrcnn-launch", "wait-master", "--master-addr", "127.0.0.1", "--master-port", str(port))
+    assert result.code == 0, result.stderr
+    assert result.stdout == f"master reachable at 127.0.0.1:{port}\n"
+    assert not [line for line in result.stderr.splitlines() if not line.startswith("maskrcnn-launch: ")]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", NEVER_RESOLVES], ids=["port-closed", "name-never-resolves"])
+def test_wait_master_times_out_with_one_line_naming_host_and_port(console, free_port: int, host: str) -> None:
+    args = ["--master-addr", host, "--master-port", str(free_port), "--timeout", "0.5"]
+    started = time.monotonic()
+    result = console("maskrcnn-launch", "wait-master", *args, timeout=30)
+    assert time.monotonic() - started < 10
+    assert result.code == 3 and result.stdout == "", result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [result.stderr.splitlines()[-1]], result.stderr
+    assert errors[0].startswith(f"error: master not reachable at {host}:{free_port}: "), result.stderr
+    # The rest is the launcher's own progress (what a worker's `launch` logs while it waits).
+    assert all(line.startswith("maskrcnn-launch: ") for line in result.stderr.splitlines()[:-1]), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        ([], "--master-addr"),
+        (["--master-addr", " "], "--master-addr"),
+        (["--master-addr", "h", "--master-port", "70000"], "--master-port"),
+        (["--master-addr", "h", "--master-port", "http"], "--master-port"),
+        (["--master-addr", "h", "--timeout", "0"], "--timeout"),
+        (["--master-addr", "h", "--timeout", "soon"], "--timeout"),
+    ],
+)
+def test_wait_master_bad_flags_exit_2_naming_the_flag(console, args: list[str], flag: str) -> None:
+    console("maskrcnn-launch", "wait-master", *args).assert_one_error_line(2, flag)

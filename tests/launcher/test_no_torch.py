@@ -10,9 +10,9 @@ CHECK = textwrap.dedent(
     """
     import pkgutil, sys
     import maskrcnn_launcher
-    for mod in pkgutil.iter_modules(maskrcnn_launcher.__path__):
-        if mod.name != "__main__":
-            __import__(f"maskrcnn_launcher.{mod.name}")
+    for mod in pkgutil.walk_packages(maskrcnn_launcher.__path__, "maskrcnn_launcher."):
+        if not mod.name.endswith(".__main__"):
+            __import__(mod.name)
     from click.testing import CliRunner
     from maskrcnn_launcher.cli import main
     for args in (["plan"], ["plan", "--json", "--topology", "ddp"], ["validate"],
@@ -42,15 +42,16 @@ def test_module_entry_point_runs_without_torch() -> None:
 
 
 def test_launcher_imports_and_explains_without_the_kubernetes_client() -> None:
-    """`kubernetes` is an optional extra: every module imports without it, and `status` says what to install."""
+    """`kubernetes` is an optional extra: every module, subpackages too, imports without it, and `status`
+    says what to install."""
     code = textwrap.dedent(
         """
         import pkgutil, sys
         sys.modules["kubernetes"] = None  # import kubernetes -> ImportError, as if not installed
         import maskrcnn_launcher
-        for mod in pkgutil.iter_modules(maskrcnn_launcher.__path__):
-            if mod.name != "__main__":
-                __import__(f"maskrcnn_launcher.{mod.name}")
+        for mod in pkgutil.walk_packages(maskrcnn_launcher.__path__, "maskrcnn_launcher."):
+            if not mod.name.endswith(".__main__"):
+                __import__(mod.name)
         from click.testing import CliRunner
         from maskrcnn_launcher.cli import main
         result = CliRunner().invoke(main, ["status", "--release", "demo"])

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launcher_localhost import STAND_IN, TOPOLOGY, clean_env
+
+from .conftest import STAND_IN, TOPOLOGY, clean_env
 
 
 def run_local(tmp_path: Path, trainer: str, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess:

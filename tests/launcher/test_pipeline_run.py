@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launcher_localhost import clean_env
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
+
+from .conftest import clean_env
 
 SMALL_RUN = to_argv(
     small_cpu_run(

@@ -1,4 +1,5 @@
-"""`maskrcnn-launch status` against a real HTTP server that answers like the Kubernetes API.
+"""`maskrcnn-launch status` through its API client, against a real HTTP server that answers like the
+Kubernetes API.
 
 The server speaks the few endpoints the command uses (list pods by label selector, read a pod's log,
 read a namespace) with the API's own JSON shapes and Status errors; the real `kubernetes` client
@@ -26,7 +27,6 @@ from click.testing import CliRunner
 pytest.importorskip("kubernetes")
 
 from maskrcnn_launcher.cli import main  # noqa: E402
-from maskrcnn_launcher.contract import format_progress_bar, format_progress_line, parse_progress_line  # noqa: E402
 from maskrcnn_launcher.status import (  # noqa: E402
     ClusterConfigError,
     ClusterPermissionError,
@@ -38,55 +38,7 @@ from maskrcnn_launcher.status import (  # noqa: E402
     render_status,
 )
 
-PREFIX = "demo-maskrcnn-dist"
-MASTER_LOG = "\n".join(
-    [
-        "2025-01-01 10:00:00 INFO maskrcnn_dist.train: synthetic COCO set with 64 training images",
-        "train step 10/150 loss_classifier 0.3 loss_box_reg 0.2 loss_mask 0.6 loss 1.5 lr 0.004 images_per_s 2.1",
-        "val step 10/150 loss 1.4",
-        "train step 20/150 loss_classifier 0.25 loss_box_reg 0.18 loss_mask 0.5 loss 1.234 lr 0.008 images_per_s 2.5",
-        "2025-01-01 10:00:09 INFO maskrcnn_dist.engines.base: saved runs/checkpoints/ckpt_00000020.pt",
-        "",
-    ]
-)
-
-
-def _pod(
-    name: str,
-    *,
-    release: str = "demo",
-    component: str | None = None,
-    phase: str = "Running",
-    node: str | None = "node-a",
-    restarts: int = 0,
-    waiting: str | None = None,
-) -> dict[str, Any]:
-    """A pod as the API returns it, labelled as the chart labels it."""
-    component = component or ("master" if "-master-" in name else "worker")
-    labels = {
-        "app.kubernetes.io/name": "maskrcnn-dist",
-        "app.kubernetes.io/instance": release,
-        "app.kubernetes.io/part-of": "maskrcnn-dist",
-        "app.kubernetes.io/component": component,
-    }
-    statuses = []
-    if phase != "Pending" or restarts:
-        state = {"waiting": {"reason": waiting}} if waiting else {"running": {"startedAt": "2025-01-01T10:00:00Z"}}
-        statuses = [
-            {
-                "name": "trainer",
-                "image": "maskrcnn-dist:0.1.0",
-                "imageID": "",
-                "ready": waiting is None,
-                "restartCount": restarts,
-                "state": state,
-            }
-        ]
-    return {
-        "metadata": {"name": name, "namespace": "ml", "labels": labels},
-        "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "maskrcnn-dist:0.1.0"}]},
-        "status": {"phase": phase, "containerStatuses": statuses},
-    }
+from .conftest import MASTER_LOG, PREFIX, api_jobset, api_jobset_pod, api_pod  # noqa: E402
 
 
 def _matches(labels: dict[str, str], selector: str) -> bool:
@@ -213,11 +165,11 @@ def _kubeconfig(path: Path, server: str, namespace: str | None = "ml") -> Path:
 def _healthy(state: FakeCluster) -> None:
     state.pods["ml"] = [
         # Listed out of order, with another release's pod and the helm test pod that must not show.
-        _pod(f"{PREFIX}-worker-1", node="node-c"),
-        _pod(f"{PREFIX}-master-0", node="node-a"),
-        _pod(f"{PREFIX}-worker-0", node="node-b"),
-        _pod("other-maskrcnn-dist-master-0", release="other"),
-        _pod(f"{PREFIX}-test-master", component="test", phase="Succeeded"),
+        api_pod(f"{PREFIX}-worker-1", node="node-c"),
+        api_pod(f"{PREFIX}-master-0", node="node-a"),
+        api_pod(f"{PREFIX}-worker-0", node="node-b"),
+        api_pod("other-maskrcnn-dist-master-0", release="other"),
+        api_pod(f"{PREFIX}-test-master", component="test", phase="Succeeded"),
     ]
     state.logs[f"{PREFIX}-master-0"] = MASTER_LOG
 
@@ -264,9 +216,9 @@ def test_healthy_release_table_and_json(cluster: tuple[FakeCluster, str], tmp_pa
 def test_restarts_and_pending_pod(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
     state.pods["ml"] = [
-        _pod(f"{PREFIX}-master-0", restarts=2),
-        _pod(f"{PREFIX}-worker-0", restarts=5, waiting="CrashLoopBackOff", node="node-b"),
-        _pod(f"{PREFIX}-worker-1", phase="Pending", node=None),
+        api_pod(f"{PREFIX}-master-0", restarts=2),
+        api_pod(f"{PREFIX}-worker-0", restarts=5, waiting="CrashLoopBackOff", node="node-b"),
+        api_pod(f"{PREFIX}-worker-1", phase="Pending", node=None),
     ]
     # The restarted master resumed and has not printed a train line yet.
     state.logs[f"{PREFIX}-master-0"] = "INFO resumed from ckpt_00000020.pt at step 20 (epoch 1, batch 4)\n"
@@ -290,7 +242,7 @@ def test_restarts_and_pending_pod(cluster: tuple[FakeCluster, str], tmp_path: Pa
     assert lines[5] == f"progress: none (no train step in the last 200 log lines of {PREFIX}-master-0)"
 
     # A master still being scheduled has no log to read: say so, and do not ask for one.
-    state.pods["ml"][0] = _pod(f"{PREFIX}-master-0", phase="Pending", node=None)
+    state.pods["ml"][0] = api_pod(f"{PREFIX}-master-0", phase="Pending", node=None)
     state.requests.clear()
     status = release_status("demo", "ml", kubeconfig=kubeconfig, timeout=5)
     assert status.progress is None
@@ -383,7 +335,7 @@ def test_no_cluster_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_default_kubeconfig_and_namespace(cluster: tuple[FakeCluster, str], tmp_path: Path, monkeypatch):
     state, url = cluster
-    state.pods["default"] = [_pod(f"{PREFIX}-master-0")]
+    state.pods["default"] = [api_pod(f"{PREFIX}-master-0")]
     state.logs[f"{PREFIX}-master-0"] = MASTER_LOG
     monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "kubeconfig", url, namespace=None)))
     connection = connect()
@@ -394,104 +346,16 @@ def test_default_kubeconfig_and_namespace(cluster: tuple[FakeCluster, str], tmp_
     assert result.output.startswith("release demo in namespace default: 1 pods, 1 running")
 
 
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        (
-            "train step 12/150 loss_classifier 0.1 loss 1.2 lr 0.01 images_per_s 2.5",
-            {
-                "kind": "train",
-                "step": 12,
-                "total": 150,
-                "loss_classifier": 0.1,
-                "loss": 1.2,
-                "lr": 0.01,
-                "images_per_s": 2.5,
-            },
-        ),
-        ("[rank 0] eval step 150/150 bbox_AP 0.12", {"kind": "eval", "step": 150, "total": 150, "bbox_AP": 0.12}),
-        ("[#####.....] 3/9 loss nan lr 1e-05", {"kind": "train", "step": 3, "total": 9, "lr": 1e-05}),
-        ("INFO maskrcnn_dist.train: saved ckpt_00000020.pt", None),
-        ("the train step 3 failed", None),
-    ],
-)
-def test_parse_progress_line(line: str, expected: dict[str, Any] | None):
-    parsed = parse_progress_line(line)
-    if expected is None:
-        assert parsed is None
-        return
-    nan_keys = {k for k, v in parsed.items() if isinstance(v, float) and v != v}
-    assert nan_keys <= {"loss"}
-    assert {k: v for k, v in parsed.items() if k not in nan_keys} == expected
-
-
-@pytest.mark.parametrize("kind", ["train", "val", "eval"])
-def test_parse_reads_what_the_formatters_write(kind: str):
-    """The trainer's console uses these formatters (metrics.MetricsWriter); the reader must read both."""
-    values = {"loss_mask": 0.51234, "loss": 1.23456, "lr": 0.00125, "images_per_s": 3.0, "epoch": 1, "link/a/b": 9.0}
-    line = format_progress_line(kind, 20, 40, values)
-    assert line == f"{kind} step 20/40 loss_mask 0.5123 loss 1.235 lr 0.00125 images_per_s 3"
-    for text in (line, format_progress_bar(20, 40, values)):
-        parsed = parse_progress_line(text)
-        assert parsed["kind"] == (kind if text == line else "train") and parsed["step"] == 20
-        assert parsed["total"] == 40 and parsed["loss"] == pytest.approx(1.235) and parsed["images_per_s"] == 3.0
-        assert "epoch" not in parsed and "link/a/b" not in parsed
-    assert format_progress_bar(20, 40, {}) == "[" + "#" * 15 + "." * 15 + "] 20/40"
-    assert parse_progress_line(format_progress_line(kind, 1, 2, {})) == {"kind": kind, "step": 1, "total": 2}
-
-
-# -- JobSet releases ------------------------------------------------------------------------------
-
-
-def _jobset_pod(rjob: str, index: int, attempt: int = 0, *, phase: str = "Running", **kwargs: Any) -> dict[str, Any]:
-    """A pod of the chart's JobSet as the API returns it: the Job's pod name (host name + suffix), the
-    JobSet and Job controllers' labels and annotations, spec.hostname."""
-    host = f"{PREFIX}-{rjob}-0-{index}"
-    pod = _pod(
-        f"{host}-{('bcdfg', 'hjklm')[attempt]}",
-        component="master" if rjob == "master" else "worker",
-        phase=phase,
-        **kwargs,
-    )
-    keys = {
-        "jobset.sigs.k8s.io/jobset-name": PREFIX,
-        "jobset.sigs.k8s.io/replicatedjob-name": rjob,
-        "jobset.sigs.k8s.io/job-index": "0",
-        "jobset.sigs.k8s.io/restart-attempt": str(attempt),
-    }
-    pod["metadata"]["labels"].update(keys)
-    pod["metadata"]["annotations"] = {**keys, "batch.kubernetes.io/job-completion-index": str(index)}
-    pod["spec"].update({"hostname": host, "subdomain": f"{PREFIX}-headless"})
-    if phase == "Succeeded":
-        terminated = {"exitCode": 0, "reason": "Completed", "startedAt": "2025-01-01T10:00:00Z"}
-        pod["status"]["containerStatuses"][0]["state"] = {"terminated": terminated}
-    return pod
-
-
-def _jobset(
-    *, restarts: int = 0, condition: tuple[str, str, str] | None = None, suspend: bool = False
-) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/instance": "demo", "app.kubernetes.io/part-of": "maskrcnn-dist"}
-    conditions = []
-    if condition is not None:
-        kind, reason, message = condition
-        conditions.append({"type": kind, "status": "True", "reason": reason, "message": message})
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": PREFIX, "namespace": "ml", "labels": labels},
-        "spec": {"suspend": suspend, "failurePolicy": {"maxRestarts": 3}},
-        "status": {"restarts": restarts, "conditions": conditions, "terminalState": condition and condition[0]},
-    }
+# -- JobSet releases -------------------------------------------------------------------------------
 
 
 def test_jobset_release_running_after_a_group_restart(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
-    state.jobsets = {"ml": [_jobset(restarts=1)]}
-    old_master = _jobset_pod("master", 0, attempt=0)
+    state.jobsets = {"ml": [api_jobset(restarts=1)]}
+    old_master = api_jobset_pod("master", 0, attempt=0)
     old_master["metadata"]["deletionTimestamp"] = "2025-01-01T10:00:00Z"
-    new_master = _jobset_pod("master", 0, attempt=1)
-    state.pods["ml"] = [_jobset_pod("workers", 1, 1), old_master, _jobset_pod("workers", 0, 1), new_master]
+    new_master = api_jobset_pod("master", 0, attempt=1)
+    state.pods["ml"] = [api_jobset_pod("workers", 1, 1), old_master, api_jobset_pod("workers", 0, 1), new_master]
     state.logs[old_master["metadata"]["name"]] = "train step 3/150 loss 9.0\n"
     state.logs[new_master["metadata"]["name"]] = MASTER_LOG
     result = _run_cli("--release", "demo", "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)))
@@ -507,8 +371,8 @@ def test_jobset_release_running_after_a_group_restart(cluster: tuple[FakeCluster
 
 def test_jobset_release_completed(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
-    state.jobsets = {"ml": [_jobset(condition=("Completed", "AllJobsCompleted", "jobset completed successfully"))]}
-    master = _jobset_pod("master", 0, phase="Succeeded")
+    state.jobsets = {"ml": [api_jobset(condition=("Completed", "AllJobsCompleted", "jobset completed successfully"))]}
+    master = api_jobset_pod("master", 0, phase="Succeeded")
     state.pods["ml"] = [master]  # the workers' Job was deleted when the JobSet completed
     state.logs[master["metadata"]["name"]] = MASTER_LOG
     status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
@@ -530,8 +394,8 @@ def test_jobset_release_completed(cluster: tuple[FakeCluster, str], tmp_path: Pa
 def test_jobset_release_failed_on_a_user_error(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
     message = f"applying FailJobSet failure policy action (first failed job: {PREFIX}-master-0)"
-    state.jobsets = {"ml": [_jobset(condition=("Failed", "FailJobSetFailurePolicyAction", message))]}
-    master = _jobset_pod("master", 0, phase="Failed")
+    state.jobsets = {"ml": [api_jobset(condition=("Failed", "FailJobSetFailurePolicyAction", message))]}
+    master = api_jobset_pod("master", 0, phase="Failed")
     state.pods["ml"] = [master]
     state.logs[master["metadata"]["name"]] = "error: /data/broken/train/annotations.json: not valid JSON\n"
     result = _run_cli("--release", "demo", "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)))
@@ -543,7 +407,7 @@ def test_jobset_release_failed_on_a_user_error(cluster: tuple[FakeCluster, str],
 def test_jobset_release_queued_without_pods(cluster: tuple[FakeCluster, str], tmp_path: Path):
     """Kueue holds a JobSet suspended until it admits it: no pods yet, which is not 'no such release'."""
     state, url = cluster
-    state.jobsets = {"ml": [_jobset(suspend=True)]}
+    state.jobsets = {"ml": [api_jobset(suspend=True)]}
     status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert status.pods == [] and status.jobset.state == "Suspended"
     assert "waiting for admission by a queue" in status.progress_note
@@ -558,9 +422,9 @@ def test_jobset_release_queued_without_pods(cluster: tuple[FakeCluster, str], tm
 
 def test_jobset_not_readable_still_shows_the_pods(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
-    state.jobsets = {"ml": [_jobset()]}
+    state.jobsets = {"ml": [api_jobset()]}
     state.forbidden.add("list jobsets")
-    state.pods["ml"] = [_jobset_pod("master", 0), _jobset_pod("workers", 0)]
+    state.pods["ml"] = [api_jobset_pod("master", 0), api_jobset_pod("workers", 0)]
     status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert status.jobset is None and status.jobset_note.startswith("no permission: cannot list jobsets.jobset.x-k8s.io")
     assert [(p.role, p.rank) for p in status.pods] == [("master", 0), ("worker", 1)]
@@ -571,7 +435,7 @@ def test_jobset_pod_rank_from_its_host_name(cluster: tuple[FakeCluster, str], tm
     """Without the controllers' labels (a hand-made JobSet), the host name still gives the rank."""
     state, url = cluster
     state.jobsets = {"ml": []}
-    pod = _jobset_pod("workers", 1)
+    pod = api_jobset_pod("workers", 1)
     for key in ("jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index"):
         del pod["metadata"]["labels"][key]
     state.pods["ml"] = [pod]

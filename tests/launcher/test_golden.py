@@ -2,7 +2,7 @@
 
 Regenerate after an intended change, then review the diff:
 
-    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/launcher/test_launcher_golden.py
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/launcher/test_golden.py
 """
 
 from __future__ import annotations

@@ -1,0 +1,117 @@
+"""The environment variables of the contract: every name the launcher reads or exports, once.
+
+Like Kubeflow's `envvar.go`. The Helm chart's test compares the rendered pod specs against
+`POD_ENV_VARS` and `JOBSET_FIELDS`; the chart refuses an `extraEnv` that sets any variable of the
+contract but `USER_ENV_VARS`.
+"""
+
+from __future__ import annotations
+
+from maskrcnn_launcher.boundary import DEBUG_ENV
+
+# ---------------------------------------------------------------------------------------------
+# Variables the launcher reads.
+# ---------------------------------------------------------------------------------------------
+
+#: Path of the topology YAML (the chart mounts its ConfigMap there). Flag: `--topology`.
+TOPOLOGY = "MASKRCNN_TOPOLOGY"
+#: Explicit role on bare nodes: `master` or `worker`. Flag: `--role`. Beats the pod name.
+ROLE = "MASKRCNN_ROLE"
+#: Explicit 0-based index of the role (worker ordinal; the master is 0). Flag: `--index`.
+INDEX = "MASKRCNN_INDEX"
+#: StatefulSet pod name `<prefix>-master-0` / `<prefix>-worker-<i>` (downward API metadata.name).
+POD_NAME = "POD_NAME"
+#: Fallback for POD_NAME: a pod's hostname is its name in a StatefulSet.
+HOSTNAME = "HOSTNAME"
+#: Namespace of the pod (downward API metadata.namespace): part of the master's DNS name.
+POD_NAMESPACE = "POD_NAMESPACE"
+#: The pod's IP (downward API status.podIP): recorded in the plan for logs.
+POD_IP = "POD_IP"
+#: The headless Service (StatefulSet serviceName) that gives every pod a stable DNS name.
+HEADLESS_SERVICE = "MASKRCNN_HEADLESS_SERVICE"
+#: Cluster DNS domain; `DEFAULT_CLUSTER_DOMAIN` when unset.
+CLUSTER_DOMAIN = "MASKRCNN_CLUSTER_DOMAIN"
+#: Explicit master address (also exported). Flag: `--master-addr`. Beats the derived DNS name.
+MASTER_ADDR = "MASTER_ADDR"
+#: Explicit master port (also exported). Flag: `--master-port`. Beats the topology's port.
+MASTER_PORT = "MASTER_PORT"
+#: Replaces the trainer command (shell words); flag `--trainer-cmd`. For tests and custom images.
+TRAINER_CMD = "MASKRCNN_TRAINER_CMD"
+#: Seconds to wait for the master's DNS name and then its port. Flag: `--wait-timeout`.
+WAIT_TIMEOUT = "MASKRCNN_WAIT_TIMEOUT"
+
+# JobSet pods: the JobSet controller's labels and the Job controller's annotation, through the
+# downward API. They name the replicated job and the index directly; the host name
+# `<jobset>-<replicated job>-<job index>-<completion index>` is the fallback.
+#: The JobSet's name (label jobset.sigs.k8s.io/jobset-name): the first part of every host name.
+JOBSET_NAME = "MASKRCNN_JOBSET_NAME"
+#: The pod's replicated job (label jobset.sigs.k8s.io/replicatedjob-name): `master` or `workers`.
+REPLICATED_JOB = "MASKRCNN_REPLICATED_JOB"
+#: The index of the pod's Job in its replicated job (label jobset.sigs.k8s.io/job-index).
+JOB_INDEX = "MASKRCNN_JOB_INDEX"
+#: The pod's completion index in its Indexed Job (annotation batch.kubernetes.io/job-completion-index).
+COMPLETION_INDEX = "MASKRCNN_COMPLETION_INDEX"
+
+# ---------------------------------------------------------------------------------------------
+# Variables the launcher exports to the trainer (besides MASTER_ADDR and MASTER_PORT above).
+# ---------------------------------------------------------------------------------------------
+
+#: torchrun-compatible variables; for ddp, `torch.distributed.run` sets them per process itself.
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+#: This pod's `PodPlan` as JSON.
+POD_PLAN = "MASKRCNN_POD_PLAN"
+#: Socket interface names, exported only when the topology names an interface.
+TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+SOCKET_IFNAME_VARS = (TP_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)
+
+#: What a pod spec (the chart, the plain manifests) must set. HOSTNAME is set by the kubelet and
+#: the identity flags are for bare nodes, so neither is listed.
+POD_ENV_VARS = (TOPOLOGY, POD_NAME, POD_NAMESPACE, POD_IP, HEADLESS_SERVICE, CLUSTER_DOMAIN)
+#: Labels and annotations (same keys) the JobSet and Job controllers put on a JobSet's pods.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+#: What a JobSet pod spec sets besides POD_ENV_VARS: variable -> the downward-API field it comes from.
+JOBSET_FIELDS = {
+    JOBSET_NAME: f"metadata.labels['{JOBSET_NAME_LABEL}']",
+    REPLICATED_JOB: f"metadata.labels['{REPLICATED_JOB_LABEL}']",
+    JOB_INDEX: f"metadata.labels['{JOB_INDEX_LABEL}']",
+    COMPLETION_INDEX: f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']",
+}
+JOBSET_POD_ENV_VARS = tuple(JOBSET_FIELDS)
+#: Every variable the launcher reads.
+READ_VARS = (
+    TOPOLOGY,
+    ROLE,
+    INDEX,
+    POD_NAME,
+    HOSTNAME,
+    POD_NAMESPACE,
+    POD_IP,
+    HEADLESS_SERVICE,
+    CLUSTER_DOMAIN,
+    *JOBSET_POD_ENV_VARS,
+    MASTER_ADDR,
+    MASTER_PORT,
+    TRAINER_CMD,
+    WAIT_TIMEOUT,
+)
+#: The only MASKRCNN_* variables a user sets in a pod spec (the chart's extraEnv): the contract's two
+#: and the error boundary's MASKRCNN_DEBUG (tracebacks, in every process). The chart refuses every
+#: other variable of the contract, which the pod's identity or the launcher own.
+USER_ENV_VARS = (TRAINER_CMD, WAIT_TIMEOUT, DEBUG_ENV)
+#: Every variable the launcher may export.
+EXPORTED_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, POD_PLAN) + (
+    SOCKET_IFNAME_VARS
+)
+
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_WAIT_TIMEOUT_S = 300.0
