@@ -21,8 +21,8 @@ import traceback
 from pathlib import Path
 
 from .checks import Failed
-from .docker import DockerError, clean_all, docker
-from .kube import ROOT, SpecError
+from .cluster.docker import DockerError, clean_all, docker
+from .cluster.pods import ROOT, SpecError
 from .scenarios import DDP_ONLY, SCENARIOS, Result, Settings
 
 log = logging.getLogger("e2e")

@@ -33,9 +33,9 @@ from maskrcnn_dist.run_dir import METRICS_FILE
 
 from . import checks
 from .checks import Failed, require
-from .docker import LABEL, Cluster, DockerError, docker, pvc_dir
-from .jobset import Attempt, JobSetController, jobset_controller
-from .kube import CHART, ROOT, Release, helm_template, render_release
+from .cluster.docker import LABEL, Cluster, DockerError, docker, pvc_dir
+from .cluster.jobset import Attempt, JobSetController, jobset_controller
+from .cluster.pods import CHART, ROOT, Release, helm_template, render_release
 
 log = logging.getLogger("e2e")
 
@@ -301,7 +301,7 @@ def check_posture(d: Deployment, container: str, pod) -> dict[str, Any]:
     """Inside a running pod container: the user, no capabilities, no-new-privileges, a read-only
     root with writable scratch emptyDirs, /dev/shm at the pod's size, the topology mounted read-only."""
     out = docker("exec", container, "sh", "-c", POSTURE_PROBE, timeout=60).stdout.splitlines()
-    from .docker import quantity_bytes
+    from .cluster.docker import quantity_bytes
 
     shm = next(m.size_limit for m in pod.mounts if m.path == "/dev/shm")
     expected = {

@@ -45,7 +45,7 @@ from datetime import datetime
 from typing import Any
 
 from .docker import Cluster, DockerError
-from .kube import PodSpec, SpecError, configmaps_of, pod_from_template
+from .pods import PodSpec, SpecError, configmaps_of, pod_from_template
 
 log = logging.getLogger("e2e")
 

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kube import PodSpec, SpecError
+from .pods import PodSpec, SpecError
 
 log = logging.getLogger("e2e")
 
