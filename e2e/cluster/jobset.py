@@ -171,12 +171,8 @@ class JobSetController:
     def _fail_job(self, job: Job, failure: JobFailure) -> None:
         """The Job controller marks the Job failed and terminates its pods that still run."""
         pod = failure.pod
-        job.condition, job.reason, job.message, job.failed_at = (
-            "Failed",
-            failure.reason,
-            failure.message,
-            pod.finished_at,
-        )
+        job.condition, job.reason, job.message = "Failed", failure.reason, failure.message
+        job.failed_at = pod.finished_at  # what orders the failed Jobs: the deciding pod's exit
         self._event(f"job {job.name} failed ({failure.reason}): pod {pod.spec.host} exited {pod.exit_code}")
         self._delete_pods(job.pods)
 
