@@ -20,10 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the top-level `e2e` package
 
 from e2e import checks  # noqa: E402
-from e2e.docker import ContainerState, docker_run_args, quantity_bytes  # noqa: E402
-from e2e.jobset import jobset_controller, parse_jobset  # noqa: E402
-from e2e.kube import SpecError, expand, helm_template, render_release  # noqa: E402
-from e2e.scenarios import CPU_VALUES, DDP_CPU_OVERLAY, DDP_VALUES, expected_checkpoints, extract_recipe  # noqa: E402
+from e2e.cluster import ContainerState, SpecError, jobset_controller, quantity_bytes  # noqa: E402
+from e2e.cluster.containers import docker_run_args  # noqa: E402
+from e2e.cluster.jobset_spec import parse_jobset  # noqa: E402
+from e2e.cluster.pods import expand  # noqa: E402
+from e2e.scenarios.bare_nodes import extract_recipe  # noqa: E402
+from e2e.scenarios.chart import CPU_VALUES, DDP_CPU_OVERLAY, DDP_VALUES, helm_template, render_release  # noqa: E402
+from e2e.scenarios.common import expected_checkpoints  # noqa: E402
 
 
 @pytest.fixture(scope="module")

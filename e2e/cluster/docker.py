@@ -1,31 +1,8 @@
-"""Pods as docker containers on a user-defined network, and a `Cluster` that always cleans up.
+"""The docker side of the emulated cluster: one bounded `docker` call, and a `Cluster` (a network and
+the pod containers on it) that removes everything it made, whatever happened.
 
-`docker_run_args(pod, ...)` maps a `PodSpec` onto `docker run` as closely as docker allows:
-
-| pod spec                                   | docker                                            |
-|--------------------------------------------|---------------------------------------------------|
-| hostname (the pod name, or spec.hostname)  | `--hostname <host>`                               |
-| headless Service DNS (`<pod>.<svc>...`)    | `--network-alias` for every name, `--dns-search`  |
-| status.podIP                               | `--ip` (a fixed address on the test network)      |
-| env (downward API resolved), command, args | `-e`, `--entrypoint`, arguments after the image   |
-| configMap volume                           | the rendered files, bind-mounted read-only        |
-| emptyDir (medium Memory at /dev/shm)       | `--shm-size <sizeLimit>`                          |
-| emptyDir                                   | `--tmpfs` with its size limit, owned by the user  |
-| persistentVolumeClaim                      | a host folder shared by the pods, group fsGroup   |
-| runAsUser / runAsGroup / fsGroup           | `--user uid:gid`, `--group-add fsGroup`           |
-| readOnlyRootFilesystem                     | `--read-only`                                     |
-| capabilities.drop                          | `--cap-drop`                                      |
-| allowPrivilegeEscalation: false            | `--security-opt no-new-privileges`                |
-| seccompProfile RuntimeDefault              | docker's default seccomp profile                  |
-| limits.memory / requests.cpu               | `--memory` / `--cpu-shares`                       |
-| terminationGracePeriodSeconds              | `--stop-timeout`                                  |
-
-Not simulated: an emptyDir here does not outlive a container restart (a tmpfs is per container
-start; the kubelet keeps a pod's emptyDir across container restarts) and starts with the image
-folder's content (docker's tmpfs copy-up), and there is no NetworkPolicy enforcement.
-
-Every container and the network carry the label `maskrcnn-e2e`, so `python -m e2e clean` finds
-leftovers of a harness that was itself killed.
+Every container and the network carry the label `maskrcnn-e2e` (containers.LABEL), so
+`python -m e2e clean` finds leftovers of a harness that was itself killed.
 """
 
 from __future__ import annotations
@@ -35,7 +12,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import subprocess
 import time
@@ -43,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kube import PodSpec, SpecError
+from .containers import LABEL, docker_run_args
+from .pods import PodSpec
 
 log = logging.getLogger("e2e")
 
-LABEL = "maskrcnn-e2e"
 DOCKER = os.environ.get("DOCKER", "docker")
 
 
@@ -64,97 +40,6 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     if check and proc.returncode != 0:
         raise DockerError(f"docker {' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()}")
     return proc
-
-
-_UNITS = {"": 1, "k": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
-_BIN_UNITS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
-
-
-def quantity_bytes(q: str) -> int:
-    """Kubernetes quantity (`512Mi`, `2Gi`, `1G`, `1000`) -> bytes."""
-    m = re.fullmatch(r"([0-9.]+)([KMGT]i|[kMGT]?)", str(q).strip())
-    if not m:
-        raise SpecError(f"quantity {q!r} not understood")
-    number, unit = float(m[1]), m[2]
-    return int(number * (_BIN_UNITS.get(unit) or _UNITS[unit]))
-
-
-def cpu_shares(q: str) -> int:
-    """requests.cpu -> cgroup cpu shares, as the kubelet computes them (1 CPU = 1024)."""
-    millis = float(q[:-1]) if q.endswith("m") else float(q) * 1000
-    return max(2, int(millis * 1024 / 1000))
-
-
-def docker_run_args(
-    pod: PodSpec, container: str, network: str, image: str, host_dir: Path, labels: dict[str, str]
-) -> list[str]:
-    """`docker create` arguments for one pod. `host_dir` holds the configMap files and PVC folders."""
-    if pod.gpus:
-        raise SpecError(f"{pod.name}: asks for {pod.gpus} GPUs; the e2e harness runs CPU pods only")
-    args = ["--name", container, "--hostname", pod.host, "--network", network, "--ip", pod.pod_ip]
-    for name in pod.dns_names:
-        args += ["--network-alias", name]
-    for domain in pod.dns_search:
-        args += ["--dns-search", domain]
-    for key, value in {LABEL: "1", **labels}.items():
-        args += ["--label", f"{key}={value}"]
-    if pod.run_as_user is not None:
-        args += ["--user", f"{pod.run_as_user}:{pod.run_as_group if pod.run_as_group is not None else 0}"]
-    if pod.fs_group is not None:
-        args += ["--group-add", str(pod.fs_group)]
-    if pod.read_only_root:
-        args.append("--read-only")
-    for cap in pod.cap_drop:
-        args += ["--cap-drop", cap]
-    if pod.no_new_privileges:
-        args += ["--security-opt", "no-new-privileges"]
-    if pod.memory_limit:
-        args += ["--memory", str(quantity_bytes(pod.memory_limit))]
-    if pod.cpu_request:
-        args += ["--cpu-shares", str(cpu_shares(pod.cpu_request))]
-    args += ["--stop-timeout", str(pod.grace_seconds)]
-    gid = pod.fs_group if pod.fs_group is not None else (pod.run_as_group or 0)
-    for m in pod.mounts:
-        if m.kind == "configMap":
-            folder = host_dir / "configmaps" / container / m.path.strip("/").replace("/", "_")
-            folder.mkdir(parents=True, exist_ok=True)
-            folder.chmod(0o755)
-            for fname, content in m.files.items():
-                (folder / fname).write_text(content)
-                (folder / fname).chmod(0o644)
-            args += ["--mount", f"type=bind,source={folder},target={m.path},readonly"]
-        elif m.kind == "emptyDir" and m.medium == "Memory" and m.path == "/dev/shm":
-            args += ["--shm-size", str(quantity_bytes(m.size_limit or "64Mi"))]
-        elif m.kind == "emptyDir":
-            # A kubelet emptyDir starts empty, mode 0777, group fsGroup. Docker copies the image
-            # folder's content and mode into a tmpfs (no `notmpcopyup` in docker 20.10), so the
-            # tmpfs is owned by the pod's user instead: writable by it, as the emptyDir is.
-            opts = ["rw" if not m.read_only else "ro", f"mode=2777,gid={gid}"]
-            if pod.run_as_user is not None:
-                opts.append(f"uid={pod.run_as_user}")
-            if m.size_limit:
-                opts.append(f"size={quantity_bytes(m.size_limit)}")
-            args += ["--tmpfs", f"{m.path}:{','.join(opts)}"]
-        elif m.kind == "pvc":
-            folder = pvc_dir(host_dir, m.claim, gid)
-            args += ["--mount", f"type=bind,source={folder},target={m.path}" + (",readonly" if m.read_only else "")]
-    for key, value in pod.env.items():
-        args += ["-e", f"{key}={value}"]
-    if pod.command is not None:
-        args += ["--entrypoint", pod.command[0], image, *pod.command[1:], *pod.args]
-    else:
-        args += [image, *pod.args]
-    return args
-
-
-def pvc_dir(host_dir: Path, claim: str, gid: int) -> Path:
-    """The host folder standing in for a PersistentVolumeClaim, writable by fsGroup like a real one."""
-    folder = host_dir / "volumes" / claim
-    if not folder.exists():
-        folder.mkdir(parents=True)
-        os.chown(folder, 0, gid)
-        folder.chmod(0o2775)
-    return folder
 
 
 @dataclass
@@ -260,6 +145,34 @@ class Cluster:
     def kill(self, name: str, signal: str = "KILL") -> None:
         docker("kill", "--signal", signal, name)
 
+    def restart(self, name: str, grace: int = 0) -> None:
+        """Stop (SIGTERM, SIGKILL after `grace` seconds) and start one container: a lone container
+        restart while its peers run on."""
+        docker("restart", "--time", str(grace), name)
+
+    def pause(self, name: str) -> None:
+        """Freeze every process of a container (cgroup freezer): a hung node, no closed connection."""
+        docker("pause", name)
+
+    def unpause(self, name: str) -> None:
+        docker("unpause", name)
+
+    def exec(self, name: str, *command: str, timeout: float = 60) -> str:
+        """Run a command inside a running container; its standard output."""
+        return docker("exec", name, *command, timeout=timeout).stdout
+
+    def run_once(
+        self, name: str, image: str, args: Sequence[str], *, user: str, mounts: Sequence[str], timeout: float
+    ) -> None:
+        """A one-off container beside the pods, without network, until it exits (what a user runs by
+        hand before deploying, e.g. to put a dataset on a volume); close() removes it."""
+        self.adopt(name)
+        mount_args = [a for m in mounts for a in ("--mount", m)]
+        docker(
+            "run", "--name", name, "--label", f"{LABEL}=1", "--user", user, "--network", "none", *mount_args,
+            image, *args, timeout=timeout,
+        )  # fmt: skip
+
     def stop(self, names: Sequence[str], grace: float) -> None:
         """What deleting pods does: SIGTERM, then SIGKILL after each container's stop timeout (its pod's
         grace period, at most `grace`); returns once all have stopped."""
@@ -291,6 +204,18 @@ class Cluster:
         folder.mkdir(parents=True, exist_ok=True)
         for name in self.containers:
             (folder / f"{name}.log").write_text(self.logs(name))
+
+
+def daemon_answers() -> bool:
+    return docker("info", check=False, timeout=30).returncode == 0
+
+
+def image_exists(image: str) -> bool:
+    return docker("image", "inspect", image, check=False).returncode == 0
+
+
+def container_exists(name: str) -> bool:
+    return docker("container", "inspect", name, check=False).returncode == 0
 
 
 def clean_all() -> int:

@@ -1,8 +1,8 @@
-"""The chart's rendered pods, as the kubelet would start them: `helm template` -> `PodSpec`s.
+"""Rendered workload objects -> `PodSpec`s, the pods as the kubelet would start them.
 
 Nothing here is hand-written per pod: names, environment, command, arguments, mounts, security
-context and resources all come from the StatefulSets or the JobSet (and the topology ConfigMap) that
-`helm template` renders. What the API server and the kubelet would add is added the way they do:
+context and resources all come from the StatefulSets or the Jobs' pod templates (and the ConfigMaps)
+the API server would receive. What the API server and the kubelet would add is added the way they do:
 
 * one pod per StatefulSet ordinal, named `<statefulset>-<ordinal>`, hostname = pod name,
   DNS `<pod>.<serviceName>.<namespace>.svc.<cluster domain>` (JobSet pods: jobset.py);
@@ -15,16 +15,15 @@ context and resources all come from the StatefulSets or the JobSet (and the topo
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "helm"
+# Where a pod's cluster domain comes from: the chart passes it to the launcher in this variable, and
+# the emulated DNS serves that domain (a real cluster serves its kubelet's --cluster-domain).
+CLUSTER_DOMAIN_ENV = "MASKRCNN_CLUSTER_DOMAIN"
+# Extended resources that are GPUs (nvidia.com/gpu, a MIG profile, amd.com/gpu, gpu.intel.com/...).
+GPU_VENDORS = ("nvidia.com", "amd.com", "gpu.intel.com")
 
 
 class SpecError(Exception):
@@ -142,42 +141,6 @@ class PodSpec:
         return [f"{self.namespace}.svc.{d}", f"svc.{d}", d]
 
 
-@dataclass
-class Release:
-    """What `helm template` rendered: the pods in StatefulSet order, and every object by kind/name."""
-
-    name: str
-    namespace: str
-    pods: list[PodSpec]
-    objects: list[dict[str, Any]]
-
-    def pod(self, component: str, ordinal: int = 0) -> PodSpec:
-        for p in self.pods:
-            if p.component == component and p.ordinal == ordinal:
-                return p
-        raise KeyError(f"no {component} pod with ordinal {ordinal} in {[p.name for p in self.pods]}")
-
-    @property
-    def master(self) -> PodSpec:
-        return self.pod("master")
-
-    @property
-    def workers(self) -> list[PodSpec]:
-        return sorted((p for p in self.pods if p.component == "worker"), key=lambda p: p.ordinal)
-
-
-def helm_template(
-    helm: str, release: str, namespace: str, values_files: Sequence[Path], chart: Path = CHART, timeout: float = 120
-) -> list[dict[str, Any]]:
-    cmd = [helm, "template", release, str(chart), "--namespace", namespace]
-    for path in values_files:
-        cmd += ["-f", str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise SpecError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
-
-
 def _field_ref(path: str, pod: dict[str, Any]) -> str:
     meta = pod["metadata"]
     simple = {
@@ -273,11 +236,6 @@ def pod_from_template(
     env = container_env(container, pod, configmaps)
     for key, value in (extra_env or {}).items():
         env.setdefault(key, value)
-    lookup = env.get
-    pod_sc = pod_spec.get("securityContext", {}) or {}
-    sc = {**pod_sc, **(container.get("securityContext", {}) or {})}
-    resources = container.get("resources", {}) or {}
-    limits, requests = resources.get("limits", {}) or {}, resources.get("requests", {}) or {}
     return PodSpec(
         name=name,
         owner=owner,
@@ -285,34 +243,48 @@ def pod_from_template(
         component=labels.get("app.kubernetes.io/component", ""),
         namespace=namespace,
         service=service,
-        cluster_domain=env.get("MASKRCNN_CLUSTER_DOMAIN", "cluster.local"),
+        cluster_domain=env.get(CLUSTER_DOMAIN_ENV, "cluster.local"),
         image=container["image"],
-        command=[expand(str(c), lookup) for c in container["command"]] if "command" in container else None,
-        args=[expand(str(a), lookup) for a in container.get("args", [])],
+        command=[expand(str(c), env.get) for c in container["command"]] if "command" in container else None,
+        args=[expand(str(a), env.get) for a in container.get("args", [])],
         env=env,
         mounts=[_mount(m, volumes, configmaps) for m in container.get("volumeMounts", [])],
         pod_ip=pod_ip,
-        run_as_user=sc.get("runAsUser"),
-        run_as_group=sc.get("runAsGroup"),
-        fs_group=pod_sc.get("fsGroup"),
-        read_only_root=bool(sc.get("readOnlyRootFilesystem")),
-        no_new_privileges=sc.get("allowPrivilegeEscalation") is False,
-        cap_drop=list((sc.get("capabilities") or {}).get("drop", [])),
-        memory_limit=limits.get("memory"),
-        cpu_request=str(requests["cpu"]) if "cpu" in requests else None,
-        gpus=sum(int(v) for k, v in limits.items() if k.split("/")[0] in GPU_VENDORS),
-        grace_seconds=int(pod_spec.get("terminationGracePeriodSeconds", 30)),
         hostname=hostname,
         labels=labels,
         annotations=annotations,
+        **_security_fields(pod_spec, container),
+        **_resource_fields(pod_spec, container),
     )
 
 
-# Extended resources that are GPUs (nvidia.com/gpu, a MIG profile, amd.com/gpu, gpu.intel.com/...).
-GPU_VENDORS = ("nvidia.com", "amd.com", "gpu.intel.com")
+def _security_fields(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The PodSpec fields of the security context: the container's settings over the pod's."""
+    pod_sc = pod_spec.get("securityContext", {}) or {}
+    sc = {**pod_sc, **(container.get("securityContext", {}) or {})}
+    return {
+        "run_as_user": sc.get("runAsUser"),
+        "run_as_group": sc.get("runAsGroup"),
+        "fs_group": pod_sc.get("fsGroup"),
+        "read_only_root": bool(sc.get("readOnlyRootFilesystem")),
+        "no_new_privileges": sc.get("allowPrivilegeEscalation") is False,
+        "cap_drop": list((sc.get("capabilities") or {}).get("drop", [])),
+    }
 
 
-def pods_from_objects(
+def _resource_fields(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The PodSpec fields docker can enforce: memory limit, CPU request, GPUs, the grace period."""
+    resources = container.get("resources", {}) or {}
+    limits, requests = resources.get("limits", {}) or {}, resources.get("requests", {}) or {}
+    return {
+        "memory_limit": limits.get("memory"),
+        "cpu_request": str(requests["cpu"]) if "cpu" in requests else None,
+        "gpus": sum(int(v) for k, v in limits.items() if k.split("/")[0] in GPU_VENDORS),
+        "grace_seconds": int(pod_spec.get("terminationGracePeriodSeconds", 30)),
+    }
+
+
+def statefulset_pods(
     objects: list[dict[str, Any]], namespace: str, pod_ips: Callable[[str], str], node_name: str = "e2e-node"
 ) -> list[PodSpec]:
     """One PodSpec per StatefulSet replica; `pod_ips(pod_name)` gives each pod its address."""
@@ -353,10 +325,3 @@ def _mount(m: dict[str, Any], volumes: dict[str, dict[str, Any]], configmaps) ->
         pvc = vol["persistentVolumeClaim"]
         return Mount(m["mountPath"], "pvc", read_only or bool(pvc.get("readOnly")), claim=pvc["claimName"])
     raise SpecError(f"volume {m['name']}: only configMap, emptyDir and persistentVolumeClaim are supported")
-
-
-def render_release(
-    helm: str, release: str, namespace: str, values_files: Sequence[Path], pod_ips: Callable[[str], str]
-) -> Release:
-    objects = helm_template(helm, release, namespace, values_files)
-    return Release(release, namespace, pods_from_objects(objects, namespace, pod_ips), objects)

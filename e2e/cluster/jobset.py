@@ -1,7 +1,7 @@
-"""The JobSet controller (kubernetes-sigs/jobset v0.12) and the Job controller, emulated over docker
-containers, from the JobSet that `helm template` renders. No JobSet controller or API server can run
-here, so this module does what their documentation (JobSet concepts, failure policy; Kubernetes Jobs'
-pod failure policy) and the JobSet controller's reconcile loop say they do, and nothing else:
+"""The JobSet controller (kubernetes-sigs/jobset v0.12), emulated over docker containers, from the
+JobSet that the chart renders. No JobSet controller or API server can run here, so this module does
+what their documentation (JobSet concepts, failure policy) and the JobSet controller's reconcile
+loop say they do, and nothing else; the Job controller's part is job.py, the spec jobset_spec.py:
 
 * Jobs and pods. Replicated job `r` makes `replicas` Jobs `<jobset>-<r>-<j>`; each is an Indexed Job
   of `completions` pods, all started at once (parallelism == completions). Pod `i` has the host name
@@ -10,221 +10,48 @@ pod failure policy) and the JobSet controller's reconcile loop say they do, and 
   labels and annotations the controllers add (jobset.sigs.k8s.io/jobset-name, replicatedjob-name,
   replicatedjob-replicas, job-index, restart-attempt; batch.kubernetes.io/job-name and
   job-completion-index) and the Job controller's JOB_COMPLETION_INDEX variable.
-* A pod (restartPolicy Never) ends when its container exits: 0 succeeded, anything else failed.
-* A Job fails with reason PodFailurePolicy when a failed pod's exit code matches a podFailurePolicy
-  FailJob rule, else with BackoffLimitExceeded once more pods failed than backoffLimit; it is Complete
-  when every completion index succeeded.
 * The JobSet, in the controller's order. Failed Jobs first: the failure policy's rules in order,
   each taking the earliest failed Job whose reason (onJobFailureReasons) and replicated job
   (targetReplicatedJobs) it names; no rule: RestartJobSet. FailJobSet: Failed
   (FailJobSetFailurePolicyAction). RestartJobSet: Failed (ReachedMaxRestarts) once
   restartsCountTowardsMax has reached maxRestarts, else restarts + 1 and the whole group is recreated
-  (BlockingRecreate: every old pod is gone before a new one starts). Then the success policy
-  (operator All over targetReplicatedJobs): Completed (AllJobsCompleted).
+  (every old pod is gone before a new one starts). Then the success policy (operator All or Any over
+  targetReplicatedJobs): Completed (AllJobsCompleted).
 * A finished JobSet deletes its active Jobs: their pods get SIGTERM, then SIGKILL after
   terminationGracePeriodSeconds (`docker stop`). Nothing is created afterwards.
 
-Refused rather than ignored (SpecError), since the chart uses none of them: startupPolicy InOrder,
-dependsOn, coordinator, suspend, RestartJob* actions, onJobFailureMessagePatterns, podFailurePolicy
-rules on pod conditions or with other actions than FailJob. Not emulated: Kueue admission,
-ttlSecondsAfterFinished (the harness removes everything itself), the pods' deletion from the API
-(stopped containers are kept for their logs until the scenario ends; a stopped container has no
-network alias any more), and the Recreate strategy's overlap of old and new pods (both strategies
-stop the old pods first).
+Where this differs from the real controllers (Recreate run as BlockingRecreate, no FailureTarget,
+polling, what is not emulated) is listed in README.md beside this file.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from .docker import Cluster, DockerError
-from .kube import PodSpec, SpecError, configmaps_of, pod_from_template
+from .job import COMPLETION_INDEX, COMPLETION_INDEX_ENV, JOB_NAME, Job, JobFailure, Pod, job_failure, observe_exits
+from .jobset_spec import JobSetSpec, ReplicatedJob, find_jobset, parse_jobset
+from .pods import PodSpec, SpecError, configmaps_of, pod_from_template
 
 log = logging.getLogger("e2e")
 
-API_VERSION = "jobset.x-k8s.io/v1alpha2"
 # Labels and annotations (same keys) the JobSet controller puts on Jobs and their pods.
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
-# What the Job controller adds to an Indexed Job's pods.
-JOB_NAME = "batch.kubernetes.io/job-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
-# Condition reasons, as the controllers write them.
-POD_FAILURE_POLICY = "PodFailurePolicy"
-BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+# JobSet condition reasons, as the controller writes them.
 FAIL_JOBSET_REASON = "FailJobSetFailurePolicyAction"
 MAX_RESTARTS_REASON = "ReachedMaxRestarts"
 COMPLETED_REASON = "AllJobsCompleted"
 # Characters of the random suffix of generated names (k8s.io/apimachinery/pkg/util/rand).
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-
-
-# -- the rendered JobSet ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExitCodeRule:
-    """One podFailurePolicy rule on container exit codes."""
-
-    action: str
-    container: str | None
-    operator: str  # In | NotIn
-    values: tuple[int, ...]
-
-    def matches(self, container: str, code: int) -> bool:
-        if self.container not in (None, container) or code == 0:
-            return False
-        return (code in self.values) == (self.operator == "In")
-
-
-@dataclass(frozen=True)
-class ReplicatedJob:
-    name: str
-    replicas: int
-    completions: int
-    backoff_limit: int
-    exit_rules: tuple[ExitCodeRule, ...]
-    pod_template: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class FailureRule:
-    name: str
-    action: str  # FailJobSet | RestartJobSet | RestartJobSetAndIgnoreMaxRestarts
-    reasons: tuple[str, ...]  # empty: any
-    targets: tuple[str, ...]  # empty: every replicated job
-
-    def applies(self, replicated_job: str, reason: str) -> bool:
-        return (not self.reasons or reason in self.reasons) and (not self.targets or replicated_job in self.targets)
-
-
-@dataclass(frozen=True)
-class JobSetSpec:
-    name: str
-    namespace: str
-    subdomain: str
-    success_operator: str
-    success_targets: tuple[str, ...]
-    max_restarts: int
-    restart_strategy: str
-    rules: tuple[FailureRule, ...]
-    replicated_jobs: tuple[ReplicatedJob, ...]
-    ttl_seconds_after_finished: int | None = None
-
-
-def find_jobset(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
-    found = [o for o in objects if o.get("kind") == "JobSet"]
-    if len(found) > 1:
-        raise SpecError(f"{len(found)} JobSets rendered; the harness runs one")
-    return found[0] if found else None
-
-
-def parse_jobset(obj: dict[str, Any], namespace: str) -> JobSetSpec:
-    """The parts of a rendered JobSet the emulation acts on; SpecError for what it does not emulate."""
-    if obj.get("apiVersion") != API_VERSION:
-        raise SpecError(f"JobSet apiVersion {obj.get('apiVersion')!r}, the harness emulates {API_VERSION}")
-    name, spec = obj["metadata"]["name"], obj["spec"]
-    for unsupported in ("coordinator", "suspend", "managedBy", "volumeClaimPolicies"):
-        if spec.get(unsupported):
-            raise SpecError(f"JobSet {name}: spec.{unsupported} is not emulated by the e2e harness")
-    if (spec.get("startupPolicy") or {}).get("startupPolicyOrder", "AnyOrder") != "AnyOrder":
-        raise SpecError(f"JobSet {name}: startupPolicy InOrder is not emulated by the e2e harness")
-    network = spec.get("network") or {}
-    if not network.get("enableDNSHostnames"):
-        raise SpecError(f"JobSet {name}: without network.enableDNSHostnames pods have no stable host names")
-    success = spec.get("successPolicy") or {"operator": "All"}
-    policy = spec.get("failurePolicy") or {}
-    rules = []
-    for i, rule in enumerate(policy.get("rules") or []):
-        if rule["action"] not in ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"):
-            raise SpecError(f"JobSet {name}: failure policy action {rule['action']} is not emulated")
-        if rule.get("onJobFailureMessagePatterns"):
-            raise SpecError(f"JobSet {name}: onJobFailureMessagePatterns is not emulated")
-        rules.append(
-            FailureRule(
-                rule.get("name") or f"failurePolicyRule{i}",
-                rule["action"],
-                tuple(rule.get("onJobFailureReasons") or ()),
-                tuple(rule.get("targetReplicatedJobs") or ()),
-            )
-        )
-    rjobs = tuple(_replicated_job(name, r) for r in spec["replicatedJobs"])
-    return JobSetSpec(
-        name=name,
-        namespace=namespace,
-        subdomain=network.get("subdomain") or name,
-        success_operator=success.get("operator", "All"),
-        success_targets=tuple(success.get("targetReplicatedJobs") or ()),
-        # Without a failure policy any failed Job fails the JobSet: maxRestarts 0 does the same.
-        max_restarts=int(policy.get("maxRestarts", 0)),
-        restart_strategy=policy.get("restartStrategy", "Recreate"),
-        rules=tuple(rules),
-        replicated_jobs=rjobs,
-        ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
-    )
-
-
-def _replicated_job(jobset: str, rjob: dict[str, Any]) -> ReplicatedJob:
-    if rjob.get("dependsOn"):
-        raise SpecError(f"JobSet {jobset}: replicated job {rjob['name']}: dependsOn is not emulated")
-    job = rjob["template"]["spec"]
-    if job.get("completionMode", "Indexed") != "Indexed":
-        raise SpecError(f"JobSet {jobset}: replicated job {rjob['name']} is not an Indexed Job")
-    completions = int(job.get("completions", 1))
-    if int(job.get("parallelism", completions)) != completions:
-        raise SpecError(f"JobSet {jobset}: replicated job {rjob['name']}: parallelism != completions is not emulated")
-    if job["template"]["spec"].get("restartPolicy") != "Never":
-        raise SpecError(f"JobSet {jobset}: replicated job {rjob['name']}: only restartPolicy Never is emulated")
-    exit_rules = []
-    for rule in (job.get("podFailurePolicy") or {}).get("rules", []):
-        codes = rule.get("onExitCodes")
-        if rule["action"] != "FailJob" or codes is None or rule.get("onPodConditions"):
-            raise SpecError(f"JobSet {jobset}: podFailurePolicy rule {rule} is not emulated (FailJob on exit codes is)")
-        values = tuple(int(v) for v in codes["values"])
-        exit_rules.append(ExitCodeRule("FailJob", codes.get("containerName"), codes["operator"], values))
-    return ReplicatedJob(
-        name=rjob["name"],
-        replicas=int(rjob.get("replicas", 1)),
-        completions=completions,
-        backoff_limit=int(job.get("backoffLimit", 6)),
-        exit_rules=tuple(exit_rules),
-        pod_template=job["template"],
-    )
-
-
-# -- what the controllers keep ---------------------------------------------------------------------
-
-
-@dataclass
-class Pod:
-    spec: PodSpec
-    container: str
-    index: int  # completion index
-    exit_code: int | None = None  # once the container has exited
-    finished_at: datetime | None = None
-
-
-@dataclass
-class Job:
-    name: str
-    replicated_job: str
-    index: int
-    pods: list[Pod]
-    condition: str | None = None  # Complete | Failed
-    reason: str = ""
-    message: str = ""
-    failed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -333,35 +160,20 @@ class JobSetController:
     def _update_job(self, job: Job) -> None:
         if job.condition is not None:
             return
-        rjob = self._rjob(job.replicated_job)
-        for pod in job.pods:
-            if pod.exit_code is None:
-                state = self.cluster.state(pod.container)
-                if state.status == "exited":
-                    pod.exit_code, pod.finished_at = state.exit_code, _parse_time(state.finished_at)
-        failures = sorted((p for p in job.pods if p.exit_code not in (None, 0)), key=lambda p: p.finished_at)
-        container = self._container_name(rjob)
-        for pod in failures:
-            for index, rule in enumerate(rjob.exit_rules):
-                if rule.matches(container, pod.exit_code):
-                    self._fail_job(
-                        job,
-                        POD_FAILURE_POLICY,
-                        f"Container {container} for pod {self.spec.namespace}/{pod.spec.name} failed with exit code "
-                        f"{pod.exit_code} matching {rule.action} rule at index {index}",
-                        pod,
-                    )
-                    return
-        if len(failures) > rjob.backoff_limit:
-            self._fail_job(job, BACKOFF_LIMIT_EXCEEDED, "Job has reached the specified backoff limit", failures[-1])
-        elif all(p.exit_code == 0 for p in job.pods):
+        observe_exits(job, self.cluster)
+        failure = job_failure(job, self._rjob(job.replicated_job), self.spec.namespace)
+        if failure is not None:
+            self._fail_job(job, failure)
+        elif job.complete:
             job.condition = "Complete"
             self._event(f"job {job.name} complete")
 
-    def _fail_job(self, job: Job, reason: str, message: str, pod: Pod) -> None:
+    def _fail_job(self, job: Job, failure: JobFailure) -> None:
         """The Job controller marks the Job failed and terminates its pods that still run."""
-        job.condition, job.reason, job.message, job.failed_at = "Failed", reason, message, pod.finished_at
-        self._event(f"job {job.name} failed ({reason}): pod {pod.spec.host} exited {pod.exit_code}")
+        pod = failure.pod
+        job.condition, job.reason, job.message = "Failed", failure.reason, failure.message
+        job.failed_at = pod.finished_at  # what orders the failed Jobs: the deciding pod's exit
+        self._event(f"job {job.name} failed ({failure.reason}): pod {pod.spec.host} exited {pod.exit_code}")
         self._delete_pods(job.pods)
 
     # -- JobSet ----------------------------------------------------------------------------------
@@ -463,8 +275,7 @@ class JobSetController:
             return
         self.cluster.stop([p.container for p in running], grace=max(p.spec.grace_seconds for p in running))
         for pod in running:
-            state = self.cluster.state(pod.container)
-            pod.exit_code, pod.finished_at = state.exit_code, _parse_time(state.finished_at)
+            pod.record_exit(self.cluster.state(pod.container))
         self._event(f"deleted pods {', '.join(p.spec.host for p in running)}")
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -472,20 +283,9 @@ class JobSetController:
     def _rjob(self, name: str) -> ReplicatedJob:
         return next(r for r in self.spec.replicated_jobs if r.name == name)
 
-    @staticmethod
-    def _container_name(rjob: ReplicatedJob) -> str:
-        (container,) = rjob.pod_template["spec"]["containers"]
-        return container["name"]
-
     def _event(self, text: str) -> None:
         self.events.append(text)
         log.info("jobset %s: %s", self.spec.name, text)
-
-
-def _parse_time(text: str) -> datetime:
-    """docker's RFC 3339 time with nanoseconds -> datetime (microseconds)."""
-    text = re.sub(r"(\.\d{6})\d*", r"\1", text).replace("Z", "+00:00")
-    return datetime.fromisoformat(text)
 
 
 def jobset_controller(

@@ -1,0 +1,100 @@
+"""The Job controller's part, for an Indexed Job whose pods never restart in place (restartPolicy
+Never): what it keeps of each pod, what it adds to them, and its verdict on the Job.
+
+* A pod ends when its container exits: 0 succeeded, anything else failed.
+* A Job fails with reason PodFailurePolicy when a failed pod's exit code matches a podFailurePolicy
+  FailJob rule (earliest failure first), else with BackoffLimitExceeded once more pods failed than
+  backoffLimit; it is Complete when every completion index succeeded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from .docker import ContainerState
+from .jobset_spec import ReplicatedJob
+from .pods import PodSpec
+
+# What the Job controller adds to an Indexed Job's pods.
+JOB_NAME = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
+# Job failure reasons, as the Job controller writes them.
+POD_FAILURE_POLICY = "PodFailurePolicy"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+
+
+class ContainerStates(Protocol):
+    def state(self, name: str) -> ContainerState: ...
+
+
+@dataclass
+class Pod:
+    spec: PodSpec
+    container: str
+    index: int  # completion index
+    exit_code: int | None = None  # once the container has exited
+    finished_at: datetime | None = None
+
+    def record_exit(self, state: ContainerState) -> None:
+        self.exit_code, self.finished_at = state.exit_code, _parse_time(state.finished_at)
+
+
+@dataclass
+class Job:
+    name: str
+    replicated_job: str
+    index: int
+    pods: list[Pod]
+    condition: str | None = None  # Complete | Failed
+    reason: str = ""
+    message: str = ""
+    failed_at: datetime | None = None
+
+    @property
+    def complete(self) -> bool:
+        return all(p.exit_code == 0 for p in self.pods)
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """Why the Job controller fails a Job, and the pod whose exit decided it."""
+
+    reason: str
+    message: str
+    pod: Pod
+
+
+def observe_exits(job: Job, cluster: ContainerStates) -> None:
+    """Record the exit of each pod whose container has exited since the last look."""
+    for pod in job.pods:
+        if pod.exit_code is None:
+            state = cluster.state(pod.container)
+            if state.status == "exited":
+                pod.record_exit(state)
+
+
+def job_failure(job: Job, rjob: ReplicatedJob, namespace: str) -> JobFailure | None:
+    """The Job's failure, if its pods' exits fail it now."""
+    failures = sorted((p for p in job.pods if p.exit_code not in (None, 0)), key=lambda p: p.finished_at)
+    (container,) = rjob.pod_template["spec"]["containers"]
+    for pod in failures:
+        for index, rule in enumerate(rjob.exit_rules):
+            if rule.matches(container["name"], pod.exit_code):
+                message = (
+                    f"Container {container['name']} for pod {namespace}/{pod.spec.name} failed with exit code "
+                    f"{pod.exit_code} matching {rule.action} rule at index {index}"
+                )
+                return JobFailure(POD_FAILURE_POLICY, message, pod)
+    if len(failures) > rjob.backoff_limit:
+        return JobFailure(BACKOFF_LIMIT_EXCEEDED, "Job has reached the specified backoff limit", failures[-1])
+    return None
+
+
+def _parse_time(text: str) -> datetime:
+    """docker's RFC 3339 time with nanoseconds -> datetime (microseconds)."""
+    text = re.sub(r"(\.\d{6})\d*", r"\1", text).replace("Z", "+00:00")
+    return datetime.fromisoformat(text)

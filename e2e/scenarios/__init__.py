@@ -1,0 +1,57 @@
+"""The end-to-end scenarios, by workload. Each deploys the chart's pods as containers, acts, and asserts.
+
+Every scenario is bounded in time (each wait has its own limit, and `make e2e` adds one over the
+whole run) and runs inside a `Deployment` (deployment.py) that removes its containers and network
+whatever happened. `SCENARIOS` is the registry `python -m e2e` runs, lists and selects from, in
+this order.
+
+  common.py       release names, bounds, settings, the trainer's small CPU run
+  chart.py        the chart: ci/ values files, `helm template`, the rendered release
+  deployment.py   one scenario's deployment and its waits
+  statefulset.py  pipeline, ddp, fault recovery (StatefulSets)
+  bare_nodes.py   the README's `docker run` recipe
+  jobset.py       the JobSet workload under the emulated controllers
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .bare_nodes import scenario_bare_nodes
+from .chart import ROOT
+from .common import Result, Settings
+from .jobset import (
+    scenario_jobset,
+    scenario_jobset_lost_worker,
+    scenario_jobset_max_restarts,
+    scenario_jobset_user_error,
+    scenario_jobset_user_error_ddp,
+)
+from .statefulset import (
+    scenario_ddp,
+    scenario_ddp_fault,
+    scenario_faults,
+    scenario_pipeline,
+    scenario_restart_alone,
+    scenario_silent_peer,
+)
+
+SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
+    "pipeline": scenario_pipeline,
+    "ddp": scenario_ddp,
+    "bare-nodes": scenario_bare_nodes,
+    "faults": scenario_faults,
+    "restart-alone": scenario_restart_alone,
+    "silent-peer": scenario_silent_peer,
+    "ddp-fault": scenario_ddp_fault,
+    "jobset": scenario_jobset,
+    "jobset-lost-worker": scenario_jobset_lost_worker,
+    "jobset-user-error": scenario_jobset_user_error,
+    "jobset-user-error-ddp": scenario_jobset_user_error_ddp,
+    "jobset-max-restarts": scenario_jobset_max_restarts,
+}
+# Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
+DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp")
+
+__all__ = ["DDP_ONLY", "ROOT", "SCENARIOS", "Result", "Settings"]
