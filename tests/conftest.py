@@ -38,6 +38,14 @@ def helm() -> str:
     return str(TOOLS / "helm")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for the `helm` fixture runs helm: it carries `needs_helm` wherever it lives, so
+    `-m 'not needs_helm'` deselects every one of them without a marker to forget."""
+    for item in items:
+        if "helm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.needs_helm)
+
+
 @pytest.fixture
 def free_port() -> int:
     """A loopback TCP port that is free right now: the launcher's own `peers.free_port` (the one

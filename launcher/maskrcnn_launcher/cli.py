@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import click
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.boundary import EXIT_USER_ERROR as EXIT_INVALID  # noqa: F401 (tests/chart imports it from here)
 from maskrcnn_launcher.boundary import ExitWith, GuardedGroup
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity

@@ -57,7 +57,7 @@ def test_auto_renders_a_jobset_only_where_the_cluster_serves_it(
 
 @pytest.mark.parametrize(("scenario", "jobset_api"), JOBSET_CASES, ids=JOBSET_CASE_IDS)
 def test_jobset_runs_to_completion_and_restarts_as_a_group(render, values, scenario: str, jobset_api: bool) -> None:
-    from maskrcnn_launcher.cli import EXIT_INVALID
+    from maskrcnn_launcher.boundary import EXIT_USER_ERROR
 
     objects = render(scenario, jobset_api=jobset_api)
     v = values(scenario)
@@ -104,7 +104,7 @@ def test_jobset_runs_to_completion_and_restarts_as_a_group(render, values, scena
             "onExitCodes": {
                 "containerName": trainer(job["template"])["name"],
                 "operator": "In",
-                "values": [EXIT_INVALID],
+                "values": [EXIT_USER_ERROR],
             },
         }
         assert job["template"]["spec"]["restartPolicy"] == "Never", "podFailurePolicy needs restartPolicy Never"

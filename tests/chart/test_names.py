@@ -50,7 +50,9 @@ def test_helm_test_hook_checks_the_master_port(render, scenario: str, jobset_api
     service = one(objects, "Service")["metadata"]["name"]
     assert pod["spec"]["restartPolicy"] == "Never"
     (container,) = pod["spec"]["containers"]
-    host, port = container["command"][3], container["command"][4]
+    flags = dict(zip(container["command"][2::2], container["command"][3::2]))
+    assert container["command"][0] == "maskrcnn-launch" and container["command"][1] == "wait-master"
+    host, port = flags["--master-addr"], flags["--master-port"]
     master = (
         f"{RELEASE}-maskrcnn-dist-master-0-0" if workload(objects) == "jobset" else f"{RELEASE}-maskrcnn-dist-master-0"
     )

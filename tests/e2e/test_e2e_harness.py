@@ -8,9 +8,6 @@ group restart, fail-fast, max restarts) on a fake cluster whose containers the t
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,20 +24,6 @@ from e2e.cluster.pods import expand  # noqa: E402
 from e2e.scenarios.bare_nodes import extract_recipe  # noqa: E402
 from e2e.scenarios.chart import CPU_VALUES, DDP_CPU_OVERLAY, DDP_VALUES, helm_template, render_release  # noqa: E402
 from e2e.scenarios.common import expected_checkpoints  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    found = shutil.which("helm") or (str(ROOT / ".tools" / "helm") if (ROOT / ".tools" / "helm").is_file() else None)
-    if found:
-        return found
-    env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run(
-        [str(ROOT / "helm" / "hack" / "get-helm.sh"), str(ROOT / ".tools")], env=env, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"no helm on PATH and helm/hack/get-helm.sh failed:\n{proc.stdout}\n{proc.stderr}")
-    return str(ROOT / ".tools" / "helm")
 
 
 @pytest.mark.parametrize(

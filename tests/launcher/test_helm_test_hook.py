@@ -4,10 +4,7 @@ flags, so the chart and the subcommand cannot drift apart."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,18 +19,7 @@ RELEASE = "t"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
-    """helm from PATH, else .tools/helm, else helm/hack/get-helm.sh fetches the pinned one (as the chart
-    tests find it): a missing helm fails with the script's reason, it is never a silent skip."""
-    if not (shutil.which("helm") or (TOOLS / "helm").is_file()):
-        script = [str(ROOT / "helm" / "hack" / "get-helm.sh"), str(TOOLS)]
-        proc = subprocess.run(script, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True)
-        assert proc.returncode == 0, f"no helm on PATH and get-helm.sh failed:\n{proc.stdout}\n{proc.stderr}"
-    return shutil.which("helm") or str(TOOLS / "helm")
-
-
-# needs helm
+@pytest.mark.needs_helm
 @pytest.mark.parametrize(
     ("args", "workload", "namespace", "port", "timeout"),
     [

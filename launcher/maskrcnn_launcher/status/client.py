@@ -1,7 +1,7 @@
 """`maskrcnn-launch status`'s Kubernetes API client: the only module that imports `kubernetes`.
 
 It asks the API server for what the report needs (`report.py` reads the answers), and why each is enough:
-- the pods selected by the chart's labels (helm/templates/_helpers.tpl: `app.kubernetes.io/instance`
+- the pods selected by the chart's labels (helm/templates/_names.tpl: `app.kubernetes.io/instance`
   is the release, `app.kubernetes.io/part-of` the kit, `app.kubernetes.io/component` the role; the helm
   test pod has component `test` and is left out);
 - for a JobSet release, the JobSet itself (selected by the same release labels). A cluster without

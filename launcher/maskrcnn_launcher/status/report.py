@@ -27,7 +27,7 @@ from maskrcnn_launcher.contract import (
     parse_progress_line,
 )
 
-# Labels the chart puts on every training pod (helm/templates/_helpers.tpl, statefulsets.yaml).
+# Labels the chart puts on every training pod (helm/templates/_names.tpl, statefulsets.yaml).
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF_VALUE = "maskrcnn-dist"
