@@ -33,8 +33,8 @@ from .engines.torch_engine import TorchEngine
 from .errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from .evaluation import detections_to_coco
 from .model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from .process import setup_process
 from .run_dir import REPLACED_PREFIX, move_aside, output_folder_problem, replaced_stamp
-from .train import setup_process
 
 log = logging.getLogger(__name__)
 
