@@ -95,8 +95,7 @@ def test_engines_never_import_the_loop_the_composition_root_predict_or_the_cli()
         "maskrcnn_dist.train",
         "maskrcnn_dist.cli",
         "maskrcnn_dist.loop",
-        "maskrcnn_dist.predict",
-        "maskrcnn_dist.gallery",
+        "maskrcnn_dist.outputs",
         "maskrcnn_dist.profile",
     }
     graph = import_graph(TRAINER)
@@ -111,8 +110,7 @@ def test_lower_layers_never_import_engines_or_above() -> None:
         "maskrcnn_dist.loop",
         "maskrcnn_dist.train",
         "maskrcnn_dist.cli",
-        "maskrcnn_dist.predict",  # predict and gallery run the local engine, beside the loop
-        "maskrcnn_dist.gallery",
+        "maskrcnn_dist.outputs",  # predict and the report's gallery run the local engine, beside the loop
         "maskrcnn_dist.profile",  # profile runs pipeline stages, beside the loop
     )
     graph = import_graph(TRAINER)

@@ -19,10 +19,10 @@ from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.config import GALLERY_MAX, PredictConfig, saved_model_flags
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.draw import MASK_ALPHA, PALETTE, draw_detections
 from maskrcnn_dist.errors import ConfigError, UserError
 from maskrcnn_dist.evaluation import coco_ap
-from maskrcnn_dist.gallery import (
+from maskrcnn_dist.outputs.draw import MASK_ALPHA, PALETTE, draw_detections
+from maskrcnn_dist.outputs.gallery import (
     HEADING_INCHES,
     TITLE_INCHES,
     check_gallery_request,
@@ -30,7 +30,7 @@ from maskrcnn_dist.gallery import (
     figure_inches,
     gallery_figure,
 )
-from maskrcnn_dist.predict import (
+from maskrcnn_dist.outputs.predict import (
     IMAGES_FILE,
     RESULTS_FILE,
     collect_images,
@@ -243,7 +243,7 @@ def test_the_gallery_heading_clears_the_first_row(rows: int):
     heading = fig._suptitle.get_window_extent(renderer)
     first_titles = [ax.title.get_window_extent(renderer) for ax in fig.axes[:2]]
     assert all(heading.y0 >= title.y1 for title in first_titles)  # display y grows upwards
-    from maskrcnn_dist.report import pyplot
+    from maskrcnn_dist.outputs.report import pyplot
 
     pyplot().close(fig)
 
