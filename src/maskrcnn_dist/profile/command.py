@@ -18,8 +18,8 @@ from ..errors import UserError
 from ..process import setup_process
 from ..run_dir import output_file_problem
 from .candidates import Candidate, candidates
+from .cost_model import Prediction, Setting, predict
 from .measure import NUM_CLASSES, Batch, Measurements, measure
-from .model import Prediction, Setting, predict
 from .recommend import limits, rank, recommended, table, why
 from .write import chart_values_problem, launchable, topology_document, write_topology, write_values
 
