@@ -30,11 +30,11 @@ import torch
 import yaml
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, to_argv
+from maskrcnn_dist.process import setup_process
 from maskrcnn_dist.profile.candidates import Candidate
 from maskrcnn_dist.profile.command import real_batches
+from maskrcnn_dist.profile.cost_model import Setting, predict
 from maskrcnn_dist.profile.measure import measure
-from maskrcnn_dist.profile.model import Setting, predict
-from maskrcnn_dist.train import setup_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)

@@ -368,7 +368,7 @@ def check_pipeline(env: Env, name: str, transport: str, replicas: int) -> dict[s
     topology_file.write_text(json.dumps(topology))  # JSON is YAML
     micro = replicas  # M=1 for exact equivalence; each replica needs a micro-batch
     flags = base_flags(env, env.data, work / "pipeline", micro_batches=micro, rpc_timeout=60)
-    flags.pop("threads", None)  # stage workers take 1 thread each (train.setup_process)
+    flags.pop("threads", None)  # stage workers take 1 thread each (process.setup_process)
     flags["device"] = "cpu"  # the master's: the pipeline master holds no model; stages use the topology's devices
     port = free_port()
     command = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(topology_file)]
@@ -440,7 +440,8 @@ def make_step(loop: str, env: Env, cfg, amp: bool, num_classes: int, batch) -> C
     a GradScaler where its --amp uses them)."""
     import torch
 
-    from maskrcnn_dist.engines.torch_engine import TorchEngine, to_device
+    from maskrcnn_dist.engines.base import to_device
+    from maskrcnn_dist.engines.torch_engine import TorchEngine
 
     if loop == "local":
         cfg.amp = amp
@@ -584,7 +585,7 @@ def run_child(name: str, plan: Path) -> int:
 
         from maskrcnn_dist.perf import set_flush_denormal
 
-        # What train.setup_process does for every run (--flush-denormal is on by default), before any
+        # What process.setup_process does for every run (--flush-denormal is on by default), before any
         # computation: without it the CPU steps of a fresh model are 3-6x slower.
         if env.device == "cpu":
             torch.set_num_threads(2)

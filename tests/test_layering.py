@@ -90,13 +90,12 @@ def test_the_trainer_has_no_import_cycle() -> None:
     assert cycles(import_graph(TRAINER)) == []
 
 
-def test_engines_never_import_the_loop_the_composition_root_predict_or_the_cli() -> None:
+def test_engines_never_import_the_loop_the_composition_root_the_tools_or_the_cli() -> None:
     upward = {
         "maskrcnn_dist.train",
         "maskrcnn_dist.cli",
         "maskrcnn_dist.loop",
-        "maskrcnn_dist.predict",
-        "maskrcnn_dist.gallery",
+        "maskrcnn_dist.outputs",
         "maskrcnn_dist.profile",
     }
     graph = import_graph(TRAINER)
@@ -105,20 +104,72 @@ def test_engines_never_import_the_loop_the_composition_root_predict_or_the_cli()
 
 
 def test_lower_layers_never_import_engines_or_above() -> None:
-    """model, data, evaluation, checkpoints, metrics, config and errors sit under the engines."""
+    """model, data, evaluation, checkpoints, metrics, config, process and errors sit under the engines."""
     above = (
         "maskrcnn_dist.engines",
         "maskrcnn_dist.loop",
         "maskrcnn_dist.train",
         "maskrcnn_dist.cli",
-        "maskrcnn_dist.predict",  # predict and gallery run the local engine, beside the loop
-        "maskrcnn_dist.gallery",
+        "maskrcnn_dist.outputs",  # predict and the report's gallery run the local engine, beside the loop
         "maskrcnn_dist.profile",  # profile runs pipeline stages, beside the loop
     )
     graph = import_graph(TRAINER)
     lower = [m for m in graph if not m.startswith(above) and m != "maskrcnn_dist"]
     offenders = {m: sorted(i for i in graph[m] if i.startswith(above)) for m in lower}
     assert {m: i for m, i in offenders.items() if i} == {}
+
+
+#: The tools: commands beside the loop that run a model or measure one, never train it.
+TOOLS = ("outputs", "profile")
+#: The training path, which no tool imports: the composition root and the loop.
+TRAINING_PATH = ("train", "loop")
+#: What the engines share; every other module of engines/ (a module or a package) is one engine.
+ENGINES_SHARE = ("base",)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def tools_importing_the_training_path(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    """tool module -> the modules of the training path it imports (only offenders)."""
+    path = {f"{package}.{name}" for name in TRAINING_PATH}
+    tools = [m for m in graph if any(_within(m, f"{package}.{tool}") for tool in TOOLS)]
+    return {m: sorted(graph[m] & path) for m in tools if graph[m] & path}
+
+
+def engine_of(module: str, package: str) -> str | None:
+    """The engine a module belongs to (engines/torch_engine, engines/pipeline/...), None for what the
+    engines share and for anything outside engines/."""
+    parts = module.split(".")
+    if parts[:2] != [package, "engines"] or len(parts) < 3 or parts[2] in ENGINES_SHARE:
+        return None
+    return parts[2]
+
+
+def engines_importing_another_engine(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    """engine module -> the modules of other engines it imports (only offenders)."""
+    offenders = {}
+    for module, imported in graph.items():
+        own = engine_of(module, package)
+        other = sorted(i for i in imported if engine_of(i, package) not in (None, own))
+        if own is not None and other:
+            offenders[module] = other
+    return offenders
+
+
+def test_tools_never_import_the_training_path() -> None:
+    """predict, report, the gallery and profile build what they need (process.setup_process, an engine);
+    they never reach into train.py or the loop."""
+    assert tools_importing_the_training_path(import_graph(TRAINER), "maskrcnn_dist") == {}
+
+
+def test_no_engine_imports_another_engine() -> None:
+    """What two engines share lives in engines/base.py, not in one of them."""
+    graph = import_graph(TRAINER)
+    assert engine_of("maskrcnn_dist.engines.pipeline.engine", "maskrcnn_dist") == "pipeline"
+    assert engine_of("maskrcnn_dist.engines.torch_engine", "maskrcnn_dist") == "torch_engine"
+    assert engines_importing_another_engine(graph, "maskrcnn_dist") == {}
 
 
 #: `maskrcnn-dist profile` plans for a topology and writes one: it reads and validates them with the
@@ -165,3 +216,49 @@ def test_the_graph_reader_finds_a_cycle_and_an_upward_import(tmp_path: Path) -> 
     graph = import_graph(package)
     assert ["pkg.a", "pkg.b"] in cycles(graph)
     assert "pkg.train" in graph["pkg.engines.e"]
+
+
+def _write_package(root: Path, files: dict[str, str]) -> Path:
+    """A package `pkg` under root: module path -> source; every folder gets an empty __init__.py."""
+    package = root / "pkg"
+    for name, source in files.items():
+        path = package / name
+        for folder in path.relative_to(package).parents:  # ..., ".": the package itself
+            (package / folder).mkdir(parents=True, exist_ok=True)
+            (package / folder / "__init__.py").touch()
+        path.write_text(source)
+    return package
+
+
+def test_the_tools_rule_finds_a_tool_importing_the_training_path(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "train.py": "",
+            "loop.py": "",
+            "process.py": "",
+            "outputs/predict.py": "from ..train import setup_process\n",
+            "outputs/draw.py": "from ..process import setup_process\n",  # allowed
+            "profile/command.py": "def run():\n    from .. import loop\n",  # lazy, still counted
+        },
+    )
+    assert tools_importing_the_training_path(import_graph(package), "pkg") == {
+        "pkg.outputs.predict": ["pkg.train"],
+        "pkg.profile.command": ["pkg.loop"],
+    }
+
+
+def test_the_engines_rule_finds_an_engine_importing_another(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "engines/base.py": "",
+            "engines/torch_engine.py": "from .base import Engine\nfrom .pipeline import stages\n",
+            "engines/pipeline/stages.py": "from ..base import Images\n",  # allowed: the shared module
+            "engines/pipeline/engine.py": "from ..torch_engine import check_finite\nfrom .stages import State\n",
+        },
+    )
+    assert engines_importing_another_engine(import_graph(package), "pkg") == {
+        "pkg.engines.pipeline.engine": ["pkg.engines.torch_engine"],
+        "pkg.engines.torch_engine": ["pkg.engines.pipeline", "pkg.engines.pipeline.stages"],
+    }

@@ -1,4 +1,4 @@
-"""`maskrcnn-dist`: a thin click layer over the library (config.py, train.py, data, report)."""
+"""`maskrcnn-dist`: a thin click layer over the library (config/, train.py, data/, outputs/, profile/)."""
 
 from __future__ import annotations
 
@@ -214,16 +214,16 @@ def check_data(data_path: Path | None, check_data: str | None, split: str) -> No
 def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path | None, data_path: Path | None) -> None:
     """Draw loss and AP curves of a run into a PNG; with --gallery N --resume CKPT, predictions on N
     validation images beside their ground truth into a second PNG (report_gallery.png)."""
-    from .report import draw_report
+    from .outputs.report import draw_report
 
     if gallery:  # a gallery that cannot be drawn fails before the report is written
-        from .gallery import check_gallery_request
+        from .outputs.gallery import check_gallery_request
 
         check_gallery_request(resume, gallery)
     path = draw_report(metrics_file, out_png or metrics_file.with_name("report.png"))
     click.echo(str(path))
     if gallery:
-        from .gallery import draw_gallery, gallery_path
+        from .outputs.gallery import draw_gallery, gallery_path
 
         click.echo(str(draw_gallery(resume, gallery, gallery_path(path), data_path)))
 
@@ -259,7 +259,7 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
     With the pipeline engine this is the three-machine job on one machine: `maskrcnn-launch local`
     starts the master and both stage workers with explicit identities on 127.0.0.1.
     """
-    from .report import draw_report
+    from .outputs.report import draw_report
     from .train import train as run_train
 
     flags = config_mod.demo_flags(output_dir, steps, engine)
@@ -275,7 +275,7 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
         run_train(config_mod.build_config(None, flags))
     png = draw_report(output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
-    from .gallery import draw_gallery, gallery_path
+    from .outputs.gallery import draw_gallery, gallery_path
 
     shown = draw_gallery(output_dir / "checkpoints", DEMO_GALLERY_IMAGES, gallery_path(png))
     click.echo(f"gallery: {shown}")
@@ -312,7 +312,7 @@ def predict(inputs: tuple[Path, ...], **kwargs: Any) -> None:
     INPUTS are image files and folders (searched recursively), or --data-path with --split. The model
     is --resume CHECKPOINT (built with the settings it was trained with) or --weights FILE (built from
     --model, --min-size, --max-size). Labels are the categories the checkpoint stores, or "class k"."""
-    from .predict import predict_images
+    from .outputs.predict import predict_images
 
     values = _collect(kwargs)
     options = config_mod.build_predict_config({flag: values.pop(flag) for flag in config_mod.PREDICT_BY_FLAG})

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"  # metrics.py: one JSON record per line
-REPORT_FILE = "report.png"  # report.py
+REPORT_FILE = "report.png"  # outputs/report.py
 CHECKPOINT_DIR = "checkpoints"  # checkpoint.py: checkpoint_<step>.pt, newest K kept
 
 #: A complete checkpoint's file name; group 1 is the step.
@@ -38,7 +38,7 @@ def checkpoint_dir(output_dir: Path) -> Path:
 # What a training run leaves in its --output-dir (besides inputs such as a generated data/ folder):
 # a new run refuses to write over them, and --overwrite moves them aside.
 TENSORBOARD_DIR = "tensorboard"
-GALLERY_FILE = REPORT_FILE.removesuffix(".png") + "_gallery.png"  # gallery.gallery_path
+GALLERY_FILE = REPORT_FILE.removesuffix(".png") + "_gallery.png"  # outputs/gallery.gallery_path
 RUN_OUTPUTS = (METRICS_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, REPORT_FILE, GALLERY_FILE)
 REPLACED_PREFIX = "replaced-"
 

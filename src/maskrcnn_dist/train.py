@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
 from .config import TrainConfig
@@ -32,7 +31,7 @@ from .data.check import CheckReport, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .loop import Trainer, TrainResult
-from .perf import set_flush_denormal
+from .process import setup_process
 from .run_dir import layout_problem, move_aside, output_folder_problem, previous_run, replaced_stamp, resume_problem
 
 log = logging.getLogger(__name__)
@@ -42,18 +41,6 @@ Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
 EngineFactory = Callable[[int, int], Engine]
 # Runs the data check where it must run once and hands every process its reports.
 CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
-
-
-def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:
-    """Per-process numeric settings that must precede any model code. `default_threads` applies when
-    --threads is not given (a pipeline stage worker shares its machine: 1)."""
-    threads = cfg.threads or default_threads
-    if threads:
-        torch.set_num_threads(threads)
-    # A randomly initialised Mask R-CNN produces denormal floats that make some CPU iterations 3-6x
-    # slower; flushing them to zero changes nothing a detector can notice. Before any computation:
-    # intra-op threads copy the setting when they start (perf.set_flush_denormal checks they did).
-    set_flush_denormal(cfg.flush_denormal)
 
 
 def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:

@@ -14,7 +14,7 @@ from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import TrainingError
 from maskrcnn_dist.loop import Trainer
 from maskrcnn_dist.metrics import read_metrics
-from maskrcnn_dist.report import draw_report
+from maskrcnn_dist.outputs.report import draw_report
 from maskrcnn_dist.train import train
 
 from .conftest import fast_config

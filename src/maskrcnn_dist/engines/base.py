@@ -1,16 +1,20 @@
-"""The Engine interface: how Mask R-CNN's steps run (one process, DDP, or a pipeline over RPC).
+"""The Engine interface: how Mask R-CNN's steps run (one process, DDP, or a pipeline over RPC), and
+what every engine shares: the device --device names, a batch moved there, the finite-loss check.
 
 An engine knows how to run one optimizer step, inference, and validation losses in its own way. The
 training loop around it (loop.py) owns epochs, the data position, metrics, evaluation and
-checkpoints; engines never import it.
+checkpoints; engines never import it, nor each other: what two engines share lives here.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any
 
 import torch
+
+from ..errors import ConfigError, TrainingError
 
 Images = list[torch.Tensor]
 Targets = list[dict[str, torch.Tensor]]
@@ -71,3 +75,40 @@ class Engine(abc.ABC):
 
     def close(self) -> None:
         """Release process groups, RPC agents and the like."""
+
+
+# ----------------------------------------------------------------------------------------------
+# What every engine shares (and profile, which measures on the device an engine would use).
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    """The device --device names for the process at `local_rank` on its machine: the CPU, or a visible
+    GPU (more ranks than GPUs share them); --device cuda without a GPU is a ConfigError."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible to this process")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def check_finite(step: int, values: dict[str, float]) -> None:
+    """A TrainingError naming the step and every non-finite loss term; engines call it before backward."""
+    bad = [name for name, value in values.items() if not math.isfinite(value)]
+    if bad:
+        raise TrainingError(
+            f"non-finite loss at step {step}: {', '.join(f'{n}={values[n]}' for n in bad)}; "
+            "training stopped before the update; the last checkpoint is intact (lower --lr or set --clip-grad-norm)"
+        )
+
+
+def to_device(images: Images, targets: Targets | None, device: torch.device) -> tuple[Images, Targets | None]:
+    """A batch (targets' tensors too, when given) on `device`."""
+    non_blocking = device.type == "cuda"
+    images = [img.to(device, non_blocking=non_blocking) for img in images]
+    if targets is not None:
+        targets = [
+            {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
+            for t in targets
+        ]
+    return images, targets

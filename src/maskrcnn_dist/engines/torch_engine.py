@@ -10,7 +10,6 @@ raising while the others wait in the next all-reduce), and the gathers of evalua
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,43 +22,15 @@ from maskrcnn_launcher.contract import process_group_backend
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig, fp16_on_cpu_problem
-from ..errors import ConfigError, TrainingError, UserError
+from ..errors import ConfigError, UserError
 from ..model import build_model, side_effect_free_losses
 from ..optim import build_optimizer, build_scheduler
 from ..perf import autocast_context, grad_scaler
 from ..rng import StepSeeder
-from .base import Engine, Images, Targets
+from .base import Engine, Images, Targets, check_finite, resolve_device, to_device
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible to this process")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
-
-
-def check_finite(step: int, values: dict[str, float]) -> None:
-    bad = [name for name, value in values.items() if not math.isfinite(value)]
-    if bad:
-        raise TrainingError(
-            f"non-finite loss at step {step}: {', '.join(f'{n}={values[n]}' for n in bad)}; "
-            "training stopped before the update; the last checkpoint is intact (lower --lr or set --clip-grad-norm)"
-        )
-
-
-def to_device(images: Images, targets: Targets | None, device: torch.device) -> tuple[Images, Targets | None]:
-    non_blocking = device.type == "cuda"
-    images = [img.to(device, non_blocking=non_blocking) for img in images]
-    if targets is not None:
-        targets = [
-            {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
-            for t in targets
-        ]
-    return images, targets
 
 
 def local_rank() -> int:

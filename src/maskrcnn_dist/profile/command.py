@@ -13,13 +13,13 @@ from maskrcnn_launcher.topology import Topology, load_topology
 from ..config import ProfileConfig, TrainConfig, fp16_on_cpu_problem
 from ..data.coco import CocoInstanceDataset
 from ..data.layout import find_split
-from ..engines.torch_engine import resolve_device
+from ..engines.base import resolve_device
 from ..errors import UserError
+from ..process import setup_process
 from ..run_dir import output_file_problem
-from ..train import setup_process
 from .candidates import Candidate, candidates
+from .cost_model import Prediction, Setting, predict
 from .measure import NUM_CLASSES, Batch, Measurements, measure
-from .model import Prediction, Setting, predict
 from .recommend import limits, rank, recommended, table, why
 from .write import chart_values_problem, launchable, topology_document, write_topology, write_values
 

@@ -20,9 +20,9 @@ from maskrcnn_launcher.contract import MODULES
 from torch import Tensor
 
 from ..config import TrainConfig
+from ..engines.base import resolve_device
 from ..engines.pipeline.stages import MicroBatchState, StageModule, build_stages
 from ..engines.pipeline.transport import gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes
-from ..engines.torch_engine import resolve_device
 from ..model import build_model
 from ..optim import build_optimizer
 from ..perf import autocast_context

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .cost_model import Prediction, Setting
 from .measure import Measurements
-from .model import Prediction, Setting
 
 _GIB = 1024**3
 

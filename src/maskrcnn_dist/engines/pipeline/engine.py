@@ -28,8 +28,7 @@ from torch import Tensor
 
 from ...config import TrainConfig
 from ...errors import PeerLostError, TrainingError
-from ..base import Engine, Images, Targets
-from ..torch_engine import check_finite
+from ..base import Engine, Images, Targets, check_finite
 from .host import StageHost
 from .stages import MicroBatchState
 from .state import merge_optimizer_states, split_optimizer_state

@@ -180,10 +180,3 @@ def build_stages(
         )
         for names in stages
     ]
-
-
-def run_stages(stages: Sequence[StageModule], state: MicroBatchState) -> MicroBatchState:
-    """Compose stages in one process (the reference the pipeline is tested against)."""
-    for stage in stages:
-        state = stage(state)
-    return state

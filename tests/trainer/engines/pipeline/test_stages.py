@@ -8,7 +8,7 @@ import pytest
 import torch
 from maskrcnn_launcher.contract import MODULES, validate_placement
 
-from maskrcnn_dist.engines.pipeline.stages import MicroBatchState, build_stages, run_stages
+from maskrcnn_dist.engines.pipeline.stages import MicroBatchState, StageModule, build_stages
 from maskrcnn_dist.model import build_model
 from maskrcnn_dist.rng import StepSeeder
 
@@ -18,6 +18,13 @@ PLACEMENTS = [
     [["transform", "backbone"], ["rpn", "roi_heads"]],
     [["transform", "backbone"], ["rpn"], ["roi_heads"]],
 ]
+
+
+def run_stages(stages: list[StageModule], state: MicroBatchState) -> MicroBatchState:
+    """Compose stages in one process: the reference the pipeline is tested against."""
+    for stage in stages:
+        state = stage(state)
+    return state
 
 
 @pytest.fixture(scope="module")

@@ -23,18 +23,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .categories import Categories
-from .checkpoint import load_checkpoint
-from .config import PredictConfig, build_config, saved_model_flags
-from .data import CocoInstanceDataset, build_eval_loader, find_split, read_image
-from .data.check import ImageEntry, bad_images_error, check_images
+from ..categories import Categories
+from ..checkpoint import load_checkpoint
+from ..config import PredictConfig, build_config, saved_model_flags
+from ..data import CocoInstanceDataset, build_eval_loader, find_split, read_image
+from ..data.check import ImageEntry, bad_images_error, check_images
+from ..engines.torch_engine import TorchEngine
+from ..errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
+from ..evaluation import detections_to_coco
+from ..model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from ..process import setup_process
+from ..run_dir import REPLACED_PREFIX, move_aside, output_folder_problem, replaced_stamp
 from .draw import draw_detections, to_uint8
-from .engines.torch_engine import TorchEngine
-from .errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
-from .evaluation import detections_to_coco
-from .model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
-from .run_dir import REPLACED_PREFIX, move_aside, output_folder_problem, replaced_stamp
-from .train import setup_process
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import pytest
 from maskrcnn_launcher.topology import parse_topology
 
 from maskrcnn_dist.profile.candidates import Candidate, candidates, contiguous_splits
+from maskrcnn_dist.profile.cost_model import Setting, predict
 from maskrcnn_dist.profile.measure import CutCost, Measurements, ModuleCost
-from maskrcnn_dist.profile.model import Setting, predict
 from maskrcnn_dist.profile.recommend import rank, recommended, why
 
 MB = 1_000_000

@@ -1,9 +1,9 @@
-"""Training configuration: the one table of every setting.
+"""The train table: every setting of `train` and `eval`, and building a TrainConfig from them.
 
 Each field of the dataclasses below declares, once, its default, its flag name (the CLI's `--flag` and
-the YAML key), its help text and its allowed values. Everything else is derived from that: the click
-options (cli.py), the YAML keys, the one type converter both use (`FieldSpec.parse`), validation, and
-the argv of the demo's launcher processes (`to_argv`).
+the YAML key), its help text and its allowed values (fields.py's `option`). Everything else is derived
+from that: the click options (cli.py), the YAML keys, the one type converter both use
+(`FieldSpec.parse`), validation, and the argv of the demo's launcher processes (`to_argv`).
 
 Precedence: dataclass defaults < YAML file < flags given on the command line.
 """
@@ -11,11 +11,6 @@ Precedence: dataclass defaults < YAML file < flags given on the command line.
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
-import types
-import typing
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +18,8 @@ from typing import Any
 import yaml
 from maskrcnn_launcher.contract import load_yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .fields import INT64_MAX, FieldSpec, field_specs, option
 
 MODEL_NAMES = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "maskrcnn_resnet18_fpn")
 ENGINES = ("local", "ddp", "pipeline")
@@ -31,61 +27,6 @@ AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to tor
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
 CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
-
-
-def option(
-    default: Any,
-    help: str,
-    *,
-    flag: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-) -> Any:
-    """A config field with its CLI/YAML description. `flag` defaults to the field name with dashes.
-    Numbers (and each integer of a list) are bounded by `minimum`/`maximum` (inclusive) and `above`/`below`
-    (exclusive); non-finite floats and integers beyond 64 bits are always refused."""
-    meta = {"help": help, "flag": flag, "choices": choices, "bounds": Bounds(minimum, maximum, above, below)}
-    return field(default=default, metadata=meta)
-
-
-INT64_MAX = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The allowed range of a number: inclusive `minimum`/`maximum`, exclusive `above`/`below`."""
-
-    minimum: float | None = None
-    maximum: float | None = None
-    above: float | None = None
-    below: float | None = None
-
-    def problem(self, value: float) -> str | None:
-        """What is out of range, e.g. "must be >= 1", or None."""
-        if not -(2**63) <= value <= INT64_MAX and isinstance(value, int):
-            return "must fit in a signed 64-bit integer"
-        for limit, ok, text in (
-            (self.minimum, lambda v, lim: v >= lim, ">="),
-            (self.maximum, lambda v, lim: v <= lim, "<="),
-            (self.above, lambda v, lim: v > lim, ">"),
-            (self.below, lambda v, lim: v < lim, "<"),
-        ):
-            if limit is not None and not ok(value, limit):
-                return f"must be {text} {_number(limit)}"
-        return None
-
-    def describe(self) -> str:
-        """The range for help texts, e.g. ">= 1, <= 64"; empty when unbounded."""
-        limits = ((">=", self.minimum), (">", self.above), ("<=", self.maximum), ("<", self.below))
-        return ", ".join(f"{text} {_number(limit)}" for text, limit in limits if limit is not None)
-
-
-def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:g}"
-
 
 # ----------------------------------------------------------------------------------------------
 # The settings.
@@ -292,220 +233,10 @@ def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------------
-# The table derived from the dataclasses.
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One setting: where it lives (`section` of TrainConfig, None for the top level), its flag and type."""
-
-    section: str | None
-    name: str
-    flag: str
-    help: str
-    kind: type  # bool, int, float, str, Path, or tuple (of ints)
-    optional: bool  # None is a valid value
-    default: Any
-    choices: tuple[str, ...] | None
-    bounds: Bounds
-
-    def get(self, cfg: TrainConfig) -> Any:
-        return getattr(self._owner(cfg), self.name)
-
-    def set(self, cfg: TrainConfig, value: Any) -> None:
-        setattr(self._owner(cfg), self.name, value)
-
-    def _owner(self, cfg: TrainConfig) -> Any:
-        return cfg if self.section is None else getattr(cfg, self.section)
-
-    def parse(self, value: Any) -> Any:
-        """A YAML or command-line value as this field's type; ValueError says what was expected."""
-        if value is None:
-            if self.optional:
-                return None
-            raise ValueError(f"a value is required (expected {self.type_name})")
-        if self.kind is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(f"{value!r} is not a boolean (true/false)")
-            return text in ("true", "1", "yes")
-        if self.kind is tuple:
-            items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-            return tuple(_to_int(item) for item in items if str(item).strip() != "")
-        if self.kind is Path:
-            return _to_path(value)
-        if self.kind is int:
-            return _to_int(value)
-        if self.kind is float:
-            if isinstance(value, bool):
-                raise ValueError(f"{value!r} is not a number")
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{value!r} is not a number") from None
-        return str(value)
-
-    def problem(self, value: Any) -> str | None:
-        """What is wrong with an already parsed value, naming the flag; None when it is fine."""
-        if value is None:
-            return None
-        if self.choices is not None and value not in self.choices:
-            return f"--{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
-        if self.kind is float and not math.isfinite(value):
-            return f"--{self.flag} must be a finite number, got {value}"
-        numbers = value if self.kind is tuple else (value,) if self.kind in (int, float) else ()
-        for number in numbers:
-            if (out_of_range := self.bounds.problem(number)) is not None:
-                return f"--{self.flag} {out_of_range}, got {number}"
-        return None
-
-    @property
-    def type_name(self) -> str:
-        return {tuple: "comma-separated integers", Path: "a path"}.get(self.kind, self.kind.__name__)
-
-
-def _to_path(value: Any) -> Path:
-    if isinstance(value, (str, os.PathLike)) and str(value).strip():
-        return Path(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return Path(str(value))  # YAML reads a folder named 2024 as a number
-    # A YAML list or mapping, true/false, or an empty string: Path() would fail later, or mean the
-    # current folder.
-    raise ValueError(f"{value!r} is not a path")
-
-
-def _to_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not an integer")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"{value!r} is not an integer")
-        return int(value)
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"{value!r} is not an integer") from None
-
-
-def _kind(hint: Any) -> tuple[type, bool]:
-    """(base type, optional) of an annotation such as `int | None`, `Path`, `tuple[int, ...]`."""
-    args = typing.get_args(hint)
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        base = [a for a in args if a is not type(None)]
-        return _kind(base[0])[0], True
-    if typing.get_origin(hint) is tuple:
-        return tuple, False
-    return hint, False
-
-
-def _specs(cls: type, section: str | None) -> Iterator[FieldSpec]:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from _specs(hints[f.name], f.name)
-            continue
-        kind, optional = _kind(hints[f.name])
-        meta = f.metadata
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        yield FieldSpec(
-            section=section,
-            name=f.name,
-            flag=meta.get("flag") or f.name.replace("_", "-"),
-            help=meta["help"],
-            kind=kind,
-            optional=optional,
-            default=default,
-            choices=meta.get("choices"),
-            bounds=meta.get("bounds", Bounds()),
-        )
-
-
-@dataclass
-class PredictConfig:
-    """`maskrcnn-dist predict`'s own settings. The model, weights, device and amp flags are the train
-    flags named in PREDICT_TRAIN_FLAGS (one definition each)."""
-
-    out: Path | None = option(None, "folder for the drawings, detections.json and images.json (required)")
-    # The results file keeps everything the model returns, so that it scores what `eval` scores.
-    score_threshold: float = option(
-        0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0, maximum=1.0
-    )
-    split: str = option("val", "with --data-path: the split whose images to predict")
-    batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1, maximum=4096)
-    # Never silently, as for train's --output-dir: earlier predictions in --out are refused or moved aside.
-    overwrite: bool = option(
-        False, "--out holds earlier predictions: first move them (results, drawings) into replaced-<time>/"
-    )
-
-
-#: `report --gallery N`: a few images to look at, not an export (that is `predict`).
-GALLERY_MAX = 64
-
-
-#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
-PREDICT_TRAIN_FLAGS = (
-    "resume",
-    "weights",
-    "data-path",
-    "model",
-    "min-size",
-    "max-size",
-    "device",
-    "amp",
-    "amp-dtype",
-    "threads",
-)
-
-
-@dataclass
-class ProfileConfig:
-    """`maskrcnn-dist profile`'s own settings. The model, size, batch, micro-batch, precision, device
-    and thread flags are the train flags named in PROFILE_TRAIN_FLAGS (one definition each)."""
-
-    topology: str | None = option(None, "topology file or packaged name to plan for (default: three-machines)")
-    link_gbps: float = option(25.0, "modelled network bandwidth per link, Gbit/s", minimum=0.001, maximum=100_000)
-    device_memory_gib: float | None = option(
-        None, "memory of one device, GiB (default: the GPU's, or host RAM / processes on this host)", minimum=0.001
-    )
-    iterations: int = option(3, "measured passes per module (after one warm-up pass)", minimum=1, maximum=1000)
-    shared_host: bool = option(False, "every pod runs on this one host (maskrcnn-launch local): they share its cores")
-    write_topology: Path | None = option(None, "write the recommended topology here (the launcher's --topology format)")
-    write_values: Path | None = option(
-        None, "write the recommended engine, stages and replicas as Helm values (helm -f)"
-    )
-
-
-#: Train flags that `profile` shares: what builds the model and how a step runs.
-PROFILE_TRAIN_FLAGS = (
-    "data-path",
-    "model",
-    "min-size",
-    "max-size",
-    "batch-size",
-    "micro-batches",
-    "bf16-transport",
-    "device",
-    "amp",
-    "amp-dtype",
-    "threads",
-    "channels-last",
-    "backbone-norm",
-    "seed",
-)
-
 #: Every setting, in declaration order.
-FIELDS: tuple[FieldSpec, ...] = tuple(_specs(TrainConfig, None))
+FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(TrainConfig))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
-PREDICT_FIELDS: tuple[FieldSpec, ...] = tuple(_specs(PredictConfig, None))
-PREDICT_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PREDICT_FIELDS}
-PROFILE_FIELDS: tuple[FieldSpec, ...] = tuple(_specs(ProfileConfig, None))
-PROFILE_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PROFILE_FIELDS}
-
 
 # ----------------------------------------------------------------------------------------------
 # Building a config.
@@ -565,30 +296,6 @@ def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainCon
     return cfg
 
 
-def build_profile_config(values: dict[str, Any]) -> ProfileConfig:
-    """profile's own flags (None: not given) over ProfileConfig's defaults, checked like the train flags."""
-    cfg = apply_overrides(
-        ProfileConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PROFILE_BY_FLAG
-    )
-    errors = [problem for spec in PROFILE_FIELDS if (problem := spec.problem(spec.get(cfg)))]
-    if errors:
-        raise ConfigError("invalid profile options: " + "; ".join(errors))
-    return cfg
-
-
-def build_predict_config(values: dict[str, Any]) -> PredictConfig:
-    """predict's own flags (None: not given) over PredictConfig's defaults, checked like the train flags."""
-    cfg = apply_overrides(
-        PredictConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PREDICT_BY_FLAG
-    )
-    errors = [problem for spec in PREDICT_FIELDS if (problem := spec.problem(spec.get(cfg)))]
-    if cfg.out is None:
-        errors.append("--out DIR is required")
-    if errors:
-        raise ConfigError("invalid predict options: " + "; ".join(errors))
-    return cfg
-
-
 def saved_model_flags(saved: dict[str, Any]) -> dict[str, Any]:
     """The model section of a checkpoint's config (config_to_dict's form) as flag-name -> value, so a
     checkpoint rebuilds the model it was trained with. Weight files are left out: they were the starting
@@ -635,46 +342,3 @@ def to_argv(values: dict[str, Any]) -> list[str]:
         else:
             argv += [f"--{flag}", str(value)]
     return argv
-
-
-# ----------------------------------------------------------------------------------------------
-# Presets: the small CPU run (demo, tests, e2e, benchmarks) and the embedded demo job.
-# ----------------------------------------------------------------------------------------------
-
-
-def small_cpu_run(image_size: int, **flags: Any) -> dict[str, Any]:
-    """The small model on small images on CPU, flag-name -> value, plus `flags` (underscores or dashes).
-
-    From scratch the mask head's loss can run away in the first steps (as torchvision's reference
-    does at lr 0.02); clipping the gradient norm keeps these short runs stable."""
-    return {
-        "model": "maskrcnn_resnet18_fpn",
-        "min-size": image_size,
-        "max-size": image_size,
-        "device": "cpu",
-        "lr": 0.02,
-        "clip-grad-norm": 10.0,
-        **{name.replace("_", "-"): value for name, value in flags.items()},
-    }
-
-
-def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
-    """The embedded default job: a synthetic COCO set, the small model at 128 px, CPU, a short schedule."""
-    return small_cpu_run(
-        128,
-        engine=engine,
-        synthetic_images=64,
-        synthetic_image_size=128,
-        batch_size=4,
-        workers=1,
-        warmup_iters=50,
-        max_steps=steps,
-        epochs=100,
-        lr_steps="1000",
-        eval_every_epoch=False,  # COCO AP once, at the end; validation loss at every epoch end
-        output_dir=output_dir,
-        overwrite=True,  # a second `make demo` moves the first one's files aside, into replaced-<time>/
-        print_freq=10,
-        # pipeline: three processes share this machine's cores
-        **({"threads": 1, "micro_batches": 2, "rpc_timeout": 60} if engine == "pipeline" else {}),
-    )

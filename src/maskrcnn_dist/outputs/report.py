@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .run_dir import output_file_problem
+from ..errors import UserError
+from ..run_dir import output_file_problem
 
 
 def pyplot() -> Any:

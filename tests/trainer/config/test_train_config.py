@@ -1,14 +1,13 @@
-"""Configuration precedence and the CLI's one-line errors for user mistakes."""
+"""The train table: YAML then flags over the defaults, YAML mistakes naming the file and key, a range for
+every number, and the model a checkpoint's saved config rebuilds."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from maskrcnn_dist.cli import main
-from maskrcnn_dist.config import BY_FLAG, FIELDS, build_config
+from maskrcnn_dist.config import FIELDS, build_config, saved_model_flags
 from maskrcnn_dist.errors import ConfigError
 
 
@@ -39,34 +38,6 @@ def test_bad_yaml_names_file_and_key(tmp_path: Path, content: str, message: str)
         build_config(config_file, {})
 
 
-def test_every_flag_is_on_the_cli():
-    help_text = CliRunner().invoke(main, ["train", "--help"]).output
-    for flag in BY_FLAG:
-        assert f"--{flag}" in help_text
-
-
-def test_synth_data_and_report_commands(tmp_path: Path):
-    runner = CliRunner()
-    made = runner.invoke(
-        main,
-        [
-            "synth-data",
-            "--output",
-            str(tmp_path / "d"),
-            "--train-images",
-            "3",
-            "--val-images",
-            "2",
-            "--image-size",
-            "64",
-        ],
-    )
-    assert made.exit_code == 0, made.output
-    assert (tmp_path / "d/train/annotations.json").is_file() and (tmp_path / "d/val/images").is_dir()
-    missing = runner.invoke(main, ["report", "--metrics", str(tmp_path / "none.jsonl")])
-    assert missing.exit_code == 2 and "none.jsonl does not exist" in missing.output
-
-
 NUMERIC = [s for s in FIELDS if s.kind in (int, float, tuple)]
 
 
@@ -86,3 +57,11 @@ def test_every_number_has_a_range_its_default_respects(spec, tmp_path: Path):
     config_file.write_text(f"{spec.flag}: {value}\n")
     with pytest.raises(ConfigError, match=f"c.yaml: --{spec.flag} must be"):
         build_config(config_file, {})
+
+
+def test_a_checkpoint_rebuilds_its_model_without_the_files_it_started_from():
+    saved = {"model": {"name": "maskrcnn_resnet18_fpn", "min_size": 96, "weights_backbone": "/gone/r18.pth"}}
+    flags = saved_model_flags(saved)
+    assert flags["model"] == "maskrcnn_resnet18_fpn" and flags["min-size"] == 96
+    assert "weights-backbone" not in flags and flags["backbone-norm"] == "frozen"  # what "auto" meant then
+    assert saved_model_flags({"model": {"backbone_norm": "auto"}})["backbone-norm"] == "batch"

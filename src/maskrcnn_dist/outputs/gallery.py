@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
-from .config import GALLERY_MAX
-from .data import build_eval_loader
+from ..config import GALLERY_MAX
+from ..data import build_eval_loader
+from ..errors import ConfigError
 from .draw import draw_detections, to_uint8
-from .errors import ConfigError
 from .predict import draw_prediction, legible_scale, load_predictor, open_split
 from .report import pyplot, save_figure
 

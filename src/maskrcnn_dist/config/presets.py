@@ -1,0 +1,45 @@
+"""Presets: the small CPU run (demo, tests, e2e, benchmarks) and the embedded demo job, as flag-name ->
+value mappings that build_config and to_argv take."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def small_cpu_run(image_size: int, **flags: Any) -> dict[str, Any]:
+    """The small model on small images on CPU, flag-name -> value, plus `flags` (underscores or dashes).
+
+    From scratch the mask head's loss can run away in the first steps (as torchvision's reference
+    does at lr 0.02); clipping the gradient norm keeps these short runs stable."""
+    return {
+        "model": "maskrcnn_resnet18_fpn",
+        "min-size": image_size,
+        "max-size": image_size,
+        "device": "cpu",
+        "lr": 0.02,
+        "clip-grad-norm": 10.0,
+        **{name.replace("_", "-"): value for name, value in flags.items()},
+    }
+
+
+def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
+    """The embedded default job: a synthetic COCO set, the small model at 128 px, CPU, a short schedule."""
+    return small_cpu_run(
+        128,
+        engine=engine,
+        synthetic_images=64,
+        synthetic_image_size=128,
+        batch_size=4,
+        workers=1,
+        warmup_iters=50,
+        max_steps=steps,
+        epochs=100,
+        lr_steps="1000",
+        eval_every_epoch=False,  # COCO AP once, at the end; validation loss at every epoch end
+        output_dir=output_dir,
+        overwrite=True,  # a second `make demo` moves the first one's files aside, into replaced-<time>/
+        print_freq=10,
+        # pipeline: three processes share this machine's cores
+        **({"threads": 1, "micro_batches": 2, "rpc_timeout": 60} if engine == "pipeline" else {}),
+    )

@@ -1,0 +1,114 @@
+"""The options of the commands beside training (predict, report --gallery, profile): their own
+settings, declared like the train table's, and the train flags each one shares (one definition each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .fields import FieldSpec, field_specs, option
+from .train_config import apply_overrides
+
+
+@dataclass
+class PredictConfig:
+    """`maskrcnn-dist predict`'s own settings. The model, weights, device and amp flags are the train
+    flags named in PREDICT_TRAIN_FLAGS (one definition each)."""
+
+    out: Path | None = option(None, "folder for the drawings, detections.json and images.json (required)")
+    # The results file keeps everything the model returns, so that it scores what `eval` scores.
+    score_threshold: float = option(
+        0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0, maximum=1.0
+    )
+    split: str = option("val", "with --data-path: the split whose images to predict")
+    batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1, maximum=4096)
+    # Never silently, as for train's --output-dir: earlier predictions in --out are refused or moved aside.
+    overwrite: bool = option(
+        False, "--out holds earlier predictions: first move them (results, drawings) into replaced-<time>/"
+    )
+
+
+#: `report --gallery N`: a few images to look at, not an export (that is `predict`).
+GALLERY_MAX = 64
+
+
+#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
+PREDICT_TRAIN_FLAGS = (
+    "resume",
+    "weights",
+    "data-path",
+    "model",
+    "min-size",
+    "max-size",
+    "device",
+    "amp",
+    "amp-dtype",
+    "threads",
+)
+
+
+@dataclass
+class ProfileConfig:
+    """`maskrcnn-dist profile`'s own settings. The model, size, batch, micro-batch, precision, device
+    and thread flags are the train flags named in PROFILE_TRAIN_FLAGS (one definition each)."""
+
+    topology: str | None = option(None, "topology file or packaged name to plan for (default: three-machines)")
+    link_gbps: float = option(25.0, "modelled network bandwidth per link, Gbit/s", minimum=0.001, maximum=100_000)
+    device_memory_gib: float | None = option(
+        None, "memory of one device, GiB (default: the GPU's, or host RAM / processes on this host)", minimum=0.001
+    )
+    iterations: int = option(3, "measured passes per module (after one warm-up pass)", minimum=1, maximum=1000)
+    shared_host: bool = option(False, "every pod runs on this one host (maskrcnn-launch local): they share its cores")
+    write_topology: Path | None = option(None, "write the recommended topology here (the launcher's --topology format)")
+    write_values: Path | None = option(
+        None, "write the recommended engine, stages and replicas as Helm values (helm -f)"
+    )
+
+
+#: Train flags that `profile` shares: what builds the model and how a step runs.
+PROFILE_TRAIN_FLAGS = (
+    "data-path",
+    "model",
+    "min-size",
+    "max-size",
+    "batch-size",
+    "micro-batches",
+    "bf16-transport",
+    "device",
+    "amp",
+    "amp-dtype",
+    "threads",
+    "channels-last",
+    "backbone-norm",
+    "seed",
+)
+PREDICT_FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(PredictConfig))
+PREDICT_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PREDICT_FIELDS}
+PROFILE_FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(ProfileConfig))
+PROFILE_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PROFILE_FIELDS}
+
+
+def build_profile_config(values: dict[str, Any]) -> ProfileConfig:
+    """profile's own flags (None: not given) over ProfileConfig's defaults, checked like the train flags."""
+    cfg = apply_overrides(
+        ProfileConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PROFILE_BY_FLAG
+    )
+    errors = [problem for spec in PROFILE_FIELDS if (problem := spec.problem(spec.get(cfg)))]
+    if errors:
+        raise ConfigError("invalid profile options: " + "; ".join(errors))
+    return cfg
+
+
+def build_predict_config(values: dict[str, Any]) -> PredictConfig:
+    """predict's own flags (None: not given) over PredictConfig's defaults, checked like the train flags."""
+    cfg = apply_overrides(
+        PredictConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PREDICT_BY_FLAG
+    )
+    errors = [problem for spec in PREDICT_FIELDS if (problem := spec.problem(spec.get(cfg)))]
+    if cfg.out is None:
+        errors.append("--out DIR is required")
+    if errors:
+        raise ConfigError("invalid predict options: " + "; ".join(errors))
+    return cfg
