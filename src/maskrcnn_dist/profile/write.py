@@ -86,10 +86,16 @@ def chart_values_problem(worker_devices: list[int], where: str = "") -> str | No
     )
 
 
+# The run's batch and micro-batch count are the trainer's flags, which the chart's estimate derives from
+# trainer.args: a values file that stated them in `estimate` as well could describe a run that never happens.
+RUN_FLAGS_IN_ESTIMATE = {"batch_size": "--batch-size", "micro_batches": "--micro-batches"}
+
+
 def chart_values(doc: dict[str, Any]) -> dict[str, Any]:
     """A topology document as the chart's values: the chart renders its topology ConfigMap from
     `engine`, `pipeline.stages` (with replicas), `ddp.workers`, `master.gpus`, `worker.gpus` and
-    `estimate`. ValueError when the workers' devices differ: the chart gives every worker the same."""
+    `estimate` (without the batch and micro-batch count: see RUN_FLAGS_IN_ESTIMATE). ValueError when the
+    workers' devices differ: the chart gives every worker the same."""
     if problem := chart_values_problem([w["devices"] for w in doc["workers"]]):
         raise ValueError(problem)
     devices = {w["devices"] for w in doc["workers"]}
@@ -103,12 +109,19 @@ def chart_values(doc: dict[str, Any]) -> dict[str, Any]:
             "stages": [{**stage, "replicas": replicas[stage["name"]]} for stage in doc["stages"]],
             "transport": doc["network"]["transport"],
         }
-    values["estimate"] = doc["estimate"]
+    values["estimate"] = {k: v for k, v in doc["estimate"].items() if k not in RUN_FLAGS_IN_ESTIMATE}
     return values
+
+
+def measured_run_flags(doc: dict[str, Any]) -> list[str]:
+    """The trainer flags the recommendation was measured at, as they go into the chart's trainer.args."""
+    return [part for key, flag in RUN_FLAGS_IN_ESTIMATE.items() for part in (flag, str(doc["estimate"][key]))]
 
 
 def write_values(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(
         "# Written by `maskrcnn-dist profile`: helm install RELEASE helm/ -f THIS_FILE\n"
+        f"# Measured at {' '.join(measured_run_flags(doc))}: give the same flags in trainer.args (the chart's\n"
+        "# estimate takes the batch and micro-batch count from there).\n"
         + yaml.safe_dump(chart_values(doc), sort_keys=False)
     )

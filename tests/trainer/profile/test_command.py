@@ -217,10 +217,10 @@ def test_chart_values_validate_against_the_charts_schema() -> None:
         assert not errors, (cand, errors)
 
 
-def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
+def test_chart_values_render_the_candidates_topology(tmp_path: Path, helm: str) -> None:
     """--write-values: `helm template -f` renders a topology ConfigMap the launcher reads back as the
-    same engine, stages and replicas."""
-    import shutil
+    same engine, stages and replicas. The batch and micro-batch count are stated once, in trainer.args
+    (the values file names them in its header): the rendered estimate follows those flags."""
     import subprocess
 
     from maskrcnn_launcher.topology import parse_topology
@@ -228,19 +228,22 @@ def test_chart_values_render_the_candidates_topology(tmp_path: Path) -> None:
     from maskrcnn_dist.profile.write import topology_document, write_values
 
     root = Path(__file__).resolve().parents[3]
-    helm = shutil.which("helm") or next((str(p) for p in [root / ".tools" / "helm"] if p.is_file()), None)
-    if helm is None:
-        pytest.skip("no helm on PATH (helm/hack/get-helm.sh installs one into .tools)")
     for base, cand in runnable_chart_cases():
         values = tmp_path / "values.yaml"
         write_values(values, topology_document(cand, base, 4, 2, (128, 128), 3, "float32"))
+        text = values.read_text()
+        assert "# Measured at --batch-size 4 --micro-batches 2:" in text
+        written = yaml.safe_load(text)
+        assert "batch_size" not in written["estimate"] and "micro_batches" not in written["estimate"]
+        args = ["--set-json", 'trainer.args=["--batch-size","4","--micro-batches","2"]']
         proc = subprocess.run(
-            [helm, "template", "t", str(root / "helm"), "-f", str(values)], capture_output=True, text=True
+            [helm, "template", "t", str(root / "helm"), "-f", str(values), *args], capture_output=True, text=True
         )
         assert proc.returncode == 0, proc.stderr
         maps = [d for d in yaml.safe_load_all(proc.stdout) if d and d.get("kind") == "ConfigMap"]
         texts = [text for d in maps for key, text in (d.get("data") or {}).items() if key.endswith(".yaml")]
         rendered = parse_topology(yaml.safe_load(texts[0]))
+        assert (rendered.estimate.batch_size, rendered.estimate.micro_batches) == (4, 2)
         assert rendered.engine == cand.engine
         if cand.engine == "pipeline":
             assert tuple(s.modules for s in rendered.stages) == cand.stages
