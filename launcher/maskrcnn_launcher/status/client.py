@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+import maskrcnn_launcher.status.report as report
 from maskrcnn_launcher.boundary import one_line
 from maskrcnn_launcher.contract import ROLES
 from maskrcnn_launcher.errors import LauncherError
-from maskrcnn_launcher.status import report
 
 # The JobSet API (kubernetes-sigs/jobset) the chart renders for.
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
