@@ -27,6 +27,12 @@ RELEASE = "t"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 # The JobSet CRD of kubernetes-sigs/jobset v0.12.0, which every rendered JobSet is validated against.
 JOBSET_CRD = SCHEMAS / "jobset.x-k8s.io_jobsets-v0.12.0.yaml"
+# The Kubeflow Trainer v2.3.0 CRDs (API trainer.kubeflow.org/v1alpha1), by kind: the training runtime and
+# its TrainJob are validated against them.
+TRAINER_CRDS = {
+    kind: SCHEMAS / f"trainer.kubeflow.org_{kind.lower()}s-v2.3.0.yaml"
+    for kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")
+}
 # Scenario name -> values file (None: the chart's defaults, which k8s/ is rendered from).
 SCENARIOS: dict[str, Path | None] = {
     "default": None,
@@ -109,6 +115,12 @@ def values() -> Callable[[str], dict[str, Any]]:
         return merge(defaults, yaml.safe_load(path.read_text())) if path else defaults
 
     return _values
+
+
+@pytest.fixture(scope="session")
+def trainer_schemas() -> dict[str, dict[str, Any]]:
+    """Kind -> the Trainer CRD's v1alpha1 openAPIV3Schema, made strict."""
+    return {kind: crd_schema(path, "v1alpha1") for kind, path in TRAINER_CRDS.items()}
 
 
 @pytest.fixture(scope="session")
