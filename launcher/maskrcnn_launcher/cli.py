@@ -300,7 +300,13 @@ def wait_master(master_addr: str, master_port: int, timeout: float) -> None:
 
 
 @main.command()
-@click.option("--release", required=True, help="Helm release name (the pods' app.kubernetes.io/instance label).")
+@click.option("--release", default=None, help="Helm release name (the pods' app.kubernetes.io/instance label).")
+@click.option(
+    "--trainjob",
+    default=None,
+    metavar="NAME",
+    help="A Kubeflow Trainer TrainJob instead: its state, the progress and AP in its status.trainerStatus, its pods.",
+)
 @click.option(
     "-n",
     "--namespace",
@@ -314,20 +320,33 @@ def wait_master(master_addr: str, master_port: int, timeout: float) -> None:
     help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json: bool) -> None:
-    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress.
+def status(
+    release: str | None, trainjob: str | None, namespace: str | None, kubeconfig: Path | None, as_json: bool
+) -> None:
+    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress;
+    or, with --trainjob, a Kubeflow Trainer TrainJob's state, the progress, ETA, loss and AP its trainer
+    posted, and its pods.
 
     Needs the kubernetes client (pip install 'maskrcnn-launcher[k8s]'); every request is bounded by
     a timeout and not retried, so an unreachable cluster is one error line within seconds.
     """
-    from maskrcnn_launcher.status import connect, release_status, render_status
+    if (release is None) == (trainjob is None):
+        raise click.UsageError("give --release NAME or --trainjob NAME (one of them)")
+    from maskrcnn_launcher.status import connect, release_status, render_status, render_trainjob, trainjob_status
 
     connection = connect(kubeconfig)
     try:
-        result = release_status(release, namespace or connection.namespace, api=connection.api)
+        if trainjob is not None:
+            text = render_trainjob(
+                trainjob_status(trainjob, namespace or connection.namespace, api=connection.api), as_json=as_json
+            )
+        else:
+            text = render_status(
+                release_status(release, namespace or connection.namespace, api=connection.api), as_json=as_json
+            )
     finally:
         connection.close()
-    click.echo(render_status(result, as_json=as_json))
+    click.echo(text)
 
 
 def _log(message: str) -> None:
