@@ -84,7 +84,11 @@ class Deployment:
         """The chart rendered as a JobSet, run by the emulated JobSet controller (started unless `start`
         is false: the scenario calls `start()` once it has prepared the volume)."""
         files = self.values_files(values_file, {"workload": "jobset", **overlay})
-        objects = helm_template(self.settings.helm, RELEASE, NAMESPACE, files)
+        return self.run_jobset(helm_template(self.settings.helm, RELEASE, NAMESPACE, files), start)
+
+    def run_jobset(self, objects: list[dict[str, Any]], start: bool = True) -> JobSetController:
+        """The JobSet among `objects` (rendered, or made by an emulated controller from what was),
+        run by the emulated JobSet controller; its pods are the release's."""
 
         def on_attempt(attempt: Attempt) -> None:
             # Each restart makes new pods (new names, same host names): they are the release's pods now.

@@ -46,8 +46,9 @@ resources:
 KUBEFLOW_KUSTOMIZATION = """\
 # The same job for Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1; Trainer v2.3 and its JobSet
 # installed): the ClusterTrainingRuntime `maskrcnn-dist` for the kit's image, its topology ConfigMap and
-# volume claim (ReadWriteMany: every node reads the dataset, node 0 writes the run), and a TrainJob on it (ddp, 3 CPU nodes: numNodes and numProcPerNode are the topology's)
-# with the NetworkPolicy that admits its training ports only from its own pods. Apply with
+# volume claim (ReadWriteMany: every node reads the dataset, node 0 writes the run), and a TrainJob on
+# it (ddp, 3 CPU nodes: numNodes and numProcPerNode are the topology's) with the NetworkPolicy that
+# admits its training ports only from its own pods. Apply with
 # `kubectl apply -k k8s/kubeflow/`; the TrainJob's progress and AP: `kubectl get trainjob maskrcnn-dist
 # -o jsonpath='{.status.trainerStatus}'` (Trainer's TrainJobStatus feature gate) or `maskrcnn-dist status
 # --trainjob maskrcnn-dist`. For GPUs or another node count render the chart with your values.
