@@ -165,16 +165,17 @@ def scenario_trainjob(settings: Settings) -> dict[str, Any]:
         "kubeflowTrainer": {"trainJob": {"name": TRAINJOB}},
         "worker": {**DDP_CPU_OVERLAY["worker"], "tolerations": []},
         "spreadAcrossNodes": False,
-        # Both nodes generate the synthetic set on the claim (each privately, then renamed into place).
-        "trainer": {"args": trainer_args(steps, period)},
+        "trainer": {"args": trainer_args(steps, period, synthetic=False)},
     }
     with Deployment(settings, "trainjob") as d:
         tls = certificates(d.cluster.host_dir / "tls", SERVER_HOST)
         server = start_status_server(d, tls)
         objects = helm_template(settings.helm, RELEASE, NAMESPACE, d.values_files(KUBEFLOW_VALUES, overlay))
         status = StatusServer(f"https://{SERVER_HOST}:{SERVER_PORT}", tls["ca.crt"], TOKEN)
+        js = d.run_jobset([*objects, *trainjob_objects(objects, NAMESPACE, status)], start=False)
+        d.prepare_dataset()  # on the claim both nodes mount
         started = time.monotonic()
-        js = d.run_jobset([*objects, *trainjob_objects(objects, NAMESPACE, status)])
+        js.start()
         require(
             sorted(p.host for p in js.pod_specs()) == [f"{TRAINJOB}-node-0-0", f"{TRAINJOB}-node-0-1"],
             f"host names {[p.host for p in js.pod_specs()]}",
