@@ -12,6 +12,7 @@ of scenarios, their checks or the trainer (tests/e2e/test_e2e_layout.py holds bo
   job.py          the Job controller's verdict on an Indexed Job (podFailurePolicy, backoffLimit)
   jobset_spec.py  the rendered JobSet, parsed; what is not emulated is refused
   jobset.py       the JobSet controller: group restarts, failure and success policies
+  trainer.py      Kubeflow Trainer v2's controller: a TrainJob and its runtime -> the JobSet (and PET_*)
 """
 
 from .containers import pvc_dir, quantity_bytes
@@ -20,6 +21,7 @@ from .job import Job, Pod
 from .jobset import Attempt, JobSetController, jobset_controller
 from .kubelet import Kubelet
 from .pods import Mount, PodSpec, SpecError, statefulset_pods
+from .trainer import StatusServer, trainjob_objects
 
 __all__ = [
     "Attempt",
@@ -33,6 +35,7 @@ __all__ = [
     "Pod",
     "PodSpec",
     "SpecError",
+    "StatusServer",
     "clean_all",
     "container_exists",
     "daemon_answers",
@@ -41,4 +44,5 @@ __all__ = [
     "pvc_dir",
     "quantity_bytes",
     "statefulset_pods",
+    "trainjob_objects",
 ]

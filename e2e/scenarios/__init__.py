@@ -11,6 +11,7 @@ this order.
   statefulset.py  pipeline, ddp, fault recovery (StatefulSets)
   bare_nodes.py   the README's `docker run` recipe
   jobset.py       the JobSet workload under the emulated controllers
+  trainjob.py     the Kubeflow Trainer runtime and TrainJob under the emulated Trainer and JobSet controllers
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .statefulset import (
     scenario_restart_alone,
     scenario_silent_peer,
 )
+from .trainjob import scenario_trainjob
 
 SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "pipeline": scenario_pipeline,
@@ -50,8 +52,9 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "jobset-user-error": scenario_jobset_user_error,
     "jobset-user-error-ddp": scenario_jobset_user_error_ddp,
     "jobset-max-restarts": scenario_jobset_max_restarts,
+    "trainjob": scenario_trainjob,
 }
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
-DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp")
+DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp", "trainjob")
 
 __all__ = ["DDP_ONLY", "ROOT", "SCENARIOS", "Result", "Settings"]

@@ -47,11 +47,15 @@ class Release:
 
     @property
     def master(self) -> PodSpec:
-        return self.pod("master")
+        """The master pod; among a TrainJob's nodes (component `node`), node 0."""
+        nodes = any(p.component == "node" for p in self.pods)
+        return self.pod("node", 0) if nodes else self.pod("master")
 
     @property
     def workers(self) -> list[PodSpec]:
-        return sorted((p for p in self.pods if p.component == "worker"), key=lambda p: p.ordinal)
+        """The workers in ordinal order; a TrainJob's nodes 1, 2, ..."""
+        workers = [p for p in self.pods if p.component == "worker" or (p.component == "node" and p.ordinal > 0)]
+        return sorted(workers, key=lambda p: p.ordinal)
 
 
 def helm_template(

@@ -84,7 +84,11 @@ class Deployment:
         """The chart rendered as a JobSet, run by the emulated JobSet controller (started unless `start`
         is false: the scenario calls `start()` once it has prepared the volume)."""
         files = self.values_files(values_file, {"workload": "jobset", **overlay})
-        objects = helm_template(self.settings.helm, RELEASE, NAMESPACE, files)
+        return self.run_jobset(helm_template(self.settings.helm, RELEASE, NAMESPACE, files), start)
+
+    def run_jobset(self, objects: list[dict[str, Any]], start: bool = True) -> JobSetController:
+        """The JobSet among `objects` (rendered, or made by an emulated controller from what was),
+        run by the emulated JobSet controller; its pods are the release's."""
 
         def on_attempt(attempt: Attempt) -> None:
             # Each restart makes new pods (new names, same host names): they are the release's pods now.
@@ -133,21 +137,27 @@ class Deployment:
 
     def prepare_dataset(self) -> None:
         """What a user does before a ddp run: put the dataset on the volume (here: the synthetic set)."""
-        pod = self.release.master
+        run_as, fs_group, claim = self.data_claim()
         synth = ["synth-data", "--output", "/data/synthetic", "--train-images", "8", "--val-images", "4"]
         self.cluster.run_once(
             f"e2e-{self.run_id}-dataset",
             self.settings.image,
             ["maskrcnn-dist", *synth, "--image-size", "96"],
-            user=f"{pod.run_as_user or 0}:{pod.fs_group or 0}",
-            mounts=[f"type=bind,source={self.volume_for_prepare()},target=/data"],
+            user=f"{run_as}:{fs_group}",
+            mounts=[f"type=bind,source={pvc_dir(self.cluster.host_dir, claim, fs_group)},target=/data"],
             timeout=300,
         )
 
-    def volume_for_prepare(self) -> Path:
-        pod = self.release.master
-        claim = next(m.claim for m in pod.mounts if m.kind == "pvc")
-        return pvc_dir(self.cluster.host_dir, claim, pod.fs_group or 0)
+    def data_claim(self) -> tuple[int, int, str]:
+        """The training pods' user, fsGroup and data claim: the master's, or before a JobSet has started
+        (no pods yet), its first replicated job's pod template's."""
+        if self.release is not None:
+            pod = self.release.master
+            return pod.run_as_user or 0, pod.fs_group or 0, next(m.claim for m in pod.mounts if m.kind == "pvc")
+        spec = self.jobset.spec.replicated_jobs[0].pod_template["spec"]
+        context = spec.get("securityContext") or {}
+        claim = next(v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v)
+        return context.get("runAsUser") or 0, context.get("fsGroup") or 0, claim
 
     # -- watching -----------------------------------------------------------------------------
 

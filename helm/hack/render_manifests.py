@@ -2,7 +2,8 @@
 """Render the chart with its default values into plain manifests for `kubectl apply -k`.
 
 k8s/ holds the StatefulSet form (what the defaults render on a cluster without JobSet), k8s/jobset/
-the JobSet form (`workload=jobset`, for clusters with the JobSet controller). `make manifests` writes
+the JobSet form (`workload=jobset`, for clusters with the JobSet controller), k8s/kubeflow/ the Kubeflow
+Trainer v2 form (a ClusterTrainingRuntime and a TrainJob on it, ddp). `make manifests` writes
 them; tests/chart/test_manifests.py renders again and compares, so neither can drift from the chart. One
 file per chart template, plus a kustomization.yaml, in each folder. The `helm test` pod is left out
 (it is a helm hook, not part of the application).
@@ -42,8 +43,33 @@ apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
 """
-# folder (relative to k8s/) -> (extra `helm template` arguments, kustomization preamble)
-FORMS = {"": ((), KUSTOMIZATION), "jobset/": (("--set", "workload=jobset"), JOBSET_KUSTOMIZATION)}
+KUBEFLOW_KUSTOMIZATION = """\
+# The same job for Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1; Trainer v2.3 and its JobSet
+# installed): the ClusterTrainingRuntime `maskrcnn-dist` for the kit's image, its topology ConfigMap and
+# volume claim (ReadWriteMany: every node reads the dataset, node 0 writes the run), and a TrainJob on
+# it (ddp, 3 CPU nodes: numNodes and numProcPerNode are the topology's) with the NetworkPolicy that
+# admits its training ports only from its own pods. Apply with
+# `kubectl apply -k k8s/kubeflow/`; the TrainJob's progress and AP: `kubectl get trainjob maskrcnn-dist
+# -o jsonpath='{.status.trainerStatus}'` (Trainer's TrainJobStatus feature gate) or `maskrcnn-dist status
+# --trainjob maskrcnn-dist`. For GPUs or another node count render the chart with your values.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+"""
+# folder (relative to k8s/) -> (`--set` values over the chart's defaults, kustomization preamble)
+FORMS = {
+    "": ((), KUSTOMIZATION),
+    "jobset/": (("workload=jobset",), JOBSET_KUSTOMIZATION),
+    "kubeflow/": (
+        (
+            "engine=ddp",
+            "storage.accessModes={ReadWriteMany}",
+            "kubeflowTrainer.runtime.enabled=true",
+            "kubeflowTrainer.trainJob.enabled=true",
+        ),
+        KUBEFLOW_KUSTOMIZATION,
+    ),
+}
 SET = " and {}"
 SOURCE = re.compile(r"^# Source: [^/]+/templates/(?P<path>\S+)$", re.MULTILINE)
 
@@ -51,7 +77,8 @@ SOURCE = re.compile(r"^# Source: [^/]+/templates/(?P<path>\S+)$", re.MULTILINE)
 def render(helm: str, chart: Path) -> dict[str, str]:
     """Path relative to k8s/ -> content of every file k8s/ should hold."""
     files: dict[str, str] = {}
-    for folder, (args, kustomization) in FORMS.items():
+    for folder, (sets, kustomization) in FORMS.items():
+        args = [arg for item in sets for arg in ("--set", item)]
         out = subprocess.run(
             [helm, "template", RELEASE, str(chart), "--skip-tests", *args], check=True, capture_output=True, text=True
         ).stdout
@@ -63,7 +90,7 @@ def render(helm: str, chart: Path) -> dict[str, str]:
                 continue
             # Nested template folders flatten into one level: tests/x.yaml -> tests-x.yaml.
             by_file.setdefault(match["path"].replace("/", "-"), []).append(doc)
-        header = HEADER.format(extra=SET.format(args[1]) if args else "")
+        header = HEADER.format(extra=SET.format(", ".join(sets)) if sets else "")
         for name, docs in by_file.items():
             files[folder + name] = header + "---\n" + "\n---\n".join(docs) + "\n"
         files[folder + "kustomization.yaml"] = header + kustomization + "".join(f"  - {name}\n" for name in by_file)

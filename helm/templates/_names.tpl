@@ -98,6 +98,14 @@ The master's host name: the StatefulSet pod <fullname>-master-0, or the JobSet p
 {{- printf "%s.%s.%s.svc.%s" (include "maskrcnn-dist.masterHost" .) (include "maskrcnn-dist.headlessService" .) .Release.Namespace .Values.network.clusterDomain -}}
 {{- end -}}
 
+{{/*
+The example TrainJob's name (kubeflowTrainer.trainJob.name, else the fullname): its JobSet, its
+subdomain and the prefix of its nodes' host names `<name>-node-0-<rank>` (maskrcnn_launcher.contract).
+*/}}
+{{- define "maskrcnn-dist.trainJobName" -}}
+{{- default (include "maskrcnn-dist.fullname" .) .Values.kubeflowTrainer.trainJob.name -}}
+{{- end -}}
+
 {{/* The ServiceAccount the pods run as; empty: the namespace's default (no serviceAccountName). */}}
 {{- define "maskrcnn-dist.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}

@@ -1,6 +1,7 @@
 {{/*
-The training pod, one definition for both workloads: the image, the topology mount, the workers'
-data mount, the anti-affinity of spreadAcrossNodes, and the pod template itself.
+The training pod, one definition for every workload (StatefulSets, the JobSet, a Kubeflow TrainJob's
+nodes): the image, the topology mount, the workers' data mount, the anti-affinity of
+spreadAcrossNodes, the resources with the GPU limit, the trainer's arguments, and the pod template.
 */}}
 
 {{/* The image the pods run: repository@digest when a digest is set, else repository:tag (default appVersion). */}}
@@ -29,14 +30,15 @@ data mount, the anti-affinity of spreadAcrossNodes, and the pod template itself.
 {{/*
 Anti-affinity that keeps every training pod of the release on its own node (spreadAcrossNodes),
 matched on the component label so the helm test pod neither blocks nor is blocked by it; merged
-into the role's own affinity. Argument: (dict "root" $ "affinity" <role affinity>).
+into the role's own affinity. Argument: (dict "root" $ "affinity" <role affinity> "components"
+<the training pods' components: master and worker, or a TrainJob's node>).
 */}}
 {{- define "maskrcnn-dist.affinity" -}}
 {{- $affinity := deepCopy (default (dict) .affinity) -}}
 {{- if .root.Values.spreadAcrossNodes -}}
 {{- $anti := default (dict) (get $affinity "podAntiAffinity") -}}
 {{- $required := default (list) (get $anti "requiredDuringSchedulingIgnoredDuringExecution") -}}
-{{- $roles := dict "key" "app.kubernetes.io/component" "operator" "In" "values" (list "master" "worker") -}}
+{{- $roles := dict "key" "app.kubernetes.io/component" "operator" "In" "values" .components -}}
 {{- $selector := dict "matchLabels" (include "maskrcnn-dist.selectorLabels" .root | fromYaml) "matchExpressions" (list $roles) -}}
 {{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" $selector -}}
 {{- $_ := set $anti "requiredDuringSchedulingIgnoredDuringExecution" (append $required $term) -}}
@@ -48,22 +50,45 @@ into the role's own affinity. Argument: (dict "root" $ "affinity" <role affinity
 {{- end -}}
 
 {{/*
-The training pod, for every workload: the StatefulSets' template and the JobSet's Jobs' template are
-this one definition. Argument: (dict "root" $ "role" "master"|"worker" "workload" "statefulset"|"jobset").
+A role's resources: its requests and limits, with the GPU limit from its `gpus` (the same value as
+its `devices` in the topology ConfigMap: one source, never out of step). YAML, empty when there are
+none. Argument: (dict "root" $ "role" "master"|"worker").
+*/}}
+{{- define "maskrcnn-dist.resources" -}}
+{{- $v := index .root.Values .role -}}
+{{- $resources := deepCopy (default (dict) $v.resources) -}}
+{{- if gt (int $v.gpus) 0 -}}
+{{- $_ := set $resources "limits" (merge (dict .root.Values.gpuResourceName (int $v.gpus)) (default (dict) (get $resources "limits"))) -}}
+{{- end -}}
+{{- with $resources -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The trainer's arguments (trainer.args, each rendered with tpl), as YAML list items. */}}
+{{- define "maskrcnn-dist.trainerArgs" -}}
+{{- range $i, $arg := .Values.trainer.args }}
+{{- if $i }}{{ "\n" }}{{ end }}- {{ tpl (toString $arg) $ | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The training pod, for every workload: the StatefulSets' template, the JobSet's Jobs' template and the
+Kubeflow training runtime's node template are this one definition. Argument: (dict "root" $ "role"
+"master"|"worker" "workload" "statefulset"|"jobset"|"trainjob"). A TrainJob's nodes are all alike:
+they take the worker's values, mount the volume read-write (node 0 writes the run) and are labelled
+component `node`; Kubeflow Trainer fills the container named `node` (PET_* variables, the TrainJob's
+image, args and resourcesPerNode).
 */}}
 {{- define "maskrcnn-dist.podTemplate" -}}
 {{- $root := .root -}}
 {{- $role := .role -}}
 {{- $jobset := eq .workload "jobset" -}}
+{{- $trainjob := eq .workload "trainjob" -}}
 {{- $v := index $root.Values $role -}}
 {{- $gpus := int $v.gpus -}}
 {{- $gpuResource := $root.Values.gpuResourceName -}}
-{{- $dataMount := ternary "readWrite" (include "maskrcnn-dist.workerMounts" $root) (eq $role "master") -}}
-{{- $resources := deepCopy (default (dict) $v.resources) -}}
-{{- if gt $gpus 0 -}}
-{{- /* Same value as this role's `devices` in the topology ConfigMap: one source, never out of step. */ -}}
-{{- $_ := set $resources "limits" (merge (dict $gpuResource $gpus) (default (dict) (get $resources "limits"))) -}}
-{{- end -}}
+{{- $dataMount := ternary "readWrite" (include "maskrcnn-dist.workerMounts" $root) (or (eq $role "master") $trainjob) -}}
 {{- $tolerations := default (list) $v.tolerations -}}
 {{- $gpuToleration := dict "key" $gpuResource "operator" "Exists" "effect" "NoSchedule" -}}
 {{- if and (gt $gpus 0) $root.Values.gpuToleration (not (has $gpuToleration $tolerations)) -}}
@@ -72,7 +97,7 @@ this one definition. Argument: (dict "root" $ "role" "master"|"worker" "workload
 metadata:
   labels:
     {{- include "maskrcnn-dist.labels" $root | nindent 4 }}
-    app.kubernetes.io/component: {{ $role }}
+    app.kubernetes.io/component: {{ ternary "node" $role $trainjob }}
     {{- with $root.Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -83,7 +108,7 @@ metadata:
     {{- toYaml . | nindent 4 }}
     {{- end }}
 spec:
-  {{- if $jobset }}
+  {{- if or $jobset $trainjob }}
   # A Job's pod never restarts in place: a failed pod fails its Job (backoffLimit 0), and the JobSet's
   # failure policy decides what happens to the whole group.
   restartPolicy: Never
@@ -119,14 +144,30 @@ spec:
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with (include "maskrcnn-dist.affinity" (dict "root" $root "affinity" $v.affinity)) }}
+  {{- $components := ternary (list "node") (list "master" "worker") $trainjob }}
+  {{- with (include "maskrcnn-dist.affinity" (dict "root" $root "affinity" $v.affinity "components" $components)) }}
   affinity:
     {{- . | nindent 4 }}
   {{- end }}
   containers:
-    - name: trainer
+    - name: {{ ternary "node" "trainer" $trainjob }}
       image: {{ include "maskrcnn-dist.image" $root | quote }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      {{- if $trainjob }}
+      # Kubeflow Trainer replaces `args` with the TrainJob's spec.trainer.args, so the launcher is the
+      # command (under dumb-init, as the image's entrypoint runs it) and a TrainJob's args are the
+      # trainer's. The launcher reads the node from PET_* (Trainer's torch plugin sets them), checks
+      # them against the topology, waits for node 0, then execs the trainer under torchrun.
+      command:
+        - dumb-init
+        - --
+        - maskrcnn-launch
+        - launch
+        - --topology
+        - $(MASKRCNN_TOPOLOGY)
+        - --
+      args:
+      {{- else }}
       # The image's entrypoint (dumb-init -> maskrcnn-launch) gets these arguments; the launcher
       # turns the topology and the pod identity below into rank, world size and MASTER_ADDR/PORT,
       # waits for the master, then execs the trainer with everything after `--`.
@@ -135,11 +176,17 @@ spec:
         - --topology
         - $(MASKRCNN_TOPOLOGY)
         - --
-        {{- range $root.Values.trainer.args }}
-        - {{ tpl (toString .) $root | quote }}
+      {{- end }}
+        {{- with (include "maskrcnn-dist.trainerArgs" $root) }}
+        {{- . | nindent 8 }}
         {{- end }}
+      {{- if $trainjob }}
+      # Exactly the variables maskrcnn_launcher.contract.TRAINJOB_POD_ENV_VARS names (the node comes from
+      # Trainer's PET_*; a chart test checks it), then the user's extraEnv.
+      {{- else }}
       # Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS names (a chart test checks
       # it), then the user's extraEnv.
+      {{- end }}
       env:
         - name: MASKRCNN_TOPOLOGY
           value: {{ include "maskrcnn-dist.topologyPath" $root | quote }}
@@ -155,10 +202,12 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: status.podIP
+        {{- if not $trainjob }}
         - name: MASKRCNN_HEADLESS_SERVICE
           value: {{ include "maskrcnn-dist.headlessService" $root | quote }}
         - name: MASKRCNN_CLUSTER_DOMAIN
           value: {{ $root.Values.network.clusterDomain | quote }}
+        {{- end }}
         {{- if $jobset }}
         # JobSet pods (contract.JOBSET_POD_ENV_VARS): the JobSet and Job controllers' labels and
         # annotations name the replicated job and the index; the host name is the launcher's fallback.
@@ -188,9 +237,9 @@ spec:
           containerPort: {{ $root.Values.network.masterPort }}
           protocol: TCP
       {{- end }}
-      {{- with $resources }}
+      {{- with (include "maskrcnn-dist.resources" (dict "root" $root "role" $role)) }}
       resources:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
       securityContext:
         {{- toYaml $root.Values.containerSecurityContext | nindent 8 }}

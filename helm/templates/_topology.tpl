@@ -6,9 +6,13 @@ topology the launcher reads (the ConfigMap), rendered from the same values as th
 {{/*
 The workload the release renders: `statefulset` or `jobset`. `auto` asks the cluster (or
 `helm template --api-versions jobset.x-k8s.io/v1alpha2`) whether it serves the JobSet API.
+`trainjob` when kubeflowTrainer.runtime.enabled: the release is a Kubeflow training runtime, and its
+TrainJobs' JobSets are the training pods (the release renders no StatefulSet, JobSet or Service).
 */}}
 {{- define "maskrcnn-dist.workload" -}}
-{{- if eq .Values.workload "auto" -}}
+{{- if .Values.kubeflowTrainer.runtime.enabled -}}
+trainjob
+{{- else if eq .Values.workload "auto" -}}
 {{- ternary "jobset" "statefulset" (.Capabilities.APIVersions.Has "jobset.x-k8s.io/v1alpha2") -}}
 {{- else -}}
 {{- .Values.workload -}}

@@ -47,16 +47,18 @@ renders StatefulSets or not).
 {{- end -}}
 {{- include "maskrcnn-dist.validateVolumes" . -}}
 {{- include "maskrcnn-dist.validateEstimate" . -}}
+{{- include "maskrcnn-dist.validateKubeflow" . -}}
 {{- end -}}
 
 {{/*
 The variables of the launcher's environment contract a user must not set through extraEnv (besides
 every MASKRCNN_* but MASKRCNN_WAIT_TIMEOUT and MASKRCNN_TRAINER_CMD): the pod's identity, set by the
-chart or the kubelet, and what the launcher exports. A chart test compares it with
+chart, the kubelet or Kubeflow Trainer (PET_*: the launcher would take the pod for a TrainJob's node),
+and what the launcher exports. A chart test compares it with
 maskrcnn_launcher.contract.
 */}}
 {{- define "maskrcnn-dist.contractEnv" -}}
-{{- toYaml (list "POD_NAME" "HOSTNAME" "POD_NAMESPACE" "POD_IP" "MASTER_ADDR" "MASTER_PORT" "RANK" "WORLD_SIZE" "LOCAL_RANK" "LOCAL_WORLD_SIZE" "TP_SOCKET_IFNAME" "GLOO_SOCKET_IFNAME" "NCCL_SOCKET_IFNAME") -}}
+{{- toYaml (list "POD_NAME" "HOSTNAME" "POD_NAMESPACE" "POD_IP" "MASTER_ADDR" "MASTER_PORT" "RANK" "WORLD_SIZE" "LOCAL_RANK" "LOCAL_WORLD_SIZE" "TP_SOCKET_IFNAME" "GLOO_SOCKET_IFNAME" "NCCL_SOCKET_IFNAME" "PET_NNODES" "PET_NPROC_PER_NODE" "PET_NODE_RANK" "PET_MASTER_ADDR" "PET_MASTER_PORT") -}}
 {{- end -}}
 
 {{/*
@@ -220,5 +222,36 @@ is not a count cannot be taken. And the launcher's own rule: no more micro-batch
 {{- $batch := int (default 2 $estimate.batch_size) -}}
 {{- if and (hasKey $estimate "micro_batches") (gt (int $estimate.micro_batches) $batch) -}}
 {{- fail (printf "%s (%v) exceeds %s (%d): the launcher would refuse the topology and no pod would start, although estimate only feeds the printed plan; the run's micro-batches are the trainer's --micro-batches" $from.micro_batches $estimate.micro_batches $from.batch_size $batch) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Kubeflow training runtime and its TrainJob (kubeflowTrainer): what the launcher would refuse in a
+TrainJob's pods (maskrcnn_launcher.trainjob: a pipeline topology, nodes with other devices, another
+port than Trainer's), and the names the JobSet webhook checks: the TrainJob is the JobSet's name and
+subdomain, its longest pod name `<name>-node-0-<numNodes - 1>-<5 characters>` a DNS-1035 label.
+*/}}
+{{- define "maskrcnn-dist.validateKubeflow" -}}
+{{- $kf := .Values.kubeflowTrainer -}}
+{{- if and $kf.trainJob.enabled (not $kf.runtime.enabled) -}}
+{{- fail "kubeflowTrainer.trainJob.enabled needs kubeflowTrainer.runtime.enabled: the TrainJob trains with the release's runtime" -}}
+{{- end -}}
+{{- if $kf.runtime.enabled -}}
+{{- if ne .Values.engine "ddp" -}}
+{{- fail (printf "kubeflowTrainer.runtime.enabled needs engine=ddp (engine is %s): Kubeflow Trainer's torch runtime starts every node under torchrun with the same resourcesPerNode, while the pipeline wants a CPU master and GPU stage workers, one process each; run the pipeline with the chart's StatefulSets or JobSet" .Values.engine) -}}
+{{- end -}}
+{{- if ne (int .Values.master.gpus) (int .Values.worker.gpus) -}}
+{{- fail (printf "kubeflowTrainer.runtime.enabled: master.gpus (%v) and worker.gpus (%v) differ, but a TrainJob gives every node the same resources (the runtime's pod takes the worker's): give both the same value" .Values.master.gpus .Values.worker.gpus) -}}
+{{- end -}}
+{{- if ne (int .Values.network.masterPort) 29500 -}}
+{{- fail (printf "kubeflowTrainer.runtime.enabled: network.masterPort is %v, but Kubeflow Trainer fixes the rendezvous port at 29500 (PET_MASTER_PORT, the node container's port): set network.masterPort=29500" .Values.network.masterPort) -}}
+{{- end -}}
+{{- end -}}
+{{- if $kf.trainJob.enabled -}}
+{{- $name := include "maskrcnn-dist.trainJobName" . -}}
+{{- $pod := printf "%s-node-0-%d-abcde" $name (int (include "maskrcnn-dist.workerCount" .)) -}}
+{{- if or (not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name)) (gt (len $pod) 63) -}}
+{{- fail (printf "the TrainJob's name %q (kubeflowTrainer.trainJob.name, else the fullname) must be a DNS-1035 label short enough for its pods' names (%s: at most 63 characters)" $name $pod) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

@@ -24,6 +24,7 @@ from maskrcnn_launcher.peers import WaitPolicy, free_port, wait_until_master_rea
 from maskrcnn_launcher.plan import derive_job, derive_pod
 from maskrcnn_launcher.render import plan_json, plan_table
 from maskrcnn_launcher.topology import builtin_topologies, load_topology
+from maskrcnn_launcher.trainjob import checked_torch_runtime, explain
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,7 +108,8 @@ def main() -> None:
     type=click.Choice(contract.WORKLOADS),
     default="statefulset",
     show_default=True,
-    help="The pods' names: StatefulSet pods <prefix>-master-0, or JobSet host names <prefix>-master-0-0.",
+    help="The pods' names: StatefulSet pods <prefix>-master-0, JobSet host names <prefix>-master-0-0, or a "
+    "TrainJob's nodes <prefix>-node-0-<rank> (prefix: the TrainJob's name; also its subdomain).",
 )
 @click.option(
     "--service",
@@ -128,21 +130,35 @@ def plan(
     namespace: str,
     cluster_domain: str,
 ) -> None:
-    """Print one row per pod and the estimated bytes per link per step. Needs no cluster."""
+    """Print one row per pod and the estimated bytes per link per step. Needs no cluster.
+
+    Under Kubeflow Trainer's torch runtime (PET_* in the environment, as in a TrainJob's pod) the job's
+    shape and its master come from those variables, checked against the topology, and the plan says
+    what it took from each."""
     topology = load_topology(topology_ref)
-    cluster = Cluster(prefix, service or f"{prefix}-headless", namespace, cluster_domain, workload)
-    job = derive_job(topology, cluster.dns_name("master", 0), topology.network.master_port, cluster)
-    click.echo(plan_json(job) if as_json else plan_table(job), nl=False)
+    torch = checked_torch_runtime(os.environ, topology)
+    if torch is not None:
+        prefix, workload = torch.trainjob or prefix, "trainjob" if torch.trainjob else workload
+    default_service = prefix if workload == "trainjob" else f"{prefix}-headless"
+    cluster = Cluster(prefix, service or default_service, namespace, cluster_domain, workload)
+    master = (torch.master_addr, torch.master_port) if torch else (cluster.dns_name("master", 0), None)
+    job = derive_job(topology, master[0], master[1] or topology.network.master_port, cluster)
+    derived = explain(torch, topology) if torch else []
+    click.echo(plan_json(job, derived) if as_json else plan_table(job, derived), nl=False)
 
 
 @main.command()
 @_topology_option
 def validate(topology_ref: str | None) -> None:
-    """Check a topology; print every problem and exit 2 if there is any."""
+    """Check a topology; print every problem and exit 2 if there is any. Under Kubeflow Trainer's torch
+    runtime (PET_* set) also check those variables against it, and say what they give."""
     topology = load_topology(topology_ref)
+    torch = checked_torch_runtime(os.environ, topology)
     click.echo(
         f"ok: {topology.source}: engine {topology.engine}, {topology.nnodes} pods, world size {topology.world_size}"
     )
+    for line in explain(torch, topology) if torch else []:
+        click.echo(line)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -200,6 +216,7 @@ def launch(
     if dry_run:
         doc = {
             "identity_source": identity.source,
+            "torch_runtime": explain(identity.torch_runtime, topology) if identity.torch_runtime else None,
             "waits_for": f"{plan.master_addr}:{plan.master_port}" if must_wait(pod) else None,
             "argv": trainer_command(pod, trainer_args, command),
             "env": pod.exported_env(),
@@ -283,7 +300,13 @@ def wait_master(master_addr: str, master_port: int, timeout: float) -> None:
 
 
 @main.command()
-@click.option("--release", required=True, help="Helm release name (the pods' app.kubernetes.io/instance label).")
+@click.option("--release", default=None, help="Helm release name (the pods' app.kubernetes.io/instance label).")
+@click.option(
+    "--trainjob",
+    default=None,
+    metavar="NAME",
+    help="A Kubeflow Trainer TrainJob instead: its state, the progress and AP in its status.trainerStatus, its pods.",
+)
 @click.option(
     "-n",
     "--namespace",
@@ -297,20 +320,33 @@ def wait_master(master_addr: str, master_port: int, timeout: float) -> None:
     help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(release: str, namespace: str | None, kubeconfig: Path | None, as_json: bool) -> None:
-    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress.
+def status(
+    release: str | None, trainjob: str | None, namespace: str | None, kubeconfig: Path | None, as_json: bool
+) -> None:
+    """Pods of a deployed release (role, rank, phase, restarts, node) and the master's latest progress;
+    or, with --trainjob, a Kubeflow Trainer TrainJob's state, the progress, ETA, loss and AP its trainer
+    posted, and its pods.
 
     Needs the kubernetes client (pip install 'maskrcnn-launcher[k8s]'); every request is bounded by
     a timeout and not retried, so an unreachable cluster is one error line within seconds.
     """
-    from maskrcnn_launcher.status import connect, release_status, render_status
+    if (release is None) == (trainjob is None):
+        raise click.UsageError("give --release NAME or --trainjob NAME (one of them)")
+    from maskrcnn_launcher.status import connect, release_status, render_status, render_trainjob, trainjob_status
 
     connection = connect(kubeconfig)
     try:
-        result = release_status(release, namespace or connection.namespace, api=connection.api)
+        if trainjob is not None:
+            text = render_trainjob(
+                trainjob_status(trainjob, namespace or connection.namespace, api=connection.api), as_json=as_json
+            )
+        else:
+            text = render_status(
+                release_status(release, namespace or connection.namespace, api=connection.api), as_json=as_json
+            )
     finally:
         connection.close()
-    click.echo(render_status(result, as_json=as_json))
+    click.echo(text)
 
 
 def _log(message: str) -> None:

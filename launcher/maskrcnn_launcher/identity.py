@@ -3,10 +3,13 @@
 Order (first that answers wins):
 1. explicit flags, then their environment variables (`--role`/MASKRCNN_ROLE, `--index`/MASKRCNN_INDEX,
    `--master-addr`/MASTER_ADDR, `--master-port`/MASTER_PORT): bare nodes, `docker run`;
-2. a JobSet pod's downward API: MASKRCNN_REPLICATED_JOB (`master` or `workers`), MASKRCNN_JOB_INDEX and
+2. Kubeflow Trainer v2's torch runtime (trainjob.py): PET_NODE_RANK is the node (0 the master, i worker
+   i - 1), PET_MASTER_ADDR/PET_MASTER_PORT the master; whenever PET_* are set they must agree with the
+   topology (node count, processes per node, a ddp engine, the port), whatever else answers;
+3. a JobSet pod's downward API: MASKRCNN_REPLICATED_JOB (`master` or `workers`), MASKRCNN_JOB_INDEX and
    MASKRCNN_COMPLETION_INDEX (worker i is completion index i), MASKRCNN_JOBSET_NAME;
-3. a StatefulSet pod name (POD_NAME, else HOSTNAME) `<prefix>-master-0` or `<prefix>-worker-<i>`;
-4. a JobSet host name (HOSTNAME) `<jobset>-master-0-0` or `<jobset>-workers-0-<i>`.
+4. a StatefulSet pod name (POD_NAME, else HOSTNAME) `<prefix>-master-0` or `<prefix>-worker-<i>`;
+5. a JobSet host name (HOSTNAME) `<jobset>-master-0-0` or `<jobset>-workers-0-<i>`.
 With POD_NAMESPACE, MASKRCNN_HEADLESS_SERVICE and MASKRCNN_CLUSTER_DOMAIN the master's address is its
 DNS name: `<prefix>-master-0.<service>.<namespace>.svc.<domain>`, or for a JobSet
 `<jobset>-master-0-0.<service>.<namespace>.svc.<domain>` (the service is the JobSet's subdomain).
@@ -24,6 +27,7 @@ from maskrcnn_launcher import contract
 from maskrcnn_launcher.contract import ROLES, host_name, jobset_role, parse_jobset_host_name, parse_pod_name
 from maskrcnn_launcher.errors import IdentityError
 from maskrcnn_launcher.topology import Topology
+from maskrcnn_launcher.trainjob import TorchRuntime, checked_torch_runtime
 
 # The master needs no address for itself: rank 0 hosts the store and listens on every interface,
 # so on a bare node without --master-addr it records loopback.
@@ -66,6 +70,7 @@ class Identity:
     source: str  # how the role was found, for logs and error messages
     cluster: Cluster | None = None
     pod_ip: str | None = None
+    torch_runtime: TorchRuntime | None = None  # the PET_* variables, under Kubeflow Trainer's torch runtime
 
     @property
     def dns_name(self) -> str | None:
@@ -86,9 +91,10 @@ class _Found:
 def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: Topology) -> Identity:
     """Derive this pod's identity; raise `IdentityError` listing every problem."""
     errors: list[str] = []
+    torch = checked_torch_runtime(env, topology)
     role = inputs.role or env.get(contract.ROLE) or None
     index = inputs.index if inputs.index is not None else _int_env(env, contract.INDEX, errors)
-    found = _from_kubernetes(env, errors)
+    found = _from_kubernetes(env, errors) if torch is None else _trainjob_found(torch)
 
     if role is not None:
         source = "flags/environment"
@@ -118,7 +124,7 @@ def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: T
 
     _check_range(role, index, topology, source, errors)
     cluster = _cluster(found, env)
-    master_addr = inputs.master_addr or env.get(contract.MASTER_ADDR) or None
+    master_addr = inputs.master_addr or env.get(contract.MASTER_ADDR) or (torch.master_addr if torch else None)
     if master_addr is None:
         if cluster is not None:
             master_addr = cluster.dns_name("master", 0)
@@ -129,12 +135,19 @@ def resolve_identity(inputs: IdentityInputs, env: Mapping[str, str], topology: T
             master_addr = ""
     port = inputs.master_port if inputs.master_port is not None else _int_env(env, contract.MASTER_PORT, errors)
     if port is None:
-        port = topology.network.master_port
+        port = torch.master_port if torch else topology.network.master_port
     elif not 1 <= port <= 65535:
         errors.append(f"master port: {port} is out of range 1..65535 (--master-port / {contract.MASTER_PORT})")
     if errors:
         raise IdentityError(errors)
-    return Identity(role, index, master_addr, port, source, cluster, env.get(contract.POD_IP) or None)
+    return Identity(role, index, master_addr, port, source, cluster, env.get(contract.POD_IP) or None, torch)
+
+
+def _trainjob_found(torch: TorchRuntime) -> _Found:
+    """The identity the torch runtime's variables give; the TrainJob's name (from PET_MASTER_ADDR) is
+    the node host names' prefix and their subdomain."""
+    role, index = torch.role
+    return _Found(role, index, torch.source, torch.trainjob, "trainjob")
 
 
 def _from_kubernetes(env: Mapping[str, str], errors: list[str]) -> _Found | None:
@@ -178,7 +191,9 @@ def _check_range(role: str, index: int, topology: Topology, source: str, errors:
 
 
 def _cluster(found: _Found | None, env: Mapping[str, str]) -> Cluster | None:
-    service = env.get(contract.HEADLESS_SERVICE)
+    # A TrainJob's subdomain is the TrainJob's own name (the JobSet plugin's default).
+    trainjob = found is not None and found.workload == "trainjob"
+    service = found.prefix if trainjob else env.get(contract.HEADLESS_SERVICE)
     namespace = env.get(contract.POD_NAMESPACE)
     if found is None or found.prefix is None or not service or not namespace:
         return None

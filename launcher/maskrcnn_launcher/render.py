@@ -15,7 +15,8 @@ from maskrcnn_launcher.estimate import padded_size
 from maskrcnn_launcher.plan import JobPlan, PodLaunch
 
 
-def plan_json(job: JobPlan) -> str:
+def plan_json(job: JobPlan, derived: Sequence[str] = ()) -> str:
+    """`derived`: what the plan took from the environment (Kubeflow Trainer's PET_*), one line each."""
     topo = job.topology
     doc = {
         "topology": topo.source,
@@ -25,10 +26,12 @@ def plan_json(job: JobPlan) -> str:
         "links": [asdict(link) for link in job.links],
         "pods": [pod.to_dict() for pod in job.launches],
     }
+    if derived:
+        doc["derived"] = list(derived)
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def plan_table(job: JobPlan) -> str:
+def plan_table(job: JobPlan, derived: Sequence[str] = ()) -> str:
     topo = job.topology
     master = job.pods[0]  # every pod records the same master address and port
     est = topo.estimate
@@ -39,7 +42,7 @@ def plan_table(job: JobPlan) -> str:
         head += f", transport {topo.network.transport}"
     if topo.network.interface:
         head += f", interface {topo.network.interface}"
-    lines = [head, ""]
+    lines = [head, *derived, ""]
     header = (
         "rank",
         "role",

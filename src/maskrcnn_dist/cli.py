@@ -231,7 +231,8 @@ def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def status(args: tuple[str, ...]) -> None:
-    """Pods of a deployed release and the master's progress: runs `maskrcnn-launch status ARGS`.
+    """Pods of a deployed release and the master's progress, or (--trainjob NAME) a Kubeflow Trainer
+    TrainJob's state, progress and AP: runs `maskrcnn-launch status ARGS`.
 
     The Kubernetes client lives on the launcher's side (no torch); this keeps the command where
     trainer users look for it without importing the launcher."""

@@ -1,6 +1,8 @@
-"""Metrics: JSON lines (the record other tools read), TensorBoard scalars, and console progress.
+"""Metrics: JSON lines (the record other tools read), TensorBoard scalars, console progress, and sinks.
 
-Only the main process writes. On a terminal the console shows a one-line progress bar; elsewhere
+Only the main process writes. A sink (`MetricsSink`) sees every record too: under Kubeflow Trainer
+with its status endpoint configured, `progress_post.ProgressPoster` turns them into the TrainJob's
+status; the loop knows nothing of it. On a terminal the console shows a one-line progress bar; elsewhere
 (pods, CI) plain log lines every `print_freq` steps, because a bar's carriage returns make
 `kubectl logs` unreadable.
 """
@@ -11,8 +13,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 # The console line's format is the pod contract's: `maskrcnn-launch status` reads it back from a
 # pod's log. `parse_progress_line` is re-exported for the trainer's own readers.
@@ -20,7 +23,22 @@ from maskrcnn_launcher.contract import format_progress_bar, format_progress_line
 from maskrcnn_launcher.contract import parse_progress_line as parse_progress_line
 
 from .errors import UserError
+from .progress_post import poster_from_env
 from .run_dir import METRICS_FILE, TENSORBOARD_DIR
+
+
+class MetricsSink(Protocol):
+    """Something else that wants every metrics record, as it is written."""
+
+    def record(self, kind: str, step: int, values: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def sinks_from_env(total_steps: int, env: Mapping[str, str] | None = None) -> list[MetricsSink]:
+    """The sinks this process's environment asks for: the TrainJob's status poster under Kubeflow Trainer."""
+    poster = poster_from_env(os.environ if env is None else env, total_steps)
+    return [poster] if poster is not None else []
 
 
 class MetricsWriter:
@@ -32,7 +50,9 @@ class MetricsWriter:
         print_freq: int,
         stream: TextIO | None = None,
         tensorboard: bool = True,
+        sinks: Sequence[MetricsSink] | None = None,
     ) -> None:
+        """`sinks`: None takes them from the environment (sinks_from_env), for the main process only."""
         self.enabled = enabled
         self.total_steps = total_steps
         self.print_freq = max(1, print_freq)
@@ -48,6 +68,7 @@ class MetricsWriter:
                 from torch.utils.tensorboard import SummaryWriter  # heavy import: only where used
 
                 self._tb = SummaryWriter(str(output_dir / TENSORBOARD_DIR))
+        self.sinks = list(sinks_from_env(total_steps) if sinks is None and enabled else sinks or [])
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         """Record one event: kind is 'train', 'val' or 'eval'; values are floats or small lists."""
@@ -60,6 +81,8 @@ class MetricsWriter:
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
         self._console(kind, step, values)
+        for sink in self.sinks:
+            sink.record(kind, step, values)
 
     def truncate_after(self, step: int) -> int:
         """Drop the records of steps after `step` (and a torn last line): a resumed run re-runs them, and
@@ -100,6 +123,8 @@ class MetricsWriter:
         self.stream.flush()
 
     def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:

@@ -7,10 +7,8 @@ without JobSet, and as for one that serves `jobset.x-k8s.io/v1alpha2` (`--api-ve
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,15 +17,22 @@ from typing import Any
 import pytest
 import yaml
 from maskrcnn_launcher.yamlfile import load_yaml_all
+from published_schemas import SCHEMAS, crd_schema, published_schema, recorded_schemas, strict_schema
+
+__all__ = ["SCHEMAS", "published_schema", "recorded_schemas", "strict_schema"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm"
 RELEASE = "t"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-# Published API schemas, kept as published, with their provenance and sha256 in the README's table.
-SCHEMAS = ROOT / "schemas"
 # The JobSet CRD of kubernetes-sigs/jobset v0.12.0, which every rendered JobSet is validated against.
 JOBSET_CRD = SCHEMAS / "jobset.x-k8s.io_jobsets-v0.12.0.yaml"
+# The Kubeflow Trainer v2.3.0 CRDs (API trainer.kubeflow.org/v1alpha1), by kind: the training runtime and
+# its TrainJob are validated against them.
+TRAINER_CRDS = {
+    kind: SCHEMAS / f"trainer.kubeflow.org_{kind.lower()}s-v2.3.0.yaml"
+    for kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")
+}
 # Scenario name -> values file (None: the chart's defaults, which k8s/ is rendered from).
 SCENARIOS: dict[str, Path | None] = {
     "default": None,
@@ -112,45 +117,13 @@ def values() -> Callable[[str], dict[str, Any]]:
     return _values
 
 
-# A row of schemas/README.md's table: | `file` | what | project | tag | path | licence | `sha256` |
-SCHEMA_ROW = re.compile(r"^\| `(?P<file>[^`]+)` \|.*\| `(?P<sha256>[0-9a-f]{64})` \|$", re.MULTILINE)
-
-
-def recorded_schemas() -> dict[str, str]:
-    """schemas/README.md's table: file name -> the sha256 recorded for it."""
-    return {m["file"]: m["sha256"] for m in SCHEMA_ROW.finditer((SCHEMAS / "README.md").read_text())}
-
-
-def published_schema(path: Path) -> Any:
-    """A file of schemas/, parsed, once its bytes are checked against the sha256 the README records
-    (an edited file cannot pass for the published one)."""
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    recorded = recorded_schemas().get(path.name)
-    assert digest == recorded, f"{path}: sha256 {digest}, schemas/README.md records {recorded}"
-    return yaml.safe_load(data)
+@pytest.fixture(scope="session")
+def trainer_schemas() -> dict[str, dict[str, Any]]:
+    """Kind -> the Trainer CRD's v1alpha1 openAPIV3Schema, made strict."""
+    return {kind: crd_schema(path, "v1alpha1") for kind, path in TRAINER_CRDS.items()}
 
 
 @pytest.fixture(scope="session")
 def jobset_schema() -> dict[str, Any]:
     """The CRD's v1alpha2 openAPIV3Schema, made strict: a field it does not name is an error."""
-    crd = published_schema(JOBSET_CRD)
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
-    return strict_schema(version["schema"]["openAPIV3Schema"])
-
-
-def strict_schema(node: Any) -> Any:
-    """What the API server's structural pruning does, as errors: every object schema that lists its
-    properties (and does not say x-kubernetes-preserve-unknown-fields) refuses other fields. The
-    top-level `metadata` is ObjectMeta, which the API server validates itself (the tests check it with
-    the Kubernetes schemas)."""
-    if isinstance(node, list):
-        return [strict_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {key: strict_schema(value) if key != "properties" else value for key, value in node.items()}
-    if "properties" in node:
-        out["properties"] = {name: strict_schema(sub) for name, sub in node["properties"].items()}
-        if "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-    return out
+    return crd_schema(JOBSET_CRD, "v1alpha2")

@@ -9,6 +9,7 @@ auto` renders a JobSet): CASES.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -17,7 +18,17 @@ from maskrcnn_launcher.topology import parse_topology
 
 from .conftest import CHART, SCENARIOS
 
-SCENARIO_NAMES = list(SCENARIOS)
+
+def trains_with_kubeflow(values_file: Path | None) -> bool:
+    """Whether a scenario renders a Kubeflow training runtime instead of the release's own pods."""
+    values = yaml.safe_load(values_file.read_text()) if values_file else {}
+    return bool(((values or {}).get("kubeflowTrainer") or {}).get("runtime", {}).get("enabled"))
+
+
+# The scenarios whose release trains with its own pods (StatefulSets or a JobSet); those that render a
+# Kubeflow training runtime instead are test_kubeflow.py's.
+SCENARIO_NAMES = [s for s, path in SCENARIOS.items() if not trains_with_kubeflow(path)]
+KUBEFLOW_SCENARIOS = [s for s, path in SCENARIOS.items() if trains_with_kubeflow(path)]
 GPU = "nvidia.com/gpu"
 # (scenario, rendered as for a cluster that serves the JobSet API)
 CASES = [(s, api) for s in SCENARIO_NAMES for api in (False, True)]
@@ -139,6 +150,7 @@ def jobset_cases() -> list[tuple[str, bool]]:
     the scenarios that ask for one (workload: jobset) on a cluster without it."""
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["workload"]
     own = {s: (yaml.safe_load(p.read_text()) if p else {}).get("workload", defaults) for s, p in SCENARIOS.items()}
+    own = {s: w for s, w in own.items() if s in SCENARIO_NAMES}
     return [(s, api) for s, api in CASES if api or own[s] == "jobset"]
 
 

@@ -1,7 +1,8 @@
 """Validation of rendered objects as the cluster would do it: the Kubernetes 1.34 schemas (the
 library behind `kubernetes-validate --strict`: unknown fields refused), the published JobSet v0.12.0
-CRD's schema (schemas/, made strict by conftest.jobset_schema), and the JobSet webhook's name rules
-the CRD cannot carry."""
+and Kubeflow Trainer v2.3.0 CRDs' schemas (schemas/, made strict by published_schemas.crd_schema), and
+the JobSet webhook's name rules and the Trainer CRDs' creation rules (x-kubernetes-validations) that
+jsonschema cannot carry."""
 
 from __future__ import annotations
 
@@ -23,19 +24,31 @@ def validate_kubernetes(obj: dict[str, Any], what: str) -> None:
         pytest.fail(f"{what}: {exc.message} at {list(exc.path)}")
 
 
+# Custom resources: their own fields are the CRD's (validate_jobset, validate_trainer); what they
+# embed of Kubernetes is checked here.
+TRAINER_KINDS = ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")
+
+
 def validate_kubernetes_objects(objects: list[dict[str, Any]]) -> None:
-    """Every object against the Kubernetes schemas; of a JobSet, what the CRD leaves to Kubernetes."""
+    """Every object against the Kubernetes schemas; of a JobSet or a Kubeflow Trainer object, what its
+    CRD leaves to Kubernetes."""
     for obj in objects:
-        if obj["kind"] != "JobSet":
-            validate_kubernetes(obj, f"{obj['kind']}/{obj['metadata']['name']}")
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        if kind not in ("JobSet", *TRAINER_KINDS):
+            validate_kubernetes(obj, f"{kind}/{name}")
             continue
-        # The JobSet's own fields: test_jobset_validates_against_the_published_crd. What the CRD leaves
-        # to Kubernetes is checked against Kubernetes' schemas: its metadata (ObjectMeta) and each Job
-        # the controller will create from a replicated job's template.
-        validate_kubernetes({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]}, "JobSet metadata")
-        for rjob in obj["spec"]["replicatedJobs"]:
+        # What the CRD leaves to Kubernetes is checked against Kubernetes' schemas: the metadata
+        # (ObjectMeta), each Job the JobSet controller will create from a replicated job's template (a
+        # runtime's JobSet template), and a TrainJob's resourcesPerNode (ResourceRequirements).
+        validate_kubernetes({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]}, f"{kind} metadata")
+        spec = obj["spec"]["template"]["spec"] if kind in TRAINER_KINDS[1:] else obj["spec"]
+        for rjob in spec.get("replicatedJobs", []):
             job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": rjob["name"]}, **rjob["template"]}
-            validate_kubernetes(job, f"JobSet {obj['metadata']['name']}, replicated job {rjob['name']}")
+            validate_kubernetes(job, f"{kind} {name}, replicated job {rjob['name']}")
+        if kind == "TrainJob" and "resourcesPerNode" in obj["spec"]["trainer"]:
+            container = {"name": "node", "image": "x", "resources": obj["spec"]["trainer"]["resourcesPerNode"]}
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [container]}}
+            validate_kubernetes(pod, f"TrainJob {name} resourcesPerNode")
 
 
 # Checks of the JobSet webhook (pkg/webhooks) that the CRD schema cannot carry.
@@ -52,7 +65,8 @@ def jobset_name_problems(jobset: dict[str, Any]) -> list[str]:
     `<job>-<last completion index>-<5 characters>` of every replicated job are DNS-1035 labels (a
     letter first, at most 63 characters)."""
     name, spec = jobset["metadata"]["name"], jobset["spec"]
-    names = [("subdomain", spec["network"]["subdomain"])]
+    # Without a subdomain the JobSet controller uses the JobSet's name (a TrainJob's: Trainer leaves it).
+    names = [("subdomain", spec.get("network", {}).get("subdomain", name))]
     for rjob in spec["replicatedJobs"]:
         job = f"{name}-{rjob['name']}-{rjob['replicas'] - 1}"
         pod = f"{job}-{rjob['template']['spec']['completions'] - 1}{POD_NAME_SUFFIX}"
@@ -72,5 +86,34 @@ def validate_jobset(jobset: dict[str, Any], jobset_schema: dict[str, Any]) -> No
     for rule in spec["failurePolicy"]["rules"]:
         assert FAILURE_RULE_NAME.match(rule["name"]), f"failure policy rule name {rule['name']!r}"
         assert set(rule.get("targetReplicatedJobs", [])) <= set(names)
-    assert set(spec["successPolicy"]["targetReplicatedJobs"]) <= set(names)
+    assert set(spec.get("successPolicy", {}).get("targetReplicatedJobs", [])) <= set(names)
     assert not jobset_name_problems(jobset)
+
+
+def trainer_rule_problems(obj: dict[str, Any]) -> list[str]:
+    """The Trainer v2.3.0 CRDs' x-kubernetes-validations that apply when an object is created (the
+    others compare with the old object): a TrainJob's name is an RFC 1035 label of at most 63
+    characters; a runtime names one ML policy at most, and no InOrder startup with dependsOn."""
+    problems = []
+    if obj["kind"] == "TrainJob":
+        name = obj["metadata"]["name"]
+        if not (DNS_1035_LABEL.match(name) and len(name) <= 63):
+            problems.append(f"metadata.name {name!r} is not an RFC 1035 label of at most 63 characters")
+        return problems
+    policies = [p for p in ("torch", "mpi", "jax", "xgboost", "flux") if p in obj["spec"].get("mlPolicy", {})]
+    if len(policies) > 1:
+        problems.append(f"mlPolicy names {policies}: only one of the policies can be configured")
+    spec = obj["spec"]["template"]["spec"]
+    in_order = spec.get("startupPolicy", {}).get("startupPolicyOrder") == "InOrder"
+    if in_order and any("dependsOn" in r for r in spec["replicatedJobs"]):
+        problems.append("startupPolicy InOrder with dependsOn")
+    return problems
+
+
+def validate_trainer(obj: dict[str, Any], schema: dict[str, Any]) -> None:
+    """What an API server with Kubeflow Trainer v2.3 checks: jsonschema over the kind's CRD schema
+    (unknown fields refused) and the creation rules jsonschema cannot carry."""
+    assert obj["apiVersion"] == "trainer.kubeflow.org/v1alpha1", obj["apiVersion"]
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+    assert not trainer_rule_problems(obj), trainer_rule_problems(obj)

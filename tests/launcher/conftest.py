@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from maskrcnn_launcher import contract
+
+from .fake_api import FakeCluster, serve
 
 STAND_IN = textwrap.dedent(
     """
@@ -150,3 +154,10 @@ def api_jobset(
         "spec": {"suspend": suspend, "failurePolicy": {"maxRestarts": 3}},
         "status": {"restarts": restarts, "conditions": conditions, "terminalState": condition and condition[0]},
     }
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[FakeCluster, str]]:
+    """A fake Kubernetes API server on a random loopback port (fake_api.py): (its state, its URL)."""
+    with serve() as served:
+        yield served

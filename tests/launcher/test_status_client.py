@@ -1,25 +1,19 @@
 """`maskrcnn-launch status` through its API client, against a real HTTP server that answers like the
 Kubernetes API.
 
-The server speaks the few endpoints the command uses (list pods by label selector, read a pod's log,
-read a namespace) with the API's own JSON shapes and Status errors; the real `kubernetes` client
-talks to it through a kubeconfig file, so config loading, URLs, query parameters, deserialisation
-and error mapping are all exercised.
+The server (fake_api.py, the `cluster` fixture of conftest.py) speaks the few endpoints the command uses
+with the API's own JSON shapes and Status errors; the real `kubernetes` client talks to it through a
+kubeconfig file, so config loading, URLs, query parameters, deserialisation and error mapping are all
+exercised.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from click.testing import CliRunner
@@ -39,127 +33,7 @@ from maskrcnn_launcher.status import (  # noqa: E402
 )
 
 from .conftest import MASTER_LOG, PREFIX, api_jobset, api_jobset_pod, api_pod  # noqa: E402
-
-
-def _matches(labels: dict[str, str], selector: str) -> bool:
-    """The label selector subset the command sends: `k=v` and `k in (a,b)` terms, comma separated."""
-    for term in re.findall(r"[^,(]+(?:\([^)]*\))?", selector):
-        term = term.strip()
-        if match := re.fullmatch(r"(\S+) in \((.*)\)", term):
-            if labels.get(match[1]) not in match[2].split(","):
-                return False
-        else:
-            key, _, value = term.partition("=")
-            if labels.get(key) != value:
-                return False
-    return True
-
-
-@dataclass
-class FakeCluster:
-    """What the fake API server serves; tests change it between requests."""
-
-    namespaces: set[str] = field(default_factory=lambda: {"default", "ml"})
-    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # namespace -> pods
-    logs: dict[str, str] = field(default_factory=dict)  # pod name -> log text
-    forbidden: set[str] = field(default_factory=set)  # "list pods", "get namespace", "get log", "list jobsets"
-    requests: list[str] = field(default_factory=list)
-    jobsets: dict[str, list[dict[str, Any]]] | None = None  # namespace -> JobSets; None: the API is not served
-
-
-def _handler(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:  # keep pytest's output clean
-            pass
-
-        def _send(self, code: int, body: str, content_type: str = "application/json") -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _status(self, code: int, reason: str, message: str) -> None:
-            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
-            self._send(code, json.dumps({**body, "reason": reason, "code": code}))
-
-        def _forbid(self, verb: str, resource: str, namespace: str) -> None:
-            self._status(
-                403,
-                "Forbidden",
-                f'{resource} is forbidden: User "alice" cannot {verb} resource "{resource}" in API group "" '
-                f'in the namespace "{namespace}"',
-            )
-
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            url = urlparse(self.path)
-            query = parse_qs(url.query)
-            cluster.requests.append(self.path)
-            if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", url.path):
-                namespace = match[1]
-                if "list pods" in cluster.forbidden:
-                    return self._forbid("list", "pods", namespace)
-                selector = query.get("labelSelector", [""])[0]
-                items = [p for p in cluster.pods.get(namespace, []) if _matches(p["metadata"]["labels"], selector)]
-                return self._send(200, json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}))
-            if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", url.path):
-                namespace, name = match[1], match[2]
-                if "get log" in cluster.forbidden:
-                    return self._forbid("get", "pods/log", namespace)
-                if name not in cluster.logs:
-                    return self._status(404, "NotFound", f'pods "{name}" not found')
-                lines = cluster.logs[name].splitlines(keepends=True)
-                tail = int(query.get("tailLines", ["0"])[0]) or len(lines)
-                return self._send(200, "".join(lines[-tail:]), "text/plain")
-            if match := re.fullmatch(r"/apis/jobset.x-k8s.io/v1alpha2/namespaces/([^/]+)/jobsets", url.path):
-                if cluster.jobsets is None:  # what an API server without the JobSet CRD answers
-                    return self._status(404, "NotFound", "the server could not find the requested resource")
-                if "list jobsets" in cluster.forbidden:
-                    return self._forbid("list", "jobsets", match[1])
-                selector = query.get("labelSelector", [""])[0]
-                items = [j for j in cluster.jobsets.get(match[1], []) if _matches(j["metadata"]["labels"], selector)]
-                body = {"kind": "JobSetList", "apiVersion": "jobset.x-k8s.io/v1alpha2", "items": items}
-                return self._send(200, json.dumps(body))
-            if match := re.fullmatch(r"/api/v1/namespaces/([^/]+)", url.path):
-                if "get namespace" in cluster.forbidden:
-                    return self._forbid("get", "namespaces", match[1])
-                if match[1] not in cluster.namespaces:
-                    return self._status(404, "NotFound", f'namespaces "{match[1]}" not found')
-                body = {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": match[1]}}
-                return self._send(200, json.dumps(body))
-            return self._status(404, "NotFound", "the server could not find the requested resource")
-
-    return Handler
-
-
-@pytest.fixture
-def cluster() -> Iterator[tuple[FakeCluster, str]]:
-    """A fake API server on a random loopback port: (its state, its URL)."""
-    state = FakeCluster()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    # A short poll interval: shutdown() waits for one poll.
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def _kubeconfig(path: Path, server: str, namespace: str | None = "ml") -> Path:
-    context = {"cluster": "fake", "user": "alice", **({"namespace": namespace} if namespace else {})}
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "alice", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "fake", "context": context}],
-        "current-context": "fake",
-    }
-    path.write_text(json.dumps(config))  # JSON is YAML
-    return path
+from .fake_api import FakeCluster, write_kubeconfig  # noqa: E402
 
 
 def _healthy(state: FakeCluster) -> None:
@@ -181,7 +55,7 @@ def _run_cli(*args: str) -> Any:
 def test_healthy_release_table_and_json(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
     _healthy(state)
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
 
     result = _run_cli("--release", "demo", "--kubeconfig", str(kubeconfig))  # namespace from the context
     assert result.exit_code == 0, result.output
@@ -222,7 +96,7 @@ def test_restarts_and_pending_pod(cluster: tuple[FakeCluster, str], tmp_path: Pa
     ]
     # The restarted master resumed and has not printed a train line yet.
     state.logs[f"{PREFIX}-master-0"] = "INFO resumed from ckpt_00000020.pt at step 20 (epoch 1, batch 4)\n"
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
 
     connection = connect(kubeconfig)  # the caller's own client, as the CLI passes it
     try:
@@ -254,7 +128,7 @@ def test_log_not_readable_is_a_note_not_a_failure(cluster: tuple[FakeCluster, st
     state, url = cluster
     _healthy(state)
     state.forbidden.add("get log")
-    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    status = release_status("demo", "ml", kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert len(status.pods) == 3 and status.progress is None
     assert status.progress_note.startswith(f"no permission: cannot get pods/log of {PREFIX}-master-0 in namespace ml")
 
@@ -262,7 +136,7 @@ def test_log_not_readable_is_a_note_not_a_failure(cluster: tuple[FakeCluster, st
 def test_no_such_release(cluster: tuple[FakeCluster, str], tmp_path: Path):
     state, url = cluster
     _healthy(state)
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     with pytest.raises(ReleaseNotFoundError, match=r"no pods of release 'nope' in namespace ml .*helm list -n ml"):
         release_status("nope", "ml", kubeconfig=kubeconfig, timeout=5)
 
@@ -278,7 +152,7 @@ def test_forbidden_names_verb_and_resource(cluster: tuple[FakeCluster, str], tmp
     state, url = cluster
     _healthy(state)
     state.forbidden.add("list pods")
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", url)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     with pytest.raises(ClusterPermissionError, match=r'^no permission: cannot list pods in namespace ml \(.*"alice"'):
         release_status("demo", "ml", kubeconfig=kubeconfig, timeout=5)
 
@@ -292,7 +166,7 @@ def test_unreachable_server_fails_fast(tmp_path: Path):
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
     started = time.monotonic()
     with pytest.raises(
         ClusterUnreachableError, match=rf"^cannot reach the Kubernetes API at http://127.0.0.1:{port}: "
@@ -310,7 +184,7 @@ def test_unresponsive_server_times_out(tmp_path: Path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
-        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{sock.getsockname()[1]}")
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{sock.getsockname()[1]}")
         started = time.monotonic()
         with pytest.raises(ClusterUnreachableError, match=r"timed out"):
             release_status("demo", "ml", kubeconfig=kubeconfig, timeout=0.5)
@@ -337,7 +211,7 @@ def test_default_kubeconfig_and_namespace(cluster: tuple[FakeCluster, str], tmp_
     state, url = cluster
     state.pods["default"] = [api_pod(f"{PREFIX}-master-0")]
     state.logs[f"{PREFIX}-master-0"] = MASTER_LOG
-    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "kubeconfig", url, namespace=None)))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", url, namespace=None)))
     connection = connect()
     assert connection.namespace == "default" and connection.server == url
     connection.close()
@@ -358,7 +232,7 @@ def test_jobset_release_running_after_a_group_restart(cluster: tuple[FakeCluster
     state.pods["ml"] = [api_jobset_pod("workers", 1, 1), old_master, api_jobset_pod("workers", 0, 1), new_master]
     state.logs[old_master["metadata"]["name"]] = "train step 3/150 loss 9.0\n"
     state.logs[new_master["metadata"]["name"]] = MASTER_LOG
-    result = _run_cli("--release", "demo", "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)))
+    result = _run_cli("--release", "demo", "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", url)))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "release demo in namespace ml: 4 pods, 3 running"
@@ -375,7 +249,7 @@ def test_jobset_release_completed(cluster: tuple[FakeCluster, str], tmp_path: Pa
     master = api_jobset_pod("master", 0, phase="Succeeded")
     state.pods["ml"] = [master]  # the workers' Job was deleted when the JobSet completed
     state.logs[master["metadata"]["name"]] = MASTER_LOG
-    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    status = release_status("demo", "ml", kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert status.jobset is not None and (status.jobset.state, status.jobset.reason) == (
         "Completed",
         "AllJobsCompleted",
@@ -398,7 +272,7 @@ def test_jobset_release_failed_on_a_user_error(cluster: tuple[FakeCluster, str],
     master = api_jobset_pod("master", 0, phase="Failed")
     state.pods["ml"] = [master]
     state.logs[master["metadata"]["name"]] = "error: /data/broken/train/annotations.json: not valid JSON\n"
-    result = _run_cli("--release", "demo", "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)))
+    result = _run_cli("--release", "demo", "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", url)))
     lines = result.output.splitlines()
     assert lines[1] == f"jobset {PREFIX}: Failed (FailJobSetFailurePolicyAction: {message}), restarts 0 of 3"
     assert lines[-1].startswith("progress: none (no train step in the last 200 log lines of")
@@ -408,7 +282,7 @@ def test_jobset_release_queued_without_pods(cluster: tuple[FakeCluster, str], tm
     """Kueue holds a JobSet suspended until it admits it: no pods yet, which is not 'no such release'."""
     state, url = cluster
     state.jobsets = {"ml": [api_jobset(suspend=True)]}
-    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    status = release_status("demo", "ml", kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert status.pods == [] and status.jobset.state == "Suspended"
     assert "waiting for admission by a queue" in status.progress_note
     assert render_status(status).splitlines()[:2] == [
@@ -417,7 +291,7 @@ def test_jobset_release_queued_without_pods(cluster: tuple[FakeCluster, str], tm
     ]
     state.jobsets = {"ml": []}
     with pytest.raises(ReleaseNotFoundError):
-        release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+        release_status("demo", "ml", kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
 
 
 def test_jobset_not_readable_still_shows_the_pods(cluster: tuple[FakeCluster, str], tmp_path: Path):
@@ -425,7 +299,7 @@ def test_jobset_not_readable_still_shows_the_pods(cluster: tuple[FakeCluster, st
     state.jobsets = {"ml": [api_jobset()]}
     state.forbidden.add("list jobsets")
     state.pods["ml"] = [api_jobset_pod("master", 0), api_jobset_pod("workers", 0)]
-    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    status = release_status("demo", "ml", kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert status.jobset is None and status.jobset_note.startswith("no permission: cannot list jobsets.jobset.x-k8s.io")
     assert [(p.role, p.rank) for p in status.pods] == [("master", 0), ("worker", 1)]
     assert render_status(status).splitlines()[1].startswith("jobset: not readable (no permission")
@@ -439,5 +313,5 @@ def test_jobset_pod_rank_from_its_host_name(cluster: tuple[FakeCluster, str], tm
     for key in ("jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index"):
         del pod["metadata"]["labels"][key]
     state.pods["ml"] = [pod]
-    status = release_status("demo", "ml", kubeconfig=_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
+    status = release_status("demo", "ml", kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url), timeout=5)
     assert [(p.role, p.rank) for p in status.pods] == [("worker", 2)]

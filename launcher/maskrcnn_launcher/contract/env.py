@@ -52,6 +52,47 @@ JOB_INDEX = "MASKRCNN_JOB_INDEX"
 #: The pod's completion index in its Indexed Job (annotation batch.kubernetes.io/job-completion-index).
 COMPLETION_INDEX = "MASKRCNN_COMPLETION_INDEX"
 
+# Kubeflow Trainer v2's torch runtime: what its Torch plugin injects into the `node` container of a
+# TrainJob's pods (kubeflow/trainer v2.3.0 pkg/constants/constants.go, TorchEnv*, set by
+# pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy). torchrun reads the same names itself
+# (torch/distributed/argparse_util.py: `PET_` + the flag), the launcher reads them as one more identity.
+#: The node count, `numNodes` of the TrainJob (or the runtime's mlPolicy.numNodes): a decimal number.
+PET_NNODES = "PET_NNODES"
+#: Processes per node: the TrainJob's numProcPerNode as a number, or `auto` (GPUs in resourcesPerNode and
+#: no numProcPerNode: torchrun starts one per visible GPU); without GPUs the plugin writes the CPU count.
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+#: The node rank: the downward API over the Job's completion index annotation
+#: (`metadata.annotations['batch.kubernetes.io/job-completion-index']`), 0 for the master.
+PET_NODE_RANK = "PET_NODE_RANK"
+#: `<trainjob>-node-0-0.<trainjob>`: node 0's host name under the JobSet's subdomain (the TrainJob's name).
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+#: `constants.ContainerTrainerPort` (29500), also the `node` container's port.
+PET_MASTER_PORT = "PET_MASTER_PORT"
+TORCH_RUNTIME_VARS = (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT)
+#: Trainer's fixed rendezvous port (constants.ContainerTrainerPort): PET_MASTER_PORT's value.
+TRAINER_MASTER_PORT = 29500
+#: The replicated job and the container the Torch plugin fills (constants.Node), and the label that
+#: marks the runtime's replicated job as the trainer's (constants.LabelTrainJobAncestor = AncestorTrainer).
+TRAINER_NODE = "node"
+TRAINJOB_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINJOB_ANCESTOR_TRAINER = "trainer"
+#: What the kit's training runtime's pod spec sets (helm/templates/trainingruntime.yaml): the topology and
+#: the pod's own names. The identity comes from PET_*, the master's address from PET_MASTER_ADDR.
+TRAINJOB_POD_ENV_VARS = (TOPOLOGY, POD_NAME, POD_NAMESPACE, POD_IP)
+
+# Kubeflow Trainer v2.2+ with the TrainJobStatus feature gate: where a TrainJob's training process posts its
+# progress (docs/user-guides/trainjob-progress.md; pkg/runtime/framework/plugins/trainjobstatus). The
+# trainer reads them (src/maskrcnn_dist/progress_post.py).
+#: The HTTPS endpoint: `https://<controller service>.<namespace>.svc:<port>/apis/trainer.kubeflow.org/v1alpha1/
+#: namespaces/<namespace>/trainjobs/<name>/status`, POSTed `{"trainerStatus": {...}}`.
+TRAINER_SERVER_URL = "KUBEFLOW_TRAINER_SERVER_URL"
+#: A path: the PEM CA certificate the endpoint's certificate is signed by (/var/run/secrets/kubeflow/trainer/ca.crt).
+TRAINER_SERVER_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+#: A path: the projected service-account token (a JWT the kubelet rotates; /var/run/secrets/kubeflow/trainer/token),
+#: sent as `Authorization: Bearer <token>`.
+TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
+TRAINER_SERVER_VARS = (TRAINER_SERVER_URL, TRAINER_SERVER_CA_CERT, TRAINER_SERVER_TOKEN)
+
 # ---------------------------------------------------------------------------------------------
 # Variables the launcher exports to the trainer (besides MASTER_ADDR and MASTER_PORT above).
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +139,7 @@ READ_VARS = (
     HEADLESS_SERVICE,
     CLUSTER_DOMAIN,
     *JOBSET_POD_ENV_VARS,
+    *TORCH_RUNTIME_VARS,
     MASTER_ADDR,
     MASTER_PORT,
     TRAINER_CMD,

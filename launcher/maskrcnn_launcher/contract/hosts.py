@@ -1,4 +1,4 @@
-"""Host names: the StatefulSet pod name and the JobSet pod's host name, and their parsers.
+"""Host names: the StatefulSet pod name, the JobSet pod's host name and a TrainJob node's, and their parsers.
 
 The launcher derives a pod's role, index and rank from them, the plan prints the pods' DNS names with
 them, and `status` reads pods back with them: one format, written and read here.
@@ -41,7 +41,7 @@ def parse_pod_name(name: str) -> tuple[str, str, int] | None:
 # with a StatefulSet's `-worker-<i>`.
 REPLICATED_JOBS = {"master": "master", "worker": "workers"}
 _ROLE_OF_REPLICATED_JOB = {rjob: role for role, rjob in REPLICATED_JOBS.items()}
-WORKLOADS = ("statefulset", "jobset")
+WORKLOADS = ("statefulset", "jobset", "trainjob")
 _JOBSET_HOST = re.compile(
     r"^(?P<jobset>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)-(?P<rjob>master|workers)-(?P<job>[0-9]+)-(?P<index>[0-9]+)$"
 )
@@ -81,7 +81,39 @@ def parse_jobset_host_name(name: str) -> tuple[str, str, int] | None:
     return match["jobset"], role, index
 
 
+# A Kubeflow Trainer v2 TrainJob (its torch runtime): the JobSet is named after the TrainJob, with one
+# replicated job `node` of one Indexed Job whose completion index is the node rank (PET_NODE_RANK), and
+# the TrainJob's name as the subdomain: node 0 is `<trainjob>-node-0-0.<trainjob>`, PET_MASTER_ADDR
+# (kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/torch/torch.go, pkg/constants: Node = "node").
+TRAINJOB_REPLICATED_JOB = "node"
+_TRAINJOB_MASTER_ADDR = re.compile(r"^(?P<job>[a-z]([-a-z0-9]*[a-z0-9])?)-node-0-0\.(?P=job)$")
+
+
+def trainjob_role(node: int) -> tuple[str, int]:
+    """(role, index) of a TrainJob's node `node`: node 0 is the master, node i is worker i - 1."""
+    return ("master", 0) if node == 0 else ("worker", node - 1)
+
+
+def trainjob_host_name(trainjob: str, role: str, index: int) -> str:
+    """A TrainJob node's host name `<trainjob>-node-0-<node rank>`."""
+    return f"{trainjob}-{TRAINJOB_REPLICATED_JOB}-0-{node_rank(role, index)}"
+
+
+def trainjob_master_addr(trainjob: str) -> str:
+    """PET_MASTER_ADDR of a TrainJob: node 0's host name under the TrainJob's subdomain."""
+    return f"{trainjob_host_name(trainjob, 'master', 0)}.{trainjob}"
+
+
+def parse_trainjob_master_addr(addr: str) -> str | None:
+    """The TrainJob's name in a PET_MASTER_ADDR of the torch runtime's form, or None."""
+    match = _TRAINJOB_MASTER_ADDR.match(addr)
+    return match["job"] if match else None
+
+
 def host_name(workload: str, prefix: str, role: str, index: int) -> str:
     """The pod's host name (the first label of its DNS name) under a workload: the StatefulSet pod
-    name, or the JobSet host name (`prefix` is then the JobSet's name)."""
+    name, the JobSet host name (`prefix` is then the JobSet's name) or a TrainJob node's (`prefix`: the
+    TrainJob's name)."""
+    if workload == "trainjob":
+        return trainjob_host_name(prefix, role, index)
     return jobset_host_name(prefix, role, index) if workload == "jobset" else pod_name(prefix, role, index)

@@ -4,7 +4,8 @@ It lives on the launcher's side because it talks to the Kubernetes API and must 
 (`maskrcnn-dist status` forwards here). It meets the trainer only through the contract. Two parts:
 `client.py` asks the API server (the only module that imports `kubernetes`, an optional extra, and
 only inside its functions), `report.py` reads the answers into plain records and renders them (pure
-functions over the API's JSON, tested without a server).
+functions over the API's JSON, tested without a server), and `trainjob.py` does the same for a
+Kubeflow Trainer TrainJob (`--trainjob`): its state, the progress and AP in its status, its pods.
 """
 
 from maskrcnn_launcher.status.client import (
@@ -17,8 +18,10 @@ from maskrcnn_launcher.status.client import (
     ReleaseNotFoundError,
     connect,
     release_status,
+    trainjob_status,
 )
 from maskrcnn_launcher.status.report import JobSetStatus, PodStatus, Progress, ReleaseStatus, render_status
+from maskrcnn_launcher.status.trainjob import TrainerStatus, TrainJobStatus, read_trainjob, render_trainjob
 
 __all__ = [
     "ClusterConfigError",
@@ -33,6 +36,11 @@ __all__ = [
     "ReleaseNotFoundError",
     "ReleaseStatus",
     "connect",
+    "read_trainjob",
     "release_status",
     "render_status",
+    "render_trainjob",
+    "TrainerStatus",
+    "TrainJobStatus",
+    "trainjob_status",
 ]

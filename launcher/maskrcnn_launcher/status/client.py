@@ -6,7 +6,9 @@ It asks the API server for what the report needs (`report.py` reads the answers)
   test pod has component `test` and is left out);
 - for a JobSet release, the JobSet itself (selected by the same release labels). A cluster without
   the JobSet API, or a user who may not read JobSets, still gets the pods;
-- the master's log tail (the newest restart attempt's master for a JobSet).
+- the master's log tail (the newest restart attempt's master for a JobSet);
+- for `--trainjob`, the Kubeflow Trainer TrainJob (a custom object: its conditions and
+  status.trainerStatus) and its pods, those of the JobSet named after it (jobset.sigs.k8s.io/jobset-name).
 
 The `kubernetes` client is an optional extra (`maskrcnn-launcher[k8s]`, or `maskrcnn-dist[k8s]`), so
 it is imported inside the functions and the launcher imports without it. Every request carries a
@@ -20,17 +22,19 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import maskrcnn_launcher.status.report as report
+import maskrcnn_launcher.status.trainjob as trainjob
 from maskrcnn_launcher.boundary import one_line
-from maskrcnn_launcher.contract import ROLES
+from maskrcnn_launcher.contract import JOBSET_NAME_LABEL, ROLES
 from maskrcnn_launcher.errors import LauncherError
 
+T = TypeVar("T")
 # The JobSet API (kubernetes-sigs/jobset) the chart renders for.
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 
@@ -117,16 +121,58 @@ def release_status(
 
     `api` is a `kubernetes.client.CoreV1Api`; without it one is made by `connect(kubeconfig)` and
     closed again. Raises a `ClusterError` (a `LauncherError`) with one line the user can act on."""
+    return _asking(api, kubeconfig, lambda core: _release_status(core, release, namespace, timeout, log_lines))
+
+
+def trainjob_status(
+    name: str, namespace: str, *, api: Any = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> trainjob.TrainJobStatus:
+    """The TrainJob `name` in `namespace` (trainer.kubeflow.org/v1alpha1) and its pods, through `api` (else
+    the default configuration's); a `ClusterError` with one line when it cannot be read."""
+    return _asking(api, None, lambda core: _trainjob_status(core, name, namespace, timeout))
+
+
+# -- internals ------------------------------------------------------------------------------------
+
+
+def _asking(api: Any, kubeconfig: Path | None, ask: Callable[[Any], T]) -> T:
+    """`ask(api)`; without an `api`, with one made by `connect(kubeconfig)` and closed again."""
     if api is not None:
-        return _release_status(api, release, namespace, timeout, log_lines)
+        return ask(api)
     connection = connect(kubeconfig)
     try:
-        return _release_status(connection.api, release, namespace, timeout, log_lines)
+        return ask(connection.api)
     finally:
         connection.close()
 
 
-# -- internals ------------------------------------------------------------------------------------
+def _trainjob_status(api: Any, name: str, namespace: str, timeout: float) -> trainjob.TrainJobStatus:
+    from kubernetes import client
+
+    server = api.api_client.configuration.host
+    resource = f"{trainjob.TRAINJOB_PLURAL}.{trainjob.TRAINER_GROUP}"
+    missing = (
+        f"no TrainJob {name!r} in namespace {namespace} (or Kubeflow Trainer's API {trainjob.TRAINER_GROUP}/"
+        f"{trainjob.TRAINER_VERSION} is not served there); `kubectl get trainjobs -n {namespace}` lists them"
+    )
+    with _api_errors(server, f"get {resource} {name} in namespace {namespace}", not_found=missing):
+        obj = client.CustomObjectsApi(api.api_client).get_namespaced_custom_object(
+            trainjob.TRAINER_GROUP,
+            trainjob.TRAINER_VERSION,
+            namespace,
+            trainjob.TRAINJOB_PLURAL,
+            name,
+            _request_timeout=timeout,
+        )
+    with _api_errors(server, f"list pods in namespace {namespace}"):
+        response = api.list_namespaced_pod(
+            namespace,
+            label_selector=f"{JOBSET_NAME_LABEL}={name}",
+            _request_timeout=timeout,
+            _preload_content=False,
+        )
+        items = json.loads(response.data).get("items") or []
+    return trainjob.read_trainjob(obj, items)
 
 
 def _import_kubernetes() -> tuple[Any, Any]:

@@ -20,11 +20,13 @@ from typing import Any
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.boundary import one_line
 from maskrcnn_launcher.contract import (
+    TRAINJOB_REPLICATED_JOB,
     jobset_role,
     node_rank,
     parse_jobset_host_name,
     parse_pod_name,
     parse_progress_line,
+    trainjob_role,
 )
 
 # Labels the chart puts on every training pod (helm/templates/_names.tpl, statefulsets.yaml).
@@ -115,7 +117,8 @@ def jobset_status(obj: Obj) -> JobSetStatus:
 
 
 def pod_role(pod: Obj) -> tuple[str, int] | None:
-    """(role, index) from a StatefulSet pod name, a JobSet pod's labels, or its host name."""
+    """(role, index) from a StatefulSet pod name, a JobSet pod's labels (a TrainJob's node: its completion
+    index is the node rank), or its host name."""
     metadata = pod["metadata"]
     parsed = parse_pod_name(metadata["name"])
     if parsed is not None:
@@ -127,6 +130,8 @@ def pod_role(pod: Obj) -> tuple[str, int] | None:
     )
     if replicated_job and completion is not None:
         try:
+            if replicated_job == TRAINJOB_REPLICATED_JOB:
+                return trainjob_role(int(completion))
             return jobset_role(replicated_job, int(labels.get(contract.JOB_INDEX_LABEL) or 0), int(completion))
         except ValueError:
             return None
@@ -215,12 +220,23 @@ def render_status(status: ReleaseStatus, *, as_json: bool = False) -> str:
     """A table for people, or JSON (the dataclasses as dicts) for scripts."""
     if as_json:
         return json.dumps(dataclasses.asdict(status), indent=2)
-    running = sum(pod.phase == "Running" and pod.reason is None for pod in status.pods)
+    running = running_count(status.pods)
     lines = [f"release {status.release} in namespace {status.namespace}: {len(status.pods)} pods, {running} running"]
     if status.jobset is not None:
         lines.append(_jobset_text(status.jobset))
     elif status.jobset_note:
         lines.append(f"jobset: not readable ({status.jobset_note})")
+    lines += pod_table(status.pods)
+    lines.append(f"progress: {_progress_text(status)}")
+    return "\n".join(lines)
+
+
+def running_count(pods: Sequence[PodStatus]) -> int:
+    return sum(pod.phase == "Running" and pod.reason is None for pod in pods)
+
+
+def pod_table(pods: Sequence[PodStatus]) -> list[str]:
+    """One line per pod: name, role, rank, phase (and why a container is not running), restarts, node."""
     header = ("POD", "ROLE", "RANK", "PHASE", "RESTARTS", "NODE")
     rows = [
         (
@@ -231,12 +247,10 @@ def render_status(status: ReleaseStatus, *, as_json: bool = False) -> str:
             str(pod.restarts),
             pod.node or "-",
         )
-        for pod in status.pods
+        for pod in pods
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
-    lines.append(f"progress: {_progress_text(status)}")
-    return "\n".join(lines)
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
 
 
 def _jobset_text(jobset: JobSetStatus) -> str:
