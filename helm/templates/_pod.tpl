@@ -12,6 +12,9 @@ data mount, the anti-affinity of spreadAcrossNodes, and the pod template itself.
 {{- end -}}
 {{- end -}}
 
+{{/* The training container's name: the JobSet's podFailurePolicy rules name it (_failure_policy.tpl). */}}
+{{- define "maskrcnn-dist.trainerContainer" -}}trainer{{- end -}}
+
 {{/* Where the topology ConfigMap is mounted, and the file the launcher reads. */}}
 {{- define "maskrcnn-dist.topologyDir" -}}/etc/maskrcnn{{- end -}}
 
@@ -108,6 +111,8 @@ spec:
   {{- with $root.Values.runtimeClassName }}
   runtimeClassName: {{ . }}
   {{- end }}
+  # SIGTERM, then SIGKILL this many seconds later; the trainer reads the same value
+  # (MASKRCNN_TERMINATION_GRACE_SECONDS below) to check that a step and a checkpoint write fit.
   terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
@@ -124,7 +129,7 @@ spec:
     {{- . | nindent 4 }}
   {{- end }}
   containers:
-    - name: trainer
+    - name: {{ include "maskrcnn-dist.trainerContainer" $root }}
       image: {{ include "maskrcnn-dist.image" $root | quote }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
       # The image's entrypoint (dumb-init -> maskrcnn-launch) gets these arguments; the launcher
@@ -159,6 +164,10 @@ spec:
           value: {{ include "maskrcnn-dist.headlessService" $root | quote }}
         - name: MASKRCNN_CLUSTER_DOMAIN
           value: {{ $root.Values.network.clusterDomain | quote }}
+        # The pod's terminationGracePeriodSeconds, one value: the trainer's budget for stopping at a
+        # step boundary with a checkpoint after SIGTERM (a variable of the contract, env.py).
+        - name: MASKRCNN_TERMINATION_GRACE_SECONDS
+          value: {{ $root.Values.terminationGracePeriodSeconds | quote }}
         {{- if $jobset }}
         # JobSet pods (contract.JOBSET_POD_ENV_VARS): the JobSet and Job controllers' labels and
         # annotations name the replicated job and the index; the host name is the launcher's fallback.

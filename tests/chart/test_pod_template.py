@@ -30,6 +30,10 @@ from .objects import (
 
 pytestmark = pytest.mark.needs_helm
 
+# The pod's grace period, for the trainer's stop budget: a variable of the launcher's contract, which
+# issue 23's stop mechanism adds to contract/env.py (until then, its name).
+GRACE_ENV = "MASKRCNN_TERMINATION_GRACE_SECONDS"
+
 
 @pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
 def test_env_names_equal_the_launcher_contract(render, values, scenario: str, jobset_api: bool) -> None:
@@ -39,7 +43,7 @@ def test_env_names_equal_the_launcher_contract(render, values, scenario: str, jo
     for role, template in pod_templates(objects).items():
         names = [e["name"] for e in trainer(template)["env"]]
         assert len(names) == len(set(names)), f"{role}: duplicate env names {names}"
-        expected = set(POD_ENV_VARS) | (set(JOBSET_FIELDS) if jobset else set())
+        expected = set(POD_ENV_VARS) | {GRACE_ENV} | (set(JOBSET_FIELDS) if jobset else set())
         assert set(names) - extra == expected, f"{role}: chart sets {sorted(set(names) - extra)}"
 
 
@@ -66,6 +70,19 @@ def test_identity_env_values(render, scenario: str, jobset_api: bool) -> None:
         (mount,) = [m for m in trainer(template)["volumeMounts"] if m["name"] == volume["name"]]
         assert env["MASKRCNN_TOPOLOGY"]["value"] == f"{mount['mountPath']}/topology.yaml", role
         assert mount.get("readOnly") is True
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("grace", [None, "7"])
+def test_the_trainer_gets_the_pods_grace_period(render, scenario: str, jobset_api: bool, grace: str | None) -> None:
+    """One value, terminationGracePeriodSeconds: the kubelet's SIGKILL deadline and the trainer's
+    budget for a step and a checkpoint write after SIGTERM."""
+    sets = (f"terminationGracePeriodSeconds={grace}",) if grace else ()
+    for role, template in pod_templates(render(scenario, *sets, jobset_api=jobset_api)).items():
+        seconds = template["spec"]["terminationGracePeriodSeconds"]
+        assert grace is None or seconds == int(grace)
+        env = {e["name"]: e for e in trainer(template)["env"]}
+        assert env[GRACE_ENV] == {"name": GRACE_ENV, "value": str(seconds)}, role
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
