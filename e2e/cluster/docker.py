@@ -174,9 +174,9 @@ class Cluster:
         )  # fmt: skip
 
     def stop(self, names: Sequence[str], grace: float) -> None:
-        """What deleting pods does: SIGTERM, then SIGKILL after each container's stop timeout (its pod's
-        grace period, at most `grace`); returns once all have stopped."""
-        docker("stop", *names, timeout=grace + 60)
+        """What deleting pods does: SIGTERM, then SIGKILL `grace` seconds later (the pods' grace period,
+        `docker stop --time`); returns once all have stopped."""
+        docker("stop", "--time", str(int(grace)), *names, timeout=grace + 60)
         self.wait_exit(names, timeout=30)
 
     def state(self, name: str) -> ContainerState:
