@@ -12,11 +12,13 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from .containers import LABEL, docker_run_args
@@ -53,6 +55,12 @@ class ContainerState:
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+    @property
+    def finished_time(self) -> datetime:
+        """When the container last exited (docker's RFC 3339 time with nanoseconds, to microseconds)."""
+        text = re.sub(r"(\.\d{6})\d*", r"\1", self.finished_at).replace("Z", "+00:00")
+        return datetime.fromisoformat(text)
 
 
 class Cluster:

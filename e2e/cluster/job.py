@@ -11,7 +11,6 @@ disruption put on it), what it adds to them, and its verdict on the Job.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -48,7 +47,7 @@ class Pod:
     conditions: list[PodCondition] = field(default_factory=list)  # the ones a disruption adds
 
     def record_exit(self, state: ContainerState) -> None:
-        self.exit_code, self.finished_at = state.exit_code, _parse_time(state.finished_at)
+        self.exit_code, self.finished_at = state.exit_code, state.finished_time
 
 
 @dataclass
@@ -100,9 +99,3 @@ def job_failure(job: Job, rjob: ReplicatedJob, namespace: str) -> JobFailure | N
     if len(counted) > rjob.backoff_limit:
         return JobFailure(BACKOFF_LIMIT_EXCEEDED, BACKOFF_LIMIT_MESSAGE, counted[-1])
     return None
-
-
-def _parse_time(text: str) -> datetime:
-    """docker's RFC 3339 time with nanoseconds -> datetime (microseconds)."""
-    text = re.sub(r"(\.\d{6})\d*", r"\1", text).replace("Z", "+00:00")
-    return datetime.fromisoformat(text)
