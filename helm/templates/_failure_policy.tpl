@@ -19,21 +19,21 @@ matchPodFailurePolicy):
   "Container %s for pod %s/%s failed with exit code %v matching %v rule at index %d"
   "Pod %s/%s has condition %v matching %v rule at index %d"
 (container, namespace, pod name, exit code or condition type, action, the rule's index; the format
-strings read the same in v1.26 and in current sources). A failed
-pod no rule matches counts against backoffLimit: reason BackoffLimitExceeded. The JobSet controller
-then takes its failurePolicy.rules in order, and for each the earliest failed Job it applies to:
-onJobFailureReasons holds the Job's reason, one of onJobFailureMessagePatterns (RE2, unanchored: Go's
-regexp match) finds the Job's message, targetReplicatedJobs names its replicated job (empty: any);
-the first rule that applies acts, and when none does the action is RestartJobSet, counted against
-maxRestarts. RestartJobSetAndIgnoreMaxRestarts recreates the group without raising
-restartsCountTowardsMax (kubernetes-sigs/jobset pkg/controllers/failure_policy.go:
-findFirstFailedPolicyRuleAndJob, ruleIsApplicable, failurePolicyRecreateAll; the failure policy
-docs, jobset.sigs.k8s.io/docs/tasks/failure_policy, and their host maintenance example; the message
+strings read the same in v1.26 and in current sources). A failed pod no rule matches counts against
+backoffLimit: reason BackoffLimitExceeded. The JobSet controller then takes its failurePolicy.rules
+in order, and for each the earliest failed Job it applies to: onJobFailureReasons holds the Job's
+reason, one of onJobFailureMessagePatterns (RE2, unanchored: Go's regexp match) finds the Job's
+message, targetReplicatedJobs names its replicated job (empty: any); the first rule that applies
+acts, and when none does the action is RestartJobSet, counted against maxRestarts.
+RestartJobSetAndIgnoreMaxRestarts recreates the group without raising restartsCountTowardsMax
+(kubernetes-sigs/jobset pkg/controllers/failure_policy.go: findFirstFailedPolicyRuleAndJob,
+ruleIsApplicable, failurePolicyRecreateAll; the failure policy docs,
+jobset.sigs.k8s.io/docs/tasks/failure_policy, and their host maintenance example; the message
 patterns: KEP-262 story 5, PR kubernetes-sigs/jobset#1033, JobSet v0.10.0 and later, and the
-integration test that a pattern matches inside a longer message). The reason alone cannot tell a
-user error from a disruption: both are PodFailurePolicy. So each rule below matches the message of
-exactly one podFailurePolicy rule, by its index, anchored at both ends; tests/chart/test_failure_policy.py
-matches the patterns against the messages of every rule and keeps the indexes in step.
+controller's integration test that a pattern matches inside a longer message). The reason alone
+cannot tell a user error from a disruption: both are PodFailurePolicy. So each rule below matches the
+message of exactly one podFailurePolicy rule, by its index, anchored at both ends;
+tests/chart/test_failure_policy.py matches the patterns against the messages of every rule.
 
 DisruptionTarget (kubernetes.io, Pod disruption conditions): Kubernetes adds it, status True, before it
 deletes a pod for a disruption, with the reason PreemptionByScheduler (the scheduler, Kueue's
