@@ -3,6 +3,7 @@ process, the grace period's decision, the evaluation loop's agreement rounds, th
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from maskrcnn_dist.data import eval_rounds
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import until_stopped
 from maskrcnn_dist.grace import GraceCheck, grace_problem, grace_seconds
-from maskrcnn_dist.stop import Interrupted, StopRequest
+from maskrcnn_dist.stop import Interrupted, StopRequest, detach_pool_worker
 from maskrcnn_dist.torchrun import child_pids, pod_exit_status, without_stop_signals
 
 from .procs import REPO
@@ -131,6 +132,21 @@ def test_installed_is_found_through_the_signal_table_and_released_unless_asked()
     finally:
         stop.release()
     assert signal.getsignal(signal.SIGTERM) == previous and StopRequest.installed() is None
+
+
+def test_a_data_check_worker_leaves_the_group_and_still_ends_with_its_pool() -> None:
+    """The fork copies the trainer's stop handler: the worker must drop it, or the pool's terminate()
+    (a SIGTERM) would leave it running and the trainer waiting for it."""
+    stop = StopRequest().install()
+    try:
+        with multiprocessing.get_context("fork").Pool(1, initializer=detach_pool_worker) as pool:
+            assert pool.apply(os.getpgrp) != os.getpgrp()  # a SIGTERM to the trainer's group misses it
+            assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
+            worker = pool.apply(os.getpid)
+        with pytest.raises(ProcessLookupError):  # ended by terminate() (a SIGTERM) and reaped
+            os.kill(worker, 0)
+    finally:
+        stop.release()
 
 
 # -- the grace period --------------------------------------------------------------------------

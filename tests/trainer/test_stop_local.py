@@ -49,12 +49,14 @@ def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 def test_sigterm_after_a_step_saves_it_and_the_resume_trains_the_rest_exactly(stop_coco, reference, tmp_path) -> None:
     out = tmp_path / "run"
-    args = [*TRAIN, *small_args(stop_coco, out, batch_size=2)]
+    # DataLoader workers, and SIGTERM to the whole process group, as dumb-init (PID 1 in the image)
+    # sends it: the workers must not die of it (they leave the group), the trainer stops.
+    args = [*TRAIN, *small_args(stop_coco, out, batch_size=2), "--workers", "2"]
     # A grace period no stop fits in: the run says so once, after its second step.
     job = Job(args, tmp_path / "stopped", {TERMINATION_GRACE_SECONDS: "0.01"}).start()
     try:
         job.wait_for(out / "metrics.jsonl", "train", 3, timeout=300)
-        job.signal(signal.SIGTERM)
+        job.signal(signal.SIGTERM, group=True)
         code = job.finish(120)
     finally:
         job.kill()
