@@ -97,14 +97,24 @@ def main(verbose: bool) -> None:
     _setup_logging(verbose)
 
 
+def _run_train(cfg: config_mod.TrainConfig):
+    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process only."""
+    from .stop import Stopped, exit_stopped
+    from .train import train as run_train
+
+    try:
+        return run_train(cfg)
+    except Stopped as stopped:
+        exit_stopped(stopped.closing_line())
+
+
 @main.command()
 @train_options
 def train(config_file: Path | None, **kwargs: Any) -> None:
-    """Train (flags named like torchvision's detection references)."""
-    from .train import train as run_train
-
+    """Train (flags named like torchvision's detection references). SIGTERM or SIGINT stops it after the
+    step in progress with a checkpoint of that step, exit 75; a second one ends it at once."""
     cfg = config_mod.build_config(config_file, _collect(kwargs))
-    result = run_train(cfg)  # None on a pipeline stage worker
+    result = _run_train(cfg)  # None on a pipeline stage worker
     if result is not None and result.eval:
         click.echo(json.dumps({"step": result.position.step, **result.eval}))
 
@@ -113,11 +123,9 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
 @train_options
 def eval_command(config_file: Path | None, **kwargs: Any) -> None:
     """COCO bbox/segm AP of a checkpoint (--resume) or weights file (--weights) on the val split."""
-    from .train import train as run_train
-
     values = {**_collect(kwargs), "test-only": True}
     cfg = config_mod.build_config(config_file, values)
-    result = run_train(cfg)
+    result = _run_train(cfg)
     click.echo(json.dumps(result.eval))
 
 
@@ -260,7 +268,6 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
     starts the master and both stage workers with explicit identities on 127.0.0.1.
     """
     from .outputs.report import draw_report
-    from .train import train as run_train
 
     flags = config_mod.demo_flags(output_dir, steps, engine)
     if engine == "pipeline":
@@ -272,7 +279,7 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
         if code:
             sys.exit(code)
     else:
-        run_train(config_mod.build_config(None, flags))
+        _run_train(config_mod.build_config(None, flags))
     png = draw_report(output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
     from .outputs.gallery import draw_gallery, gallery_path
