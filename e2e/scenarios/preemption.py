@@ -16,6 +16,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from maskrcnn_launcher.boundary import EXIT_STOPPED
+
 from .. import checks
 from ..checks import Failed, require
 from ..cluster import Attempt, DockerError
@@ -26,7 +28,6 @@ from .jobset import check_finished_for_good, jobset_facts, run_jobset
 
 log = logging.getLogger("e2e")
 
-EXIT_STOPPED = 75  # maskrcnn_launcher.boundary.EXIT_STOPPED: stopped by a signal, checkpoint written
 GRACE_S = 60  # the chart's terminationGracePeriodSeconds
 STEPS, PER_EPOCH = 10, 4  # 8 images at batch 2 (pipeline), 16 at batch 2 on each of two ddp ranks
 # Checkpoints the plan writes itself: epoch ends and the last step (--checkpoint-period 0).

@@ -143,8 +143,8 @@ spec:
         {{- range $root.Values.trainer.args }}
         - {{ tpl (toString .) $root | quote }}
         {{- end }}
-      # Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS names (a chart test checks
-      # it), then the user's extraEnv.
+      # Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS and TRAINER_READ_VARS name (a
+      # chart test checks it), then the user's extraEnv.
       env:
         - name: MASKRCNN_TOPOLOGY
           value: {{ include "maskrcnn-dist.topologyPath" $root | quote }}
@@ -165,7 +165,7 @@ spec:
         - name: MASKRCNN_CLUSTER_DOMAIN
           value: {{ $root.Values.network.clusterDomain | quote }}
         # The pod's terminationGracePeriodSeconds, one value: the trainer's budget for stopping at a
-        # step boundary with a checkpoint after SIGTERM (a variable of the contract, env.py).
+        # step boundary with a checkpoint after SIGTERM (contract.TERMINATION_GRACE_SECONDS).
         - name: MASKRCNN_TERMINATION_GRACE_SECONDS
           value: {{ $root.Values.terminationGracePeriodSeconds | quote }}
         {{- if $jobset }}

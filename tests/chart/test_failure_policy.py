@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import pytest
-from maskrcnn_launcher.boundary import EXIT_USER_ERROR
+from maskrcnn_launcher.boundary import EXIT_STOPPED, EXIT_USER_ERROR
 
 from .conftest import RELEASE
 from .objects import JOBSET_CASE_IDS, JOBSET_CASES, SCENARIO_NAMES, one, replicated_jobs, trainer
@@ -32,7 +32,6 @@ EXIT_CODE_MESSAGE = (
 )
 CONDITION_MESSAGE = "Pod {namespace}/{pod} has condition {condition} matching FailJob rule at index {index}"
 BACKOFF_MESSAGE = "Job has reached the specified backoff limit"
-EXIT_STOPPED = 75  # boundary.EXIT_STOPPED, which issue 23's stop mechanism adds
 
 # The podFailurePolicy, in its order: the index is part of each FailJob message.
 POD_RULES = [

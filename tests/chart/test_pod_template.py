@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from maskrcnn_launcher.contract import JOBSET_FIELDS, POD_ENV_VARS
+from maskrcnn_launcher.contract import JOBSET_FIELDS, POD_ENV_VARS, TERMINATION_GRACE_SECONDS, TRAINER_READ_VARS
 
 from .conftest import RELEASE
 from .objects import (
@@ -30,10 +30,6 @@ from .objects import (
 
 pytestmark = pytest.mark.needs_helm
 
-# The pod's grace period, for the trainer's stop budget: a variable of the launcher's contract, which
-# issue 23's stop mechanism adds to contract/env.py (until then, its name).
-GRACE_ENV = "MASKRCNN_TERMINATION_GRACE_SECONDS"
-
 
 @pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
 def test_env_names_equal_the_launcher_contract(render, values, scenario: str, jobset_api: bool) -> None:
@@ -43,7 +39,8 @@ def test_env_names_equal_the_launcher_contract(render, values, scenario: str, jo
     for role, template in pod_templates(objects).items():
         names = [e["name"] for e in trainer(template)["env"]]
         assert len(names) == len(set(names)), f"{role}: duplicate env names {names}"
-        expected = set(POD_ENV_VARS) | {GRACE_ENV} | (set(JOBSET_FIELDS) if jobset else set())
+        # What the launcher and the trainer read from the pod spec, and the JobSet identity.
+        expected = set(POD_ENV_VARS) | set(TRAINER_READ_VARS) | (set(JOBSET_FIELDS) if jobset else set())
         assert set(names) - extra == expected, f"{role}: chart sets {sorted(set(names) - extra)}"
 
 
@@ -82,7 +79,7 @@ def test_the_trainer_gets_the_pods_grace_period(render, scenario: str, jobset_ap
         seconds = template["spec"]["terminationGracePeriodSeconds"]
         assert grace is None or seconds == int(grace)
         env = {e["name"]: e for e in trainer(template)["env"]}
-        assert env[GRACE_ENV] == {"name": GRACE_ENV, "value": str(seconds)}, role
+        assert env[TERMINATION_GRACE_SECONDS] == {"name": TERMINATION_GRACE_SECONDS, "value": str(seconds)}, role
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)

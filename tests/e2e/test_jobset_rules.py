@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from maskrcnn_launcher.boundary import EXIT_STOPPED
 
 from e2e.cluster import SpecError
 from e2e.cluster.failure_rules import (
@@ -36,11 +37,11 @@ CONDITION_MESSAGE = "Pod e2e/{pod} has condition DisruptionTarget matching FailJ
 # RestartJobSet, counted), under the chart's rules.
 CHART_TABLE = [
     (2, (), "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=2, index=0), "UserError"),
-    (75, (), "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=75, index=2), "StoppedCleanly"),
+    (EXIT_STOPPED, (), "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=EXIT_STOPPED, index=2), "StoppedCleanly"),
     (1, (), "BackoffLimitExceeded", "", None),
     (137, (), "BackoffLimitExceeded", "", None),
     (143, (), "BackoffLimitExceeded", "", None),
-    (75, DISRUPTED, "PodFailurePolicy", CONDITION_MESSAGE.format(pod=POD), "Disruption"),
+    (EXIT_STOPPED, DISRUPTED, "PodFailurePolicy", CONDITION_MESSAGE.format(pod=POD), "Disruption"),
     (137, DISRUPTED, "PodFailurePolicy", CONDITION_MESSAGE.format(pod=POD), "Disruption"),
     (2, DISRUPTED, "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=2, index=0), "UserError"),
     (143, (PodCondition("DisruptionTarget", "False"),), "BackoffLimitExceeded", "", None),
@@ -175,11 +176,11 @@ NO_RESTARTS = {"jobset": {"failurePolicy": {"maxRestarts": 0}}}
 
 def test_disruptions_restart_the_group_without_counting(jobset_run):
     controller, cluster = jobset_run(NO_RESTARTS)
-    cluster.stop_code = 75  # the trainer's clean stop on SIGTERM
+    cluster.stop_code = EXIT_STOPPED  # the trainer's clean stop on SIGTERM
     for attempt, reason in enumerate(("PreemptionByScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"), 1):
         victim = controller.pods("workers")[1]
         controller.delete_pod(victim, disruption=reason)
-        assert victim.exit_code == 75 and victim.conditions[0].reason == reason
+        assert victim.exit_code == EXIT_STOPPED and victim.conditions[0].reason == reason
         assert controller.reconcile() is None, controller.describe()
         assert (controller.restarts, controller.restarts_count_towards_max) == (attempt, 0)
         assert any("rule Disruption matches" in e for e in controller.events)
@@ -191,13 +192,13 @@ def test_a_clean_stop_without_a_disruption_does_not_count(jobset_run):
     """`kubectl delete pod`, and the peers of a disrupted pod: exit 75, no condition. The master's Job
     failing first (its trainer stopped the group) must not count a disruption."""
     controller, cluster = jobset_run(NO_RESTARTS)
-    cluster.exit(controller.pods("master")[0].container, 75)
+    cluster.exit(controller.pods("master")[0].container, EXIT_STOPPED)
     controller.pods("workers")[1].conditions.append(DISRUPTED[0])
-    cluster.exit(controller.pods("workers")[1].container, 75)
+    cluster.exit(controller.pods("workers")[1].container, EXIT_STOPPED)
     assert controller.reconcile() is None, controller.describe()
     assert (controller.restarts, controller.restarts_count_towards_max) == (1, 0)
     assert any("rule Disruption matches job e2e-maskrcnn-dist-workers-0" in e for e in controller.events)
-    cluster.stop_code = 75
+    cluster.stop_code = EXIT_STOPPED
     controller.delete_pod(controller.pods("workers")[0])  # no disruption: a plain deletion
     assert controller.reconcile() is None and controller.restarts_count_towards_max == 0
     assert any("rule StoppedCleanly matches" in e for e in controller.events)
