@@ -98,12 +98,15 @@ def main(verbose: bool) -> None:
 
 
 def _run_train(cfg: config_mod.TrainConfig):
-    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process only."""
-    from .stop import Stopped, exit_stopped
+    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process
+    only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
+    from .stop import Stopped, StopRequest, exit_stopped
+
+    stop = StopRequest().install()
     from .train import train as run_train
 
     try:
-        return run_train(cfg)
+        return run_train(cfg, stop=stop)
     except Stopped as stopped:
         exit_stopped(stopped.closing_line())
 
