@@ -98,12 +98,15 @@ def main(verbose: bool) -> None:
 
 
 def _run_train(cfg: config_mod.TrainConfig):
-    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process only."""
-    from .stop import Stopped, exit_stopped
+    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process
+    only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
+    from .stop import Stopped, StopRequest, exit_stopped
+
+    stop = StopRequest().install()
     from .train import train as run_train
 
     try:
-        return run_train(cfg)
+        return run_train(cfg, stop=stop)
     except Stopped as stopped:
         exit_stopped(stopped.closing_line())
 
@@ -271,11 +274,10 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
 
     flags = config_mod.demo_flags(output_dir, steps, engine)
     if engine == "pipeline":
-        import subprocess
-
         # The launcher picks a free loopback port and gives every pod its identity and the engine.
         del flags["engine"]
-        code = subprocess.call([sys.executable, "-m", "maskrcnn_launcher", "local", "--", *config_mod.to_argv(flags)])
+        runner = [sys.executable, "-m", "maskrcnn_launcher", "local", "--", *config_mod.to_argv(flags)]
+        code = _run_passing_signals_on(runner)
         if code:
             sys.exit(code)
     else:
@@ -286,6 +288,23 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
 
     shown = draw_gallery(output_dir / "checkpoints", DEMO_GALLERY_IMAGES, gallery_path(png))
     click.echo(f"gallery: {shown}")
+
+
+def _run_passing_signals_on(argv: list[str]) -> int:
+    """Run `argv` in a session of its own and pass each SIGTERM/SIGINT this process gets on to it once
+    (a terminal's Ctrl-C reaches only this process: `maskrcnn-launch local` stops its pods itself)."""
+    import signal
+    import subprocess
+
+    from .stop import STOP_SIGNALS
+
+    child = subprocess.Popen(argv, start_new_session=True)
+    previous = {signum: signal.signal(signum, lambda signum, _: child.send_signal(signum)) for signum in STOP_SIGNALS}
+    try:
+        return child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @main.command()

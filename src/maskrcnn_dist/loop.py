@@ -142,11 +142,12 @@ class Trainer:
         self.metrics.write("train", step, record)
         periodic = self.cfg.val_period and step % self.cfg.val_period == 0 and step < self.total_steps
         due = ["validation"] if periodic else []
+        # What after_epoch runs next when this step ended the epoch: pending too if a stop comes first.
+        then = self.epoch_end_hooks() if self.position.batch == 0 or step >= self.total_steps else []
         if self.engine.stop_after_step():  # the step boundary: every process of the engine agrees here
-            ended = self.position.batch == 0 or step >= self.total_steps
-            self.stop_now(due + (self.epoch_end_hooks() if ended else []))
+            self.stop_now(due + then)
         self.grace.after_step(seconds, self.trial_save, last=step >= self.total_steps)
-        self.run_hooks(due)
+        self.run_hooks(due, then)
         if self.cfg.checkpoint_period and step % self.cfg.checkpoint_period == 0:
             self.save()
 
@@ -161,13 +162,14 @@ class Trainer:
         final = self.position.step >= self.total_steps
         return ["validation", "evaluation"] if self.cfg.eval_every_epoch or final else ["validation"]
 
-    def run_hooks(self, hooks: list[str]) -> None:
-        """Run `hooks` in order; a stop agreed inside one saves it and the rest as pending."""
+    def run_hooks(self, hooks: list[str], then: list[str] | None = None) -> None:
+        """Run `hooks` in order; a stop agreed inside one saves it, the rest and `then` (the hooks due
+        after these at this step) as pending."""
         for i, name in enumerate(hooks):
             try:
                 {"validation": self.run_validation, "evaluation": self.run_evaluation}[name]()
             except Interrupted:
-                self.stop_now(hooks[i:], during=name)
+                self.stop_now(hooks[i:] + (then or []), during=name)
 
     def run_pending(self) -> None:
         """On resume: the hooks a stop kept from running at the checkpoint's step, then the checkpoint

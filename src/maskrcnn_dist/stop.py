@@ -75,9 +75,12 @@ class StopRequest:
     # -- signals ---------------------------------------------------------------------------------
 
     def install(self) -> StopRequest:
-        """Take SIGTERM, SIGINT and FORWARDED_STOP (main thread only, as Python requires)."""
+        """Take SIGTERM, SIGINT and FORWARDED_STOP (main thread only, as Python requires). The torchrun
+        wrapper starts its ranks with FORWARDED_STOP blocked, so that a forward sent while a rank still
+        starts up waits instead of killing it (SIGUSR1's default action): unblocked here, it arrives now."""
         for signum in (*STOP_SIGNALS, FORWARDED_STOP):
             self._previous[signum] = signal.signal(signum, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {FORWARDED_STOP})
         return self
 
     def release(self) -> None:

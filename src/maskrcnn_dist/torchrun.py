@@ -138,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     args.signals_to_handle = without_stop_signals(args.signals_to_handle)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(is_not_a_stop)
+    # The ranks inherit this mask: a forward that comes before a rank has installed its handler (the
+    # first seconds, while it imports torch) stays pending until StopRequest.install() unblocks it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {FORWARDED_STOP})
     stopper = RankStopper().start()
     try:
         run(args)

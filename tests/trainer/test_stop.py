@@ -27,6 +27,8 @@ from .procs import REPO
 WAITER = """
 import sys, time
 from maskrcnn_dist.stop import StopRequest
+if sys.argv[1] == "late":  # still starting up when the test signals it
+    time.sleep(1)
 stop = StopRequest().install()
 print("ready", flush=True)
 deadline = time.monotonic() + 20
@@ -41,10 +43,19 @@ while time.monotonic() < deadline:
 
 
 class Waiter:
-    def __init__(self, mode: str = "wait") -> None:
+    def __init__(self, mode: str = "wait", blocked: set[int] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WAITER, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+            [sys.executable, "-c", WAITER, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked)) if blocked else None,
         )
+        if mode != "late":
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
 
     def send(self, signum: int) -> None:
@@ -71,8 +82,8 @@ class Waiter:
 def waiter():
     made: list[Waiter] = []
 
-    def make(mode: str = "wait") -> Waiter:
-        made.append(Waiter(mode))
+    def make(mode: str = "wait", blocked: set[int] | None = None) -> Waiter:
+        made.append(Waiter(mode, blocked))
         return made[-1]
 
     yield make
@@ -103,6 +114,15 @@ def test_a_forwarded_stop_is_never_a_second_signal(waiter) -> None:
     assert w.still_running_after(0.3)
     w.send(signal.SIGTERM)  # two direct ones: the second ends it
     assert w.exit_code() == -signal.SIGTERM
+
+
+def test_a_forward_sent_while_the_process_starts_waits_for_its_handler(waiter) -> None:
+    """torchrun's ranks start with SIGUSR1 blocked (the wrapper's mask): a forward sent before a rank
+    installed its handler is not lost, nor does it kill the rank (SIGUSR1's default action)."""
+    w = waiter("late", blocked={signal.SIGUSR1})
+    w.send(signal.SIGUSR1)  # during the start-up second, before install()
+    w.wait_ready()
+    assert w.requested_by().startswith("SIGUSR1")
 
 
 def test_once_the_checkpoint_is_written_any_signal_exits_stopped(waiter) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_is_exac
         assert resumed.finish(300) == 0, resumed.output
     finally:
         resumed.kill()
+    assert "dropped" not in resumed.stderr  # no step after the checkpoint was recorded: none is trained twice
     assert train_losses(out / "metrics.jsonl") == train_losses(reference / "metrics.jsonl")  # bit for bit
     assert [s for s, _ in train_losses(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
     print(f"ddp: stopped at step {step} (signalled after 3), {job.seconds_to_exit:.2f}s from SIGTERM to exit")
@@ -141,3 +143,21 @@ def test_a_second_sigterm_to_torchrun_ends_the_ranks_at_once(stop_coco, tmp_path
     assert code == 128 + signal.SIGTERM, job.output
     assert job.seconds_to_exit is not None and job.seconds_to_exit < 10, job.seconds_to_exit
     assert "second SIGTERM: killing the ranks now" in job.stderr and "Traceback" not in job.stderr
+
+
+def test_sigterm_while_the_ranks_start_up_stops_them_before_the_first_step(stop_coco, tmp_path, free_port) -> None:
+    """The forward reaches ranks that are still importing torch: it waits for their handler (the
+    wrapper's signal mask), and they stop once their group has formed, with nothing to save."""
+    out = tmp_path / "run"
+    job = ddp_job(stop_coco, out, free_port, tmp_path / "logs").start()
+    try:
+        while len(rank_pids(job.proc.pid)) < 2:
+            assert job.proc.poll() is None, job.output
+            time.sleep(0.01)
+        job.signal(signal.SIGTERM)
+        code = job.finish(300)
+    finally:
+        job.kill()
+    closing = assert_stopped_cleanly(job, code, lines=2)
+    assert all("nothing to save" in m["saved"] for m in closing), job.output
+    assert records(out / "metrics.jsonl") == []

@@ -63,7 +63,8 @@ def test_sigterm_to_the_runner_stops_every_pod_and_the_resume_trains_the_rest(st
     assert job.stdout.count("[local] SIGTERM: passed on to every pod") == 1
     assert "every pod stopped on request" in job.stdout
 
-    finished(local_job(stop_coco, out, tmp_path / "resumed", "--resume", "auto"))
+    resumed = finished(local_job(stop_coco, out, tmp_path / "resumed", "--resume", "auto"))
+    assert "dropped" not in resumed.stdout  # no step after the checkpoint was recorded: none is trained twice
     got, expected = train_losses(out / "metrics.jsonl"), train_losses(reference / "metrics.jsonl")
     assert [s for s, _ in got] == list(range(1, STEPS + 1))  # every planned step once
     for (step_got, terms), (_, reference_terms) in zip(got, expected, strict=True):
