@@ -109,6 +109,8 @@ def _run_train(cfg: config_mod.TrainConfig):
         return run_train(cfg, stop=stop)
     except Stopped as stopped:
         exit_stopped(stopped.closing_line())
+    finally:
+        stop.release()  # a finished run gives the signals back (a test's CliRunner, a later command)
 
 
 @main.command()

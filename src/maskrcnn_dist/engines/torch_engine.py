@@ -134,8 +134,9 @@ class TorchEngine(Engine):
     def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
         """The loss terms' mean over ranks; this rank's stop flag rides along (no collective of its own)."""
         names = sorted(loss_dict)
-        asked = torch.tensor(1.0 if self.stop is not None and self.stop.requested else 0.0)
-        values = self.all_reduce_sum(torch.stack([*(loss_dict[n].detach().float() for n in names), asked]))
+        terms = [loss_dict[n].detach().float() for n in names]
+        asked = torch.tensor(1.0 if self.stop is not None and self.stop.requested else 0.0, device=terms[0].device)
+        values = self.all_reduce_sum(torch.stack([*terms, asked]))
         self._stop_agreed = self.agreed(bool(values[-1] > 0))
         return dict(zip(names, (values[:-1] / self.data_world_size).tolist()))
 
