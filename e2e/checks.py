@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,18 @@ def check_training_complete(run_dir: Path, planned_steps: int) -> dict[str, Any]
         require(key in final, f"eval record lacks {key}: {sorted(final)}")
         require(isinstance(final[key], (int, float)) and math.isfinite(final[key]), f"{key} = {final[key]!r}")
     return final
+
+
+def check_one_train_record_per_step(run_dir: Path, planned_steps: int) -> None:
+    """metrics.jsonl holds exactly one train record for each planned step: none missing, none twice
+    (a resume that redid a step it had logged, or logged one the checkpoint did not hold)."""
+    counts = Counter(train_steps(read_records(run_dir)))
+    twice = sorted(s for s, n in counts.items() if n > 1)
+    require(not twice, f"train records for steps {twice} more than once")
+    require(
+        sorted(counts) == list(range(1, planned_steps + 1)),
+        f"train records cover steps {_ranges(sorted(counts))}; the plan is 1..{planned_steps}",
+    )
 
 
 def check_checkpoints(run_dir: Path, expected_steps: list[int] | None = None, just_crashed: bool = False) -> list[int]:

@@ -9,6 +9,7 @@ of scenarios, their checks or the trainer (tests/e2e/test_e2e_layout.py holds bo
   containers.py   `PodSpec` -> `docker create` arguments
   docker.py       the bounded `docker` call; `Cluster`: a network and its containers, always removed
   kubelet.py      restartPolicy Always with the crash-loop back-off
+  failure_rules.py  how the Job and JobSet controllers match a failure against their rules
   job.py          the Job controller's verdict on an Indexed Job (podFailurePolicy, backoffLimit)
   jobset_spec.py  the rendered JobSet, parsed; what is not emulated is refused
   jobset.py       the JobSet controller: group restarts, failure and success policies
@@ -17,6 +18,7 @@ of scenarios, their checks or the trainer (tests/e2e/test_e2e_layout.py holds bo
 
 from .containers import pvc_dir, quantity_bytes
 from .docker import Cluster, ContainerState, DockerError, clean_all, container_exists, daemon_answers, image_exists
+from .failure_rules import DISRUPTION_REASONS
 from .job import Job, Pod
 from .jobset import Attempt, JobSetController, jobset_controller
 from .kubelet import Kubelet
@@ -26,6 +28,7 @@ from .trainer import StatusServer, trainjob_objects
 __all__ = [
     "Attempt",
     "Cluster",
+    "DISRUPTION_REASONS",
     "ContainerState",
     "DockerError",
     "Job",

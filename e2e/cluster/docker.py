@@ -12,11 +12,13 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from .containers import LABEL, docker_run_args
@@ -53,6 +55,12 @@ class ContainerState:
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+    @property
+    def finished_time(self) -> datetime:
+        """When the container last exited (docker's RFC 3339 time with nanoseconds, to microseconds)."""
+        text = re.sub(r"(\.\d{6})\d*", r"\1", self.finished_at).replace("Z", "+00:00")
+        return datetime.fromisoformat(text)
 
 
 class Cluster:
@@ -174,9 +182,9 @@ class Cluster:
         )  # fmt: skip
 
     def stop(self, names: Sequence[str], grace: float) -> None:
-        """What deleting pods does: SIGTERM, then SIGKILL after each container's stop timeout (its pod's
-        grace period, at most `grace`); returns once all have stopped."""
-        docker("stop", *names, timeout=grace + 60)
+        """What deleting pods does: SIGTERM, then SIGKILL `grace` seconds later (the pods' grace period,
+        `docker stop --time`); returns once all have stopped."""
+        docker("stop", "--time", str(int(grace)), *names, timeout=grace + 60)
         self.wait_exit(names, timeout=30)
 
     def state(self, name: str) -> ContainerState:

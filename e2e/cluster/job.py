@@ -1,20 +1,29 @@
 """The Job controller's part, for an Indexed Job whose pods never restart in place (restartPolicy
-Never): what it keeps of each pod, what it adds to them, and its verdict on the Job.
+Never): what it keeps of each pod (its exit, and conditions such as DisruptionTarget that a
+disruption put on it), what it adds to them, and its verdict on the Job.
 
 * A pod ends when its container exits: 0 succeeded, anything else failed.
-* A Job fails with reason PodFailurePolicy when a failed pod's exit code matches a podFailurePolicy
-  FailJob rule (earliest failure first), else with BackoffLimitExceeded once more pods failed than
-  backoffLimit; it is Complete when every completion index succeeded.
+* A Job fails with reason PodFailurePolicy and the controller's message when a failed pod matches a
+  podFailurePolicy FailJob rule (failure_rules.py: the rules in order, the first match decides;
+  earliest failed pod first), else with BackoffLimitExceeded once more pods that no rule exempts
+  failed than backoffLimit; it is Complete when every completion index succeeded.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
 from .docker import ContainerState
+from .failure_rules import (
+    BACKOFF_LIMIT_EXCEEDED,
+    BACKOFF_LIMIT_MESSAGE,
+    POD_FAILURE_POLICY,
+    FailedPod,
+    PodCondition,
+    match_pod_failure_policy,
+)
 from .jobset_spec import ReplicatedJob
 from .pods import PodSpec
 
@@ -22,9 +31,6 @@ from .pods import PodSpec
 JOB_NAME = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
-# Job failure reasons, as the Job controller writes them.
-POD_FAILURE_POLICY = "PodFailurePolicy"
-BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 
 
 class ContainerStates(Protocol):
@@ -38,9 +44,10 @@ class Pod:
     index: int  # completion index
     exit_code: int | None = None  # once the container has exited
     finished_at: datetime | None = None
+    conditions: list[PodCondition] = field(default_factory=list)  # the ones a disruption adds
 
     def record_exit(self, state: ContainerState) -> None:
-        self.exit_code, self.finished_at = state.exit_code, _parse_time(state.finished_at)
+        self.exit_code, self.finished_at = state.exit_code, state.finished_time
 
 
 @dataclass
@@ -81,20 +88,14 @@ def job_failure(job: Job, rjob: ReplicatedJob, namespace: str) -> JobFailure | N
     """The Job's failure, if its pods' exits fail it now."""
     failures = sorted((p for p in job.pods if p.exit_code not in (None, 0)), key=lambda p: p.finished_at)
     (container,) = rjob.pod_template["spec"]["containers"]
+    counted = []
     for pod in failures:
-        for index, rule in enumerate(rjob.exit_rules):
-            if rule.matches(container["name"], pod.exit_code):
-                message = (
-                    f"Container {container['name']} for pod {namespace}/{pod.spec.name} failed with exit code "
-                    f"{pod.exit_code} matching {rule.action} rule at index {index}"
-                )
-                return JobFailure(POD_FAILURE_POLICY, message, pod)
-    if len(failures) > rjob.backoff_limit:
-        return JobFailure(BACKOFF_LIMIT_EXCEEDED, "Job has reached the specified backoff limit", failures[-1])
+        status = FailedPod(namespace, pod.spec.name, container["name"], pod.exit_code, tuple(pod.conditions))
+        verdict = match_pod_failure_policy(rjob.pod_failure_rules, status)
+        if verdict.action == "FailJob":
+            return JobFailure(POD_FAILURE_POLICY, verdict.message, pod)
+        if verdict.counts:
+            counted.append(pod)
+    if len(counted) > rjob.backoff_limit:
+        return JobFailure(BACKOFF_LIMIT_EXCEEDED, BACKOFF_LIMIT_MESSAGE, counted[-1])
     return None
-
-
-def _parse_time(text: str) -> datetime:
-    """docker's RFC 3339 time with nanoseconds -> datetime (microseconds)."""
-    text = re.sub(r"(\.\d{6})\d*", r"\1", text).replace("Z", "+00:00")
-    return datetime.fromisoformat(text)

@@ -11,12 +11,18 @@ loop say they do, and nothing else; the Job controller's part is job.py, the spe
   replicatedjob-replicas, job-index, restart-attempt; batch.kubernetes.io/job-name and
   job-completion-index) and the Job controller's JOB_COMPLETION_INDEX variable.
 * The JobSet, in the controller's order. Failed Jobs first: the failure policy's rules in order,
-  each taking the earliest failed Job whose reason (onJobFailureReasons) and replicated job
-  (targetReplicatedJobs) it names; no rule: RestartJobSet. FailJobSet: Failed
-  (FailJobSetFailurePolicyAction). RestartJobSet: Failed (ReachedMaxRestarts) once
-  restartsCountTowardsMax has reached maxRestarts, else restarts + 1 and the whole group is recreated
-  (every old pod is gone before a new one starts). Then the success policy (operator All or Any over
+  each taking the earliest failed Job whose reason (onJobFailureReasons), message
+  (onJobFailureMessagePatterns) and replicated job (targetReplicatedJobs) it matches
+  (failure_rules.py); no rule: RestartJobSet. FailJobSet: Failed (FailJobSetFailurePolicyAction).
+  RestartJobSet: Failed (ReachedMaxRestarts) once restartsCountTowardsMax has reached maxRestarts,
+  else restarts + 1, restartsCountTowardsMax + 1 and the whole group is recreated (every old pod is
+  gone before a new one starts). RestartJobSetAndIgnoreMaxRestarts: the same restart, without
+  checking or raising restartsCountTowardsMax. Then the success policy (operator All or Any over
   targetReplicatedJobs): Completed (AllJobsCompleted).
+* A pod taken away (`delete_pod`): with a disruption reason, first the DisruptionTarget condition, as
+  the scheduler's preemption, the eviction API, the taint manager, pod GC and the kubelet add it;
+  then, as for `kubectl delete pod`, SIGTERM and SIGKILL after the pod's grace period
+  (`docker stop --time`). Its Job then meets its podFailurePolicy like any failed pod.
 * A finished JobSet deletes its active Jobs: their pods get SIGTERM, then SIGKILL after
   terminationGracePeriodSeconds (`docker stop`). Nothing is created afterwards.
 
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .docker import Cluster, DockerError
+from .failure_rules import DEFAULT_ACTION, DISRUPTION_REASONS, DISRUPTION_TARGET, PodCondition, acting_rule
 from .job import COMPLETION_INDEX, COMPLETION_INDEX_ENV, JOB_NAME, Job, JobFailure, Pod, job_failure, observe_exits
 from .jobset_spec import JobSetSpec, ReplicatedJob, find_jobset, parse_jobset
 from .pods import PodSpec, SpecError, configmaps_of, pod_from_template
@@ -151,6 +158,7 @@ class JobSetController:
         jobs = ", ".join(
             f"{j.name}: {j.condition or 'active'} "
             f"[{' '.join(str(p.exit_code) if p.exit_code is not None else 'running' for p in j.pods)}]"
+            + (f" ({j.reason}: {j.message})" if j.condition == "Failed" else "")
             for j in self.attempt.jobs
         )
         return f"restart attempt {self.attempt.number}, {jobs}"
@@ -179,15 +187,11 @@ class JobSetController:
     # -- JobSet ----------------------------------------------------------------------------------
 
     def _execute_failure_policy(self, failed: list[Job]) -> None:
-        failed = sorted(failed, key=lambda j: j.failed_at)
-        for rule in self.spec.rules:
-            matching = [j for j in failed if rule.applies(j.replicated_job, j.reason)]
-            if matching:
-                action, job = rule.action, matching[0]
-                self._event(f"failure policy rule {rule.name} matches job {job.name} ({job.reason}): {action}")
-                break
+        rule, job = acting_rule(self.spec.rules, failed)
+        action = rule.action if rule else DEFAULT_ACTION
+        if rule is not None:
+            self._event(f"failure policy rule {rule.name} matches job {job.name} ({job.reason}): {action}")
         else:
-            action, job = "RestartJobSet", failed[0]
             self._event(f"no failure policy rule matches job {job.name} ({job.reason}): the default, {action}")
         first = f"(first failed job: {job.name})"
         if action == "FailJobSet":
@@ -263,6 +267,17 @@ class JobSetController:
         )
         container = self.cluster.create_pod(spec, labels={"maskrcnn-e2e.attempt": str(self.restarts)})
         return Pod(spec, container, index)
+
+    def delete_pod(self, pod: Pod, disruption: str | None = None) -> None:
+        """Take one pod away: with a `disruption` reason (DISRUPTION_REASONS) the pod first gets the
+        DisruptionTarget condition, as a preemption or an eviction gives it; without, it is a plain
+        `kubectl delete pod`. Then SIGTERM, SIGKILL after its grace period; returns once it has exited."""
+        if disruption is not None:
+            if disruption not in DISRUPTION_REASONS:
+                raise ValueError(f"{disruption!r} is not a DisruptionTarget reason: {', '.join(DISRUPTION_REASONS)}")
+            pod.conditions.append(PodCondition(DISRUPTION_TARGET, "True", disruption))
+        self._event(f"pod {pod.spec.name} deleted" + (f" ({DISRUPTION_TARGET}: {disruption})" if disruption else ""))
+        self._delete_pods([pod])
 
     def _delete_jobs(self, jobs: list[Job]) -> None:
         """Delete Jobs (foreground): their pods stop; return once all have (what BlockingRecreate waits for)."""

@@ -1,11 +1,12 @@
 """The parts of a rendered JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset v0.12) that the
-emulated controllers act on, and its Jobs' podFailurePolicy rules.
+emulated controllers act on: its replicated Jobs with their podFailurePolicy rules, and its failure
+policy's rules (both parsed by failure_rules.py).
 
 What the chart does not use is refused here (SpecError) rather than ignored: startupPolicy InOrder,
 dependsOn, coordinator, suspend, managedBy, volumeClaimPolicies, failure policy actions other than
-FailJobSet / RestartJobSet / RestartJobSetAndIgnoreMaxRestarts, onJobFailureMessagePatterns, Jobs
-that are not Indexed or whose parallelism differs from completions, restartPolicy other than Never,
-and podFailurePolicy rules on pod conditions or with other actions than FailJob.
+FailJobSet / RestartJobSet / RestartJobSetAndIgnoreMaxRestarts, a message pattern that does not
+compile, Jobs that are not Indexed or whose parallelism differs from completions, restartPolicy other
+than Never, and podFailurePolicy rules with the actions Ignore or FailIndex.
 """
 
 from __future__ import annotations
@@ -13,24 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .failure_rules import FailureRule, PodFailureRule, parse_failure_rules, parse_pod_failure_rules
 from .pods import SpecError
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
-
-
-@dataclass(frozen=True)
-class ExitCodeRule:
-    """One podFailurePolicy rule on container exit codes."""
-
-    action: str
-    container: str | None
-    operator: str  # In | NotIn
-    values: tuple[int, ...]
-
-    def matches(self, container: str, code: int) -> bool:
-        if self.container not in (None, container) or code == 0:
-            return False
-        return (code in self.values) == (self.operator == "In")
 
 
 @dataclass(frozen=True)
@@ -39,19 +26,8 @@ class ReplicatedJob:
     replicas: int
     completions: int
     backoff_limit: int
-    exit_rules: tuple[ExitCodeRule, ...]
+    pod_failure_rules: tuple[PodFailureRule, ...]
     pod_template: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class FailureRule:
-    name: str
-    action: str  # FailJobSet | RestartJobSet | RestartJobSetAndIgnoreMaxRestarts
-    reasons: tuple[str, ...]  # empty: any
-    targets: tuple[str, ...]  # empty: every replicated job
-
-    def applies(self, replicated_job: str, reason: str) -> bool:
-        return (not self.reasons or reason in self.reasons) and (not self.targets or replicated_job in self.targets)
 
 
 @dataclass(frozen=True)
@@ -90,20 +66,7 @@ def parse_jobset(obj: dict[str, Any], namespace: str) -> JobSetSpec:
         raise SpecError(f"JobSet {name}: without network.enableDNSHostnames pods have no stable host names")
     success = spec.get("successPolicy") or {"operator": "All"}
     policy = spec.get("failurePolicy") or {}
-    rules = []
-    for i, rule in enumerate(policy.get("rules") or []):
-        if rule["action"] not in ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"):
-            raise SpecError(f"JobSet {name}: failure policy action {rule['action']} is not emulated")
-        if rule.get("onJobFailureMessagePatterns"):
-            raise SpecError(f"JobSet {name}: onJobFailureMessagePatterns is not emulated")
-        rules.append(
-            FailureRule(
-                rule.get("name") or f"failurePolicyRule{i}",
-                rule["action"],
-                tuple(rule.get("onJobFailureReasons") or ()),
-                tuple(rule.get("targetReplicatedJobs") or ()),
-            )
-        )
+    rules = parse_failure_rules(f"JobSet {name}", policy.get("rules"))
     rjobs = tuple(_replicated_job(name, r) for r in spec["replicatedJobs"])
     return JobSetSpec(
         name=name,
@@ -114,7 +77,7 @@ def parse_jobset(obj: dict[str, Any], namespace: str) -> JobSetSpec:
         # Without a failure policy any failed Job fails the JobSet: maxRestarts 0 does the same.
         max_restarts=int(policy.get("maxRestarts", 0)),
         restart_strategy=policy.get("restartStrategy", "Recreate"),
-        rules=tuple(rules),
+        rules=rules,
         replicated_jobs=rjobs,
         ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
     )
@@ -131,18 +94,12 @@ def _replicated_job(jobset: str, rjob: dict[str, Any]) -> ReplicatedJob:
         raise SpecError(f"JobSet {jobset}: replicated job {rjob['name']}: parallelism != completions is not emulated")
     if job["template"]["spec"].get("restartPolicy") != "Never":
         raise SpecError(f"JobSet {jobset}: replicated job {rjob['name']}: only restartPolicy Never is emulated")
-    exit_rules = []
-    for rule in (job.get("podFailurePolicy") or {}).get("rules", []):
-        codes = rule.get("onExitCodes")
-        if rule["action"] != "FailJob" or codes is None or rule.get("onPodConditions"):
-            raise SpecError(f"JobSet {jobset}: podFailurePolicy rule {rule} is not emulated (FailJob on exit codes is)")
-        values = tuple(int(v) for v in codes["values"])
-        exit_rules.append(ExitCodeRule("FailJob", codes.get("containerName"), codes["operator"], values))
+    pod_rules = parse_pod_failure_rules(f"JobSet {jobset}: replicated job {rjob['name']}", job.get("podFailurePolicy"))
     return ReplicatedJob(
         name=rjob["name"],
         replicas=int(rjob.get("replicas", 1)),
         completions=completions,
         backoff_limit=int(job.get("backoffLimit", 6)),
-        exit_rules=tuple(exit_rules),
+        pod_failure_rules=pod_rules,
         pod_template=job["template"],
     )

@@ -12,6 +12,7 @@ this order.
   bare_nodes.py   the README's `docker run` recipe
   jobset.py       the JobSet workload under the emulated controllers
   trainjob.py     the Kubeflow Trainer runtime and TrainJob under the emulated Trainer and JobSet controllers
+  preemption.py   a pod stopped with SIGTERM and its grace period (pipeline, ddp), a disrupted JobSet
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .jobset import (
     scenario_jobset_user_error,
     scenario_jobset_user_error_ddp,
 )
+from .preemption import scenario_jobset_disruption, scenario_preempt_ddp, scenario_preempt_pipeline
 from .statefulset import (
     scenario_ddp,
     scenario_ddp_fault,
@@ -53,8 +55,11 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "jobset-user-error-ddp": scenario_jobset_user_error_ddp,
     "jobset-max-restarts": scenario_jobset_max_restarts,
     "trainjob": scenario_trainjob,
+    "preempt-pipeline": scenario_preempt_pipeline,
+    "preempt-ddp": scenario_preempt_ddp,
+    "jobset-disruption": scenario_jobset_disruption,
 }
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
-DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp", "trainjob")
+DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp", "trainjob", "preempt-ddp")
 
 __all__ = ["DDP_ONLY", "ROOT", "SCENARIOS", "Result", "Settings"]

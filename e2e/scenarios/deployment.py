@@ -135,10 +135,10 @@ class Deployment:
         if self.release is not None and (self.run_dir / METRICS_FILE).is_file():
             shutil.copy(self.run_dir / METRICS_FILE, self.out / METRICS_FILE)
 
-    def prepare_dataset(self) -> None:
+    def prepare_dataset(self, train_images: int = 8) -> None:
         """What a user does before a ddp run: put the dataset on the volume (here: the synthetic set)."""
         run_as, fs_group, claim = self.data_claim()
-        synth = ["synth-data", "--output", "/data/synthetic", "--train-images", "8", "--val-images", "4"]
+        synth = ["synth-data", "--output", "/data/synthetic", "--train-images", str(train_images), "--val-images", "4"]
         self.cluster.run_once(
             f"e2e-{self.run_id}-dataset",
             self.settings.image,

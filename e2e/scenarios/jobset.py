@@ -22,14 +22,14 @@ log = logging.getLogger("e2e")
 SETTLE_S = 15.0
 
 
-def _run_jobset(d: Deployment, timeout: float = 900) -> str:
+def run_jobset(d: Deployment, timeout: float = 900) -> str:
     try:
         return d.jobset.run(timeout)
     except DockerError as exc:
         raise Failed(str(exc)) from exc
 
 
-def _check_finished_for_good(d: Deployment) -> dict[str, Any]:
+def check_finished_for_good(d: Deployment) -> dict[str, Any]:
     """A finished JobSet: no container runs, and for SETTLE_S seconds none is started or created."""
     created, attempts = len(d.cluster.containers), len(d.jobset.attempts)
     deadline = time.monotonic() + SETTLE_S
@@ -43,7 +43,7 @@ def _check_finished_for_good(d: Deployment) -> dict[str, Any]:
     return {p.spec.host: p.exit_code for p in pods}
 
 
-def _jobset_facts(d: Deployment, started: float) -> dict[str, Any]:
+def jobset_facts(d: Deployment, started: float) -> dict[str, Any]:
     condition = d.jobset.condition
     return {
         "jobset": {"state": condition.type, "reason": condition.reason, "restarts": d.jobset.restarts},
@@ -61,17 +61,17 @@ def scenario_jobset(settings: Settings) -> dict[str, Any]:
         hosts = sorted(p.host for p in js.pod_specs())
         expected = [f"{RELEASE}-maskrcnn-dist-{h}" for h in ("master-0-0", "workers-0-0", "workers-0-1")]
         require(hosts == expected, f"JobSet host names {hosts}, expected {expected}")
-        state = _run_jobset(d)
+        state = run_jobset(d)
         require(state == "Completed", f"the JobSet ended {state}: {js.condition} ({js.describe()})")
         require(js.restarts == 0, f"{js.restarts} restarts in a run without faults")
-        exits = _check_finished_for_good(d)
+        exits = check_finished_for_good(d)
         require(exits[f"{RELEASE}-maskrcnn-dist-master-0-0"] == 0, f"the master exited {exits}")
         final = checks.check_training_complete(d.run_dir, steps)
         ckpts = checks.check_checkpoints(d.run_dir, expected_steps=[2, 4])
         for pod in js.pods("workers"):
             require(d.log_has(pod.container, r"accepts connections"), f"{pod.spec.host}: never reached the master")
         return {
-            **_jobset_facts(d, started),
+            **jobset_facts(d, started),
             "exit_codes": exits,
             "eval": {k: final[k] for k in checks.AP_KEYS},
             "checkpoints": ckpts,
@@ -105,10 +105,10 @@ def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
         at_kill = checks.last_train_step(d.run_dir)
         d.cluster.kill(victim.container)
         log.info("%s: killed %s at step %d", d.name, victim.spec.host, at_kill)
-        state = _run_jobset(d)
+        state = run_jobset(d)
         require(state == "Completed", f"the JobSet ended {state}: {js.condition} ({js.describe()})")
         require(js.restarts == 1 and len(resumes) == 1, f"{js.restarts} restarts, expected 1 ({js.events})")
-        _check_finished_for_good(d)
+        check_finished_for_good(d)
         resumed = checks.train_steps(checks.records_since(d.run_dir, resumes[0]["since"]))
         resume_from = resumes[0]["checkpoint"]
         require(
@@ -120,7 +120,7 @@ def scenario_jobset_lost_worker(settings: Settings) -> dict[str, Any]:
         ckpts = checks.check_checkpoints(d.run_dir, expected_steps=expected_checkpoints(steps, period, 4))
         failed_job = next(e for e in js.events if "failed (" in e)
         return {
-            **_jobset_facts(d, started),
+            **jobset_facts(d, started),
             "killed": victim.spec.host,
             "killed_at_step": at_kill,
             "failed_job": failed_job,
@@ -167,7 +167,7 @@ def _failed_at_once(d: Deployment, started: float, error_text: str) -> dict[str,
     with an `error: ...` line holding `error_text`, and nothing runs afterwards."""
     js = d.jobset
     assert js is not None, "render_jobset first"
-    state = _run_jobset(d, timeout=300)
+    state = run_jobset(d, timeout=300)
     require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
     require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
     require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
@@ -175,8 +175,8 @@ def _failed_at_once(d: Deployment, started: float, error_text: str) -> dict[str,
     require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
     line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
     require(line is not None and error_text in line, f"no 'error: ... {error_text}' line in the master log")
-    exits = _check_finished_for_good(d)
-    return {**_jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
+    exits = check_finished_for_good(d)
+    return {**jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
 
 
 def scenario_jobset_max_restarts(settings: Settings) -> dict[str, Any]:
@@ -191,12 +191,12 @@ def scenario_jobset_max_restarts(settings: Settings) -> dict[str, Any]:
         started = time.monotonic()
         policy = {"failurePolicy": {"maxRestarts": 2}}
         js = d.render_jobset(CPU_VALUES, {"jobset": policy, "extraEnv": env, "trainer": {"args": trainer_args(4, 2)}})
-        state = _run_jobset(d, timeout=300)
+        state = run_jobset(d, timeout=300)
         require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
         require(js.condition.reason == "ReachedMaxRestarts", f"failed for {js.condition}")
         require(js.restarts == 2 and len(js.attempts) == 3, f"{js.restarts} restarts, {len(js.attempts)} attempts")
         for attempt in js.attempts:
             (master_job,) = [j for j in attempt.jobs if j.replicated_job == "master"]
             require(master_job.reason == "BackoffLimitExceeded", f"attempt {attempt.number}: {master_job}")
-        _check_finished_for_good(d)
-        return {**_jobset_facts(d, started), "message": js.condition.message, "events": js.events}
+        check_finished_for_good(d)
+        return {**jobset_facts(d, started), "message": js.condition.message, "events": js.events}

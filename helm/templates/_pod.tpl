@@ -13,6 +13,12 @@ spreadAcrossNodes, the resources with the GPU limit, the trainer's arguments, an
 {{- end -}}
 {{- end -}}
 
+{{/*
+The training container's name: the JobSet's podFailurePolicy rules name it (_failure_policy.tpl).
+Kubeflow Trainer fills the container named `node` of a TrainJob's pods. Argument: the workload.
+*/}}
+{{- define "maskrcnn-dist.trainerContainer" -}}{{ ternary "node" "trainer" (eq . "trainjob") }}{{- end -}}
+
 {{/* Where the topology ConfigMap is mounted, and the file the launcher reads. */}}
 {{- define "maskrcnn-dist.topologyDir" -}}/etc/maskrcnn{{- end -}}
 
@@ -85,6 +91,7 @@ image, args and resourcesPerNode).
 {{- $role := .role -}}
 {{- $jobset := eq .workload "jobset" -}}
 {{- $trainjob := eq .workload "trainjob" -}}
+{{- $container := include "maskrcnn-dist.trainerContainer" .workload -}}
 {{- $v := index $root.Values $role -}}
 {{- $gpus := int $v.gpus -}}
 {{- $gpuResource := $root.Values.gpuResourceName -}}
@@ -133,6 +140,8 @@ spec:
   {{- with $root.Values.runtimeClassName }}
   runtimeClassName: {{ . }}
   {{- end }}
+  # SIGTERM, then SIGKILL this many seconds later; the trainer reads the same value
+  # (MASKRCNN_TERMINATION_GRACE_SECONDS below) to check that a step and a checkpoint write fit.
   terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
@@ -150,7 +159,7 @@ spec:
     {{- . | nindent 4 }}
   {{- end }}
   containers:
-    - name: {{ ternary "node" "trainer" $trainjob }}
+    - name: {{ $container }}
       image: {{ include "maskrcnn-dist.image" $root | quote }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
       {{- if $trainjob }}
@@ -181,11 +190,11 @@ spec:
         {{- . | nindent 8 }}
         {{- end }}
       {{- if $trainjob }}
-      # Exactly the variables maskrcnn_launcher.contract.TRAINJOB_POD_ENV_VARS names (the node comes from
-      # Trainer's PET_*; a chart test checks it), then the user's extraEnv.
+      # Exactly the variables maskrcnn_launcher.contract.TRAINJOB_POD_ENV_VARS and TRAINER_READ_VARS name
+      # (the node comes from Trainer's PET_*; a chart test checks it), then the user's extraEnv.
       {{- else }}
-      # Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS names (a chart test checks
-      # it), then the user's extraEnv.
+      # Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS and TRAINER_READ_VARS name (a
+      # chart test checks it), then the user's extraEnv.
       {{- end }}
       env:
         - name: MASKRCNN_TOPOLOGY
@@ -208,6 +217,10 @@ spec:
         - name: MASKRCNN_CLUSTER_DOMAIN
           value: {{ $root.Values.network.clusterDomain | quote }}
         {{- end }}
+        # The pod's terminationGracePeriodSeconds, one value: the trainer's budget for stopping at a
+        # step boundary with a checkpoint after SIGTERM (contract.TERMINATION_GRACE_SECONDS).
+        - name: MASKRCNN_TERMINATION_GRACE_SECONDS
+          value: {{ $root.Values.terminationGracePeriodSeconds | quote }}
         {{- if $jobset }}
         # JobSet pods (contract.JOBSET_POD_ENV_VARS): the JobSet and Job controllers' labels and
         # annotations name the replicated job and the index; the host name is the launcher's fallback.

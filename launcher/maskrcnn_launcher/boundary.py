@@ -9,8 +9,11 @@ crash to recover from. So every failure leaves through here, as one line on stde
     EXIT_USER_ERROR (2)    the user can fix it: a flag, a field, a file (its name is in the line)
     EXIT_RUNTIME (1)       anything else; the traceback only with --debug or MASKRCNN_DEBUG=1
     EXIT_UNREACHABLE (3)   the launcher could not reach the master (`launch`, `wait-master`)
-    EXIT_INTERRUPTED (130) Ctrl-C / SIGINT
-    EXIT_TERMINATED (143)  SIGTERM to `maskrcnn-launch local`, after it has stopped its pods
+    EXIT_STOPPED (75)      stopped by SIGTERM/SIGINT at a step boundary, nothing finished lost: the trainer
+                           wrote a checkpoint of its last finished step (or had finished none since the
+                           newest one); `--resume auto` goes on from there. sysexits' EX_TEMPFAIL: try again
+    EXIT_INTERRUPTED (130) Ctrl-C / SIGINT to a process that does not stop cleanly (128 + SIGINT)
+    EXIT_TERMINATED (143)  the same for SIGTERM, or a second signal that ended a stop early (128 + SIGTERM)
 
 Every exit code is written here and only here; the other modules use these names.
 
@@ -36,6 +39,9 @@ EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USER_ERROR = 2
 EXIT_UNREACHABLE = 3
+#: Stopped on request (SIGTERM, SIGINT) with nothing finished lost; the trainer (stop.py), its torchrun
+#: wrapper and `maskrcnn-launch local` exit with it, and a JobSet's rules can tell it from a crash.
+EXIT_STOPPED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, the same command will succeed later
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for a signal
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from maskrcnn_launcher import contract
-from maskrcnn_launcher.boundary import ExitWith, GuardedGroup
+from maskrcnn_launcher.boundary import EXIT_STOPPED, ExitWith, GuardedGroup
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
@@ -246,7 +247,8 @@ def launch(
     default=60.0,
     show_default=True,
     help="After one pod fails, seconds the others get to stop on their own before being terminated "
-    "(pods whose trainer has not started yet are stopped at once).",
+    "(pods whose trainer has not started yet are stopped at once); after SIGTERM/SIGINT, seconds the pods "
+    "get to stop at a step boundary and write their checkpoint.",
 )
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def local(
@@ -268,6 +270,8 @@ def local(
     port = master_port if master_port is not None else free_port()
     pods = local_pods(topology_ref, port, trainer_args, wait_timeout)
     result = run_local(pods, grace, echo=lambda line: click.echo(line))
+    if result.code == EXIT_STOPPED:  # every pod stopped on request: not a failure, no error line
+        sys.exit(EXIT_STOPPED)
     if result.code:  # the pods' output went to stdout; stderr gets the one line that says why
         raise ExitWith(result.code, f"{result.pod}: {result.error or f'exited with {result.code}'}")
 

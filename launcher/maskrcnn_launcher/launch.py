@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from maskrcnn_launcher import contract
+from maskrcnn_launcher.boundary import EXIT_STOPPED
 from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
 from maskrcnn_launcher.plan import PodLaunch
@@ -88,6 +91,24 @@ def must_wait(pod: PodLaunch) -> bool:
     return pod.plan.role != "master"
 
 
+@contextmanager
+def _stop_while_waiting() -> Iterator[None]:
+    """SIGTERM/SIGINT before the trainer starts: nothing to save, so exit EXIT_STOPPED at once, as a
+    trainer stopped before its first step does (a pod deleted while its peers were still coming)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        line = f"maskrcnn-launch: {signal.Signals(signum).name} while waiting for the master: the trainer had not "
+        os.write(2, f"{line}started, nothing to save; exit {EXIT_STOPPED}\n".encode())
+        sys.exit(EXIT_STOPPED)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def launch(
     pod: PodLaunch,
     args: Sequence[str],
@@ -100,7 +121,8 @@ def launch(
     """Wait for the master (workers only), then replace this process by the trainer."""
     plan = pod.plan
     if must_wait(pod):
-        wait_for_master(plan.master_addr, plan.master_port, policy, log)
+        with _stop_while_waiting():
+            wait_for_master(plan.master_addr, plan.master_port, policy, log)
     argv = trainer_command(pod, args, trainer_cmd)
     env = trainer_environment(pod, base_env)
     log(f"maskrcnn-launch: {plan.rpc_name} (rank {plan.rank}/{plan.world_size}){EXEC_MARK}{shlex.join(argv)}")

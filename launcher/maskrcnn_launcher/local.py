@@ -8,6 +8,11 @@ so two local jobs, or a test next to one, do not collide over the topology's fix
 pod fails, pods still waiting for their peers (their trainer not started: nothing to lose) are
 stopped at once, and the others get `grace_s` seconds to notice on their own (the trainer exits
 when it loses a peer) before they are terminated: the group never hangs.
+
+SIGTERM or SIGINT to the runner is passed on once to every pod's process group (the pods run in
+sessions of their own, so a terminal's Ctrl-C reaches the runner alone): the trainers stop at their
+next step boundary with a checkpoint and exit 75 (EXIT_STOPPED). The runner waits `grace_s` seconds for
+them, then exits 75 too when every pod did. A second signal is passed on as well: the pods end at once.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from maskrcnn_launcher.boundary import EXIT_OK, EXIT_TERMINATED, EXIT_USER_ERROR
+from maskrcnn_launcher.boundary import EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
 from maskrcnn_launcher.launch import EXEC_MARK
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
 from maskrcnn_launcher.topology import load_topology
+
+#: What asks the pods to stop (the trainer's stop.STOP_SIGNALS; the launcher does not import the trainer).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True)
@@ -80,9 +88,10 @@ class LocalResult:
 def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], None] = print) -> LocalResult:
     """Run the pods to completion. A pod's user error (exit 2) stops the others at once: restarting
     them could not help, and the group cannot go on without it."""
-    # A SIGTERM to this runner (Ctrl-C, `timeout`, a CI kill) must still stop the pods: unwind
-    # through the `finally` below instead of dying with them orphaned.
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_TERMINATED))
+    # SIGTERM/SIGINT to this runner (Ctrl-C, `timeout`, a CI kill) go to the pods, and the loop below
+    # waits for them: the handler only records the signal.
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _: received.append(signum)) for signum in STOP_SIGNALS}
     procs = {
         pod.name: subprocess.Popen(
             pod.argv,
@@ -106,13 +115,21 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
     first_failure: int | None = None
     failed_pod: str | None = None
     deadline: float | None = None
+    forwarded = 0
     try:
         while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
+            if len(received) > forwarded:
+                signum = received[forwarded]
+                forwarded += 1
+                if forwarded == 1:
+                    deadline = time.monotonic() + grace_s
+                echo(f"[local] {signal.Signals(signum).name}: passed on to every pod; they get {grace_s:g}s to stop")
+                _signal_all(procs.values(), signum)
             failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, EXIT_OK)]
             if failed and first_failure is None:
                 failed_pod, first_failure = failed[0]
                 grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
-                deadline = time.monotonic() + grace
+                deadline = min(deadline or float("inf"), time.monotonic() + grace)
                 echo(f"[local] {failed_pod} exited with {first_failure}; others get {grace:g}s to stop")
                 waiting = [n for n, p in procs.items() if p.poll() is None and not trainer_started[n].is_set()]
                 if waiting:
@@ -126,9 +143,16 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
         _stop_all(procs.values())
         for pump in pumps:
             pump.join(timeout=5)
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    codes = {n: p.returncode for n, p in procs.items()}
+    if set(codes.values()) == {EXIT_STOPPED}:
+        echo(f"[local] every pod stopped on request, the checkpoint written; exit {EXIT_STOPPED}")
+        return LocalResult(EXIT_STOPPED)
+    if forwarded > 1:  # a second signal ended the pods at once
+        return LocalResult(128 + received[1], None, f"stopped at once by a second {signal.Signals(received[1]).name}")
     if first_failure is None:
-        failed_pod, first_failure = next(((n, p.returncode) for n, p in procs.items() if p.returncode), (None, EXIT_OK))
+        failed_pod, first_failure = next(((n, c) for n, c in codes.items() if c), (None, EXIT_OK))
     return LocalResult(first_failure or EXIT_OK, failed_pod, errors.get(failed_pod) if failed_pod else None)
 
 
@@ -156,6 +180,16 @@ def _pump(
         if line.startswith("error: "):  # the boundary's line (boundary.py), kept for the runner's own
             errors[name] = line.removeprefix("error: ").strip()
         echo(f"[{name}] {line.rstrip()}")
+
+
+def _signal_all(procs, signum: int) -> None:
+    """`signum` to each still-running pod's process group."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signum)
+            except ProcessLookupError:  # exited meanwhile
+                pass
 
 
 def _stop_all(procs) -> None:

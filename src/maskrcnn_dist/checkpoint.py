@@ -49,10 +49,7 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     final = checkpoint_path(directory, step)
     tmp = final.with_name(checkpoint_tmp_name(step, os.getpid()))
     try:
-        with open(tmp, "wb") as handle:
-            torch.save({"format_version": FORMAT_VERSION, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write(state, tmp)
         os.replace(tmp, final)
         _fsync_dir(directory)
     finally:
@@ -60,6 +57,25 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def trial_write(state: dict[str, Any], directory: Path) -> None:
+    """Write `state` as save_checkpoint would, to a temporary file that is then removed: what a checkpoint
+    costs on this volume (grace.py), without a checkpoint to show for it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / checkpoint_tmp_name(0, os.getpid())  # a dead writer's file: the next save removes it
+    try:
+        _write(state, tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write(state: dict[str, Any], path: Path) -> None:
+    with open(path, "wb") as handle:
+        torch.save({"format_version": FORMAT_VERSION, **state}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -97,14 +97,29 @@ def main(verbose: bool) -> None:
     _setup_logging(verbose)
 
 
+def _run_train(cfg: config_mod.TrainConfig):
+    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process
+    only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
+    from .stop import Stopped, StopRequest, exit_stopped
+
+    stop = StopRequest().install()
+    from .train import train as run_train
+
+    try:
+        return run_train(cfg, stop=stop)
+    except Stopped as stopped:
+        exit_stopped(stopped.closing_line())
+    finally:
+        stop.release()  # a finished run gives the signals back (a test's CliRunner, a later command)
+
+
 @main.command()
 @train_options
 def train(config_file: Path | None, **kwargs: Any) -> None:
-    """Train (flags named like torchvision's detection references)."""
-    from .train import train as run_train
-
+    """Train (flags named like torchvision's detection references). SIGTERM or SIGINT stops it after the
+    step in progress with a checkpoint of that step, exit 75; a second one ends it at once."""
     cfg = config_mod.build_config(config_file, _collect(kwargs))
-    result = run_train(cfg)  # None on a pipeline stage worker
+    result = _run_train(cfg)  # None on a pipeline stage worker
     if result is not None and result.eval:
         click.echo(json.dumps({"step": result.position.step, **result.eval}))
 
@@ -113,11 +128,9 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
 @train_options
 def eval_command(config_file: Path | None, **kwargs: Any) -> None:
     """COCO bbox/segm AP of a checkpoint (--resume) or weights file (--weights) on the val split."""
-    from .train import train as run_train
-
     values = {**_collect(kwargs), "test-only": True}
     cfg = config_mod.build_config(config_file, values)
-    result = run_train(cfg)
+    result = _run_train(cfg)
     click.echo(json.dumps(result.eval))
 
 
@@ -261,25 +274,40 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
     starts the master and both stage workers with explicit identities on 127.0.0.1.
     """
     from .outputs.report import draw_report
-    from .train import train as run_train
 
     flags = config_mod.demo_flags(output_dir, steps, engine)
     if engine == "pipeline":
-        import subprocess
-
         # The launcher picks a free loopback port and gives every pod its identity and the engine.
         del flags["engine"]
-        code = subprocess.call([sys.executable, "-m", "maskrcnn_launcher", "local", "--", *config_mod.to_argv(flags)])
+        runner = [sys.executable, "-m", "maskrcnn_launcher", "local", "--", *config_mod.to_argv(flags)]
+        code = _run_passing_signals_on(runner)
         if code:
             sys.exit(code)
     else:
-        run_train(config_mod.build_config(None, flags))
+        _run_train(config_mod.build_config(None, flags))
     png = draw_report(output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
     from .outputs.gallery import draw_gallery, gallery_path
 
     shown = draw_gallery(output_dir / "checkpoints", DEMO_GALLERY_IMAGES, gallery_path(png))
     click.echo(f"gallery: {shown}")
+
+
+def _run_passing_signals_on(argv: list[str]) -> int:
+    """Run `argv` in a session of its own and pass each SIGTERM/SIGINT this process gets on to it once
+    (a terminal's Ctrl-C reaches only this process: `maskrcnn-launch local` stops its pods itself)."""
+    import signal
+    import subprocess
+
+    from .stop import STOP_SIGNALS
+
+    child = subprocess.Popen(argv, start_new_session=True)
+    previous = {signum: signal.signal(signum, lambda signum, _: child.send_signal(signum)) for signum in STOP_SIGNALS}
+    try:
+        return child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @main.command()

@@ -2,7 +2,9 @@
 
 Both run on every data-parallel rank or on none, and each reaches exactly one collective at the
 end (a gather or a sum) whatever the size of its shard: a collective that only some ranks reach is
-the classic multi-GPU validation hang.
+the classic multi-GPU validation hang. For the same reason the stop check after each batch (a tiny
+all-reduce, `Evaluated.agree_to_stop`) runs as many times on every rank: the largest shard's batch
+count, a rank with a smaller shard checking once more without a batch.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pycocotools.mask as mask_util
@@ -19,13 +21,15 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from .data import build_eval_loader
+from .data import build_eval_loader, eval_rounds
+from .stop import Interrupted
 
 log = logging.getLogger(__name__)
 
 # Mask R-CNN's loss terms: fixed, so a rank with an empty shard still contributes a full vector.
 LOSS_NAMES = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+T = TypeVar("T")
 
 
 class Evaluated(Protocol):
@@ -41,6 +45,22 @@ class Evaluated(Protocol):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
     def gather_objects(self, obj: Any) -> list[Any] | None: ...
+
+    def agree_to_stop(self) -> bool: ...
+
+
+def until_stopped(batches: Iterable[T], engine: Evaluated, rounds: int) -> Iterator[T]:
+    """`batches`, then the engine's stop agreement after each of `rounds` rounds (the largest shard's batch
+    count: the same on every rank); Interrupted as soon as the processes agree to stop."""
+    remaining = iter(batches)
+    for _ in range(rounds):
+        batch = next(remaining, None)
+        if batch is not None:
+            yield batch
+        if engine.agree_to_stop():
+            raise Interrupted
+    if next(remaining, None) is not None:
+        raise AssertionError(f"an evaluation shard has more than {rounds} batches")
 
 
 def detections_to_coco(
@@ -88,12 +108,14 @@ def coco_ap(coco_gt: COCO, results: list[dict[str, Any]], image_ids: Iterable[in
 
 
 def evaluate(engine: Evaluated, dataset, batch_size: int, workers: int) -> dict[str, float] | None:
-    """COCO AP of the engine's model on `dataset`. Rank 0 gets the metrics, other ranks None."""
+    """COCO AP of the engine's model on `dataset`. Rank 0 gets the metrics, other ranks None; Interrupted
+    when the processes agree to stop before the end."""
     loader = build_eval_loader(
         dataset, batch_size, rank=engine.data_rank, world_size=engine.data_world_size, num_workers=workers
     )
+    rounds = eval_rounds(len(dataset), batch_size, world_size=engine.data_world_size)
     per_image: dict[int, list[dict[str, Any]]] = {}
-    for images, targets in loader:
+    for images, targets in until_stopped(loader, engine, rounds):
         for target, detection in zip(targets, engine.predict(images)):
             image_id = int(target["image_id"])
             per_image[image_id] = detections_to_coco(image_id, detection, dataset.label_to_category_id)
@@ -111,12 +133,14 @@ def evaluate(engine: Evaluated, dataset, batch_size: int, workers: int) -> dict[
 
 
 def validation_loss(engine: Evaluated, dataset, batch_size: int, workers: int) -> dict[str, float]:
-    """Mean validation losses per image over the whole set, identical on every rank."""
+    """Mean validation losses per image over the whole set, identical on every rank; Interrupted when the
+    processes agree to stop before the end."""
     loader = build_eval_loader(
         dataset, batch_size, rank=engine.data_rank, world_size=engine.data_world_size, num_workers=workers
     )
+    rounds = eval_rounds(len(dataset), batch_size, world_size=engine.data_world_size)
     totals = torch.zeros(len(LOSS_NAMES) + 1, dtype=torch.float64)
-    for images, targets in loader:
+    for images, targets in until_stopped(loader, engine, rounds):
         losses = engine.validation_losses(images, targets)
         totals[:-1] += torch.tensor([float(losses[name]) * len(images) for name in LOSS_NAMES], dtype=torch.float64)
         totals[-1] += len(images)

@@ -2,7 +2,9 @@
 
 Like detectron2's train loop, `Trainer.fit` reads top to bottom: a batch, the engine's step, the
 position, the hooks. Everything around the step hangs off a few hook methods: metrics, validation
-loss, COCO evaluation and checkpoints.
+loss, COCO evaluation and checkpoints. A stop request (stop.py) is honoured at each step boundary and
+inside validation and evaluation; the hooks it keeps from running are saved as pending in the
+checkpoint, and a resumed run runs them first.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from pathlib import Path
 import torch
 
 from .categories import Categories
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint, trial_write
 from .config import TrainConfig, config_to_dict
 from .data import build_train_loader
 from .engines.base import Engine
 from .errors import CheckpointError
 from .evaluation import evaluate, validation_loss
+from .grace import GraceCheck
 from .metrics import MetricsWriter
-from .run_dir import checkpoint_dir, checkpoint_name
+from .run_dir import checkpoint_dir
+from .stop import Interrupted, Stopped, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,18 @@ class Trainer:
     `iters_per_epoch` is the composition root's (train.py), the same number the engine's learning-rate
     schedule was built with."""
 
-    def __init__(self, cfg: TrainConfig, engine: Engine, train_set, val_set, iters_per_epoch: int) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        engine: Engine,
+        train_set,
+        val_set,
+        iters_per_epoch: int,
+        stop: StopRequest | None = None,
+        grace_s: float | None = None,
+    ) -> None:
+        """`stop`: the process's stop request (engine.stop, for the engine's agreement); `grace_s`: the
+        pod's termination grace period, checked once against a step and a checkpoint write (grace.py)."""
         self.cfg = cfg
         self.engine = engine
         self.train_set = train_set
@@ -63,6 +78,10 @@ class Trainer:
         self.metrics = MetricsWriter(cfg.output_dir, engine.is_main, self.total_steps, cfg.print_freq)
         self.last_eval: dict[str, float] | None = None
         self.last_val: dict[str, float] | None = None
+        self.stop = stop or StopRequest()  # not installed: nothing asks
+        self.grace = GraceCheck(grace_s if engine.is_main else None)
+        # Hooks due at this position that a stop kept from running: saved with the checkpoint, run first on resume.
+        self.pending: list[str] = []
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -71,6 +90,9 @@ class Trainer:
         # Steps after the checkpoint are trained again: their old records would appear twice.
         if dropped := self.metrics.truncate_after(self.position.step):
             log.info("%s: dropped %d record(s) after step %d", self.metrics.path, dropped, self.position.step)
+        self.run_pending()
+        if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
+            self.stop_now([])
         while self.position.step < self.total_steps:
             epoch = self.position.epoch
             for images, targets in self._loader(epoch, start_batch=self.position.batch):
@@ -118,18 +140,66 @@ class Trainer:
             **self.engine.extra_metrics(),
         }
         self.metrics.write("train", step, record)
-        if self.cfg.val_period and step % self.cfg.val_period == 0 and step < self.total_steps:
-            self.run_validation()
+        periodic = self.cfg.val_period and step % self.cfg.val_period == 0 and step < self.total_steps
+        due = ["validation"] if periodic else []
+        # What after_epoch runs next when this step ended the epoch: pending too if a stop comes first.
+        then = self.epoch_end_hooks() if self.position.batch == 0 or step >= self.total_steps else []
+        if self.engine.stop_after_step():  # the step boundary: every process of the engine agrees here
+            self.stop_now(due + then)
+        self.grace.after_step(seconds, self.trial_save, last=step >= self.total_steps)
+        self.run_hooks(due, then)
         if self.cfg.checkpoint_period and step % self.cfg.checkpoint_period == 0:
             self.save()
 
     def after_epoch(self, epoch: int) -> None:
         """End of an epoch, or of training if it stops inside one: validate, evaluate, save."""
-        if self.val_set is not None:
-            self.run_validation()
-            if self.cfg.eval_every_epoch or self.position.step >= self.total_steps:
-                self.run_evaluation()
+        self.run_hooks(self.epoch_end_hooks())
         self.save()
+
+    def epoch_end_hooks(self) -> list[str]:
+        if self.val_set is None:
+            return []
+        final = self.position.step >= self.total_steps
+        return ["validation", "evaluation"] if self.cfg.eval_every_epoch or final else ["validation"]
+
+    def run_hooks(self, hooks: list[str], then: list[str] | None = None) -> None:
+        """Run `hooks` in order; a stop agreed inside one saves it, the rest and `then` (the hooks due
+        after these at this step) as pending."""
+        for i, name in enumerate(hooks):
+            try:
+                {"validation": self.run_validation, "evaluation": self.run_evaluation}[name]()
+            except Interrupted:
+                self.stop_now(hooks[i:] + (then or []), during=name)
+
+    def run_pending(self) -> None:
+        """On resume: the hooks a stop kept from running at the checkpoint's step, then the checkpoint
+        again without them (so that a later resume does not run them twice)."""
+        if self.pending:
+            log.info("resume: running what the stop at step %d left pending: %s", self.position.step, self.pending)
+            hooks, self.pending = self.pending, []
+            self.run_hooks(hooks)
+            self.save(again=True)
+
+    # -- stopping -----------------------------------------------------------------------------
+
+    def stop_now(self, pending: list[str], during: str = "") -> None:
+        """Every process agreed to stop here: save this step with `pending`, then raise Stopped."""
+        step = self.position.step
+        log.info("%s: stopping at step %d%s", self.stop.reason, step, f" during {during}" if during else "")
+        self.pending = pending
+        if step == 0:
+            raise Stopped.before_any_step(self.stop, during)
+        path = self.save(again=True)
+        # Every process waits here for the main one's checkpoint: none leaves before it is written (a
+        # supervisor such as torchrun's agent ends the group as soon as one process has exited).
+        self.engine.all_reduce_sum(torch.zeros(1))
+        left = f" ({', '.join(pending)} pending: run on resume)" if pending else ""
+        self.stop.finish(f"checkpoint of step {step}{left}: {path}")
+        raise Stopped(self.stop, during)
+
+    def trial_save(self) -> None:
+        """Write this step's checkpoint to a temporary file and remove it: what a stop would cost."""
+        trial_write(self.checkpoint_state(), self.checkpoint_dir)
 
     # -- around the loop ----------------------------------------------------------------------
 
@@ -148,25 +218,30 @@ class Trainer:
             self.metrics.write("eval", self.position.step, self.last_eval)
         return self.last_eval
 
-    def save(self) -> None:
-        if not self.engine.is_main:
-            return
+    def save(self, again: bool = False) -> Path:
+        """This step's checkpoint (the main process writes it; every process gets its path). `again`:
+        write it even when this step has one (a stop or a resume changes what is pending)."""
+        path = checkpoint_path(self.checkpoint_dir, self.position.step)
+        if not self.engine.is_main or (not again and latest_checkpoint(self.checkpoint_dir) == path):
+            return path  # already saved at this step (periodic save on the epoch's last step)
+        save_checkpoint(self.checkpoint_state(), self.checkpoint_dir, self.position.step, self.cfg.keep_checkpoints)
+        log.info("saved %s", path)
+        return path
+
+    def checkpoint_state(self) -> dict:
         p = self.position
-        if (latest := latest_checkpoint(self.checkpoint_dir)) and latest.name == checkpoint_name(p.step):
-            return  # already saved at this step (periodic save on the epoch's last step)
-        state = {
+        return {
             **self.engine.state_dict(),
             "step": p.step,
             "epoch": p.epoch,
             "batch": p.batch,
+            "pending_hooks": list(self.pending),
             "rng": torch.get_rng_state(),
             "engine": self.engine.name,
             "config": config_to_dict(self.cfg),
             # label -> (category id, name): predict labels its drawings without the dataset.
             "categories": Categories.of_dataset(self.train_set).to_state(),
         }
-        path = save_checkpoint(state, self.checkpoint_dir, p.step, self.cfg.keep_checkpoints)
-        log.info("saved %s", path)
 
     def resume(self) -> None:
         """Continue from --resume (a file, a directory, or "auto": the newest in this run's output)."""
@@ -193,6 +268,7 @@ class Trainer:
             raise CheckpointError(f"checkpoint {source} does not fit this model/engine: {exc}") from exc
         torch.set_rng_state(state["rng"])
         self.position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
+        self.pending = list(state.get("pending_hooks", []))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", source, *vars(self.position).values())
 
     def close(self) -> None:

@@ -1,42 +1,163 @@
-"""`python -m maskrcnn_dist.torchrun ARGS`: torch's torchrun (same arguments), keeping a user error's exit code.
+"""`python -m maskrcnn_dist.torchrun ARGS`: torch's torchrun (same arguments), with the trainer's exit codes
+and its stop on SIGTERM/SIGINT.
 
-torchrun exits 1 whenever a worker fails, whatever the worker's own exit status, and prints a page-long
-ChildFailedError report. A ddp pod's exit status is what Kubernetes and a JobSet act on: exit 2 (the
-user's mistake: a bad flag or dataset, already printed as one line by the failing rank) must reach them
-as 2, so that the JobSet's podFailurePolicy fails the job at once instead of restarting the group over
-the same mistake until maxRestarts. The launcher execs this module for every ddp pod.
+Exit status. torchrun exits 1 whenever a worker fails, whatever the worker's own exit status, and prints a
+page-long ChildFailedError report. A ddp pod's exit status is what Kubernetes and a JobSet act on, so
+this keeps the ranks' meaning: 2 when a rank made a user error (already printed as one line by that
+rank; a JobSet's podFailurePolicy then fails the job at once instead of restarting the group over the
+same mistake), 75 (EXIT_STOPPED) when every rank stopped on request with its checkpoint written, 128 + n
+when a second signal n ended the ranks at once, 1 for any other failure. The launcher execs this module
+for every ddp pod.
+
+Signals. torch's elastic agent would handle SIGTERM and SIGINT itself: send the same signal to each
+rank's process group, SIGKILL whatever is left 30 s later (--shutdown-timeout), and exit 1. Here the
+agent keeps SIGHUP and SIGQUIT only (torchrun's --signals-to-handle) and this wrapper takes SIGTERM and
+SIGINT (`RankStopper`):
+  first   forward FORWARDED_STOP (SIGUSR1) once to each rank (to ranks that start later too): every rank
+          stops at the same step boundary (stop.py) and exits 75; the agent sees them exit and reports
+          their exit codes as for any other ending, so the ranks decide how long saving takes (the pod's
+          grace period bounds it, with SIGKILL);
+  second  SIGKILL each rank's process group: the step in progress is lost, the newest checkpoint intact.
+The agent starts every rank in a session of its own, so a signal to torchrun's process group (dumb-init
+forwards SIGTERM to its child's group; a terminal sends Ctrl-C to its foreground group) reaches torchrun
+alone. A rank that is also signalled directly (a signal sent to every process) stops once: the forward
+is never a second signal (stop.py).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 
+from maskrcnn_launcher.contract import EXIT_RUNTIME, EXIT_STOPPED, EXIT_USER_ERROR
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-# The trainer's exit code for a user error (cli.py); any other worker failure is exit 1.
-USER_ERROR = 2
+from .stop import FORWARDED_STOP, STOP_SIGNALS
 
 
 def pod_exit_status(worker_exit_codes: Iterable[int]) -> int:
     """The pod's exit status from its failed workers': a user error on any rank is the user's error (the
-    other ranks then fail only because a peer left), else a runtime failure."""
-    return USER_ERROR if USER_ERROR in set(worker_exit_codes) else 1
+    other ranks then fail only because a peer left); every rank stopped on request is a stop; else a crash."""
+    codes = set(worker_exit_codes)
+    if EXIT_USER_ERROR in codes:
+        return EXIT_USER_ERROR
+    return EXIT_STOPPED if codes == {EXIT_STOPPED} else EXIT_RUNTIME
+
+
+def without_stop_signals(signals_to_handle: str) -> str:
+    """torchrun's --signals-to-handle without SIGTERM and SIGINT, which RankStopper takes."""
+    names = {signal.Signals(s).name for s in STOP_SIGNALS}
+    return ",".join(name for name in signals_to_handle.split(",") if name.strip() not in names)
+
+
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is `parent`, read from Linux's /proc (the agent's ranks are torchrun's children)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:  # gone meanwhile
+            continue
+        # pid (comm) state ppid ...: the name may hold spaces and parentheses, so split after the last ")".
+        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+class RankStopper:
+    """SIGTERM/SIGINT to this process: the first is forwarded to every rank as a stop request, a second
+    kills the ranks. The handler only records the signal; a thread acts on it, for ranks that exist now
+    and ranks the agent starts later."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.received: list[int] = []  # appended by the handler: atomic, no lock needed
+        self.period_s = period_s
+        self._told: set[int] = set()
+        self._killed: list[int] | None = None  # the ranks a second signal killed
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rank-stopper", daemon=True)
+
+    def start(self) -> RankStopper:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, lambda signum, _frame: self.received.append(signum))
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+
+    @property
+    def exit_status(self) -> int | None:
+        """128 + the second signal's number once a second signal ended the ranks, else None."""
+        return 128 + self.received[1] if self._killed else None
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.period_s):
+            if len(self.received) > 1 and self._killed is None:
+                self._killed = child_pids(os.getpid())
+                self._say(f"second {signal.Signals(self.received[1]).name}: killing the ranks now")
+                for pid in self._killed:
+                    _signal(pid, signal.SIGKILL, group=True)
+            elif self.received and self._killed is None:
+                for pid in set(child_pids(os.getpid())) - self._told:
+                    self._told.add(pid)
+                    _signal(pid, FORWARDED_STOP, group=False)
+                    first = signal.Signals(self.received[0]).name
+                    self._say(f"{first}: rank process {pid} stops after its step in progress (a second one kills it)")
+
+    @staticmethod
+    def _say(line: str) -> None:
+        print(f"maskrcnn-dist torchrun: {line}", file=sys.stderr, flush=True)
+
+
+def _signal(pid: int, signum: int, group: bool) -> None:
+    try:
+        if group:  # the agent made each rank the leader of its own process group
+            os.killpg(os.getpgid(pid), signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:  # it exited meanwhile
+        pass
+
+
+def is_not_a_stop(record: logging.LogRecord) -> bool:
+    """False for the agent's "failed (exitcode: 75)" line: a rank that stopped on request did not fail."""
+    return not (record.msg.startswith("failed (exitcode") and record.args and record.args[0] == EXIT_STOPPED)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    args.signals_to_handle = without_stop_signals(args.signals_to_handle)
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(is_not_a_stop)
+    # The ranks inherit this mask: a forward that comes before a rank has installed its handler (the
+    # first seconds, while it imports torch) stays pending until StopRequest.install() unblocks it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {FORWARDED_STOP})
+    stopper = RankStopper().start()
     try:
-        run(parse_args(list(sys.argv[1:] if argv is None else argv)))
+        run(args)
     except ChildFailedError as exc:
         rank, first = exc.get_first_failure()
-        status = pod_exit_status(failure.exitcode for failure in exc.failures.values())
+        status = stopper.exit_status or pod_exit_status(failure.exitcode for failure in exc.failures.values())
+        if status == EXIT_STOPPED:
+            print(f"maskrcnn-dist torchrun: every rank stopped on request; exit {status}", file=sys.stderr, flush=True)
+            os._exit(status)  # at once: the interpreter's teardown would add seconds the grace period counts
         print(
             f"maskrcnn-dist torchrun: {len(exc.failures)} worker(s) failed, first rank {rank} with exit code "
             f"{first.exitcode} (its error line is above); exit {status}",
             file=sys.stderr,
         )
         return status
+    finally:
+        stopper.close()
     return 0
 
 

@@ -11,7 +11,9 @@
     open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
     build the engine and the Trainer with the same iterations per epoch, then fit or evaluate
 
-Engines never import this module; the CLI calls nothing else to train.
+SIGTERM and SIGINT ask for a stop from the start (stop.py): the local engine stops after the phase it
+is in; ddp and pipeline processes first form their group, so that they leave it together, and stop
+before the first step. Engines never import this module; the CLI calls nothing else to train.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from .data import CocoInstanceDataset, load_datasets, num_train_batches
 from .data.check import CheckReport, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
+from .grace import grace_seconds
 from .loop import Trainer, TrainResult
 from .process import setup_process
 from .run_dir import layout_problem, move_aside, output_folder_problem, previous_run, replaced_stamp, resume_problem
+from .stop import Interrupted, Stopped, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -43,33 +47,54 @@ EngineFactory = Callable[[int, int], Engine]
 CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
 
-def train(cfg: TrainConfig, plan: PodPlan | None = None) -> TrainResult | None:
+def train(cfg: TrainConfig, plan: PodPlan | None = None, stop: StopRequest | None = None) -> TrainResult | None:
     """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
-    None on a pipeline stage worker. `plan`: the pipeline's pod plan (default: from the launcher's
-    MASKRCNN_POD_PLAN)."""
+    None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
+    `plan`: the pipeline's pod plan (default: from the launcher's MASKRCNN_POD_PLAN). `stop`: the process's
+    stop request; by default one is installed here for SIGTERM and SIGINT until this returns."""
+    if stop is not None:
+        return _train(cfg, plan, stop)
+    stop = StopRequest().install()
+    try:
+        return _train(cfg, plan, stop)
+    finally:
+        stop.release()
+
+
+def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainResult | None:
     if cfg.engine == "pipeline":
         plan = plan or PodPlan.from_env()
         if plan.role != "master":
             from .engines.pipeline import serve
 
             setup_process(cfg, default_threads=1)
-            serve(cfg, plan)
+            serve(cfg, plan, stop)
             return None
     if cfg.engine == "ddp":
         require_torchrun_environment()
     setup_process(cfg)
+    grace_s = grace_seconds()
     check_input_files(cfg)
     if is_main_process(cfg):
         guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
     datasets = load_datasets(cfg)
     if cfg.engine != "ddp":
+        stop_alone(cfg, stop, "data loading")
         check_data(cfg, datasets)
+        stop_alone(cfg, stop, "the data check")
     with _engine_session(cfg, plan) as (make_engine, data_world_size):
         if cfg.engine == "ddp":
             from .engines.torch_engine import on_rank0
 
             check_data(cfg, datasets, on_rank0)
-        return _run(cfg, datasets, make_engine, data_world_size)
+        return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
+
+
+def stop_alone(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
+    """The local engine stops after the phase a request came in (no step yet: nothing to save). Processes
+    with peers first form their group, so that they all leave it together: the Trainer stops them."""
+    if cfg.engine == "local" and stop.requested:
+        raise Stopped.before_any_step(stop, phase)
 
 
 def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lambda check: check()) -> None:
@@ -158,18 +183,30 @@ def _engine_session(cfg: TrainConfig, plan: PodPlan | None) -> Iterator[tuple[En
         yield (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed)), world_size
 
 
-def _run(cfg: TrainConfig, datasets: Datasets, make_engine: EngineFactory, data_world_size: int) -> TrainResult:
+def _run(
+    cfg: TrainConfig,
+    datasets: Datasets,
+    make_engine: EngineFactory,
+    data_world_size: int,
+    stop: StopRequest,
+    grace_s: float | None,
+) -> TrainResult:
     train_set, val_set = datasets
     # One number for the engine's schedule and the Trainer's epochs.
     iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
     engine = make_engine(train_set.num_classes, iters)
-    trainer = Trainer(cfg, engine, train_set, val_set, iters)
+    engine.stop = stop
+    trainer = Trainer(cfg, engine, train_set, val_set, iters, stop, grace_s)
     try:
         if cfg.test_only:
             if val_set is None:
                 raise DatasetError(f"--test-only: no val split under {cfg.data.data_path}")
             trainer.resume()
-            trainer.run_evaluation()
+            try:
+                trainer.run_evaluation()
+            except Interrupted:
+                stop.finish("evaluation only, nothing to save")
+                raise Stopped(stop, "evaluation") from None
         else:
             trainer.fit()
         return TrainResult(trainer.position, trainer.last_val, trainer.last_eval, cfg.output_dir)

@@ -57,8 +57,6 @@ def test_auto_renders_a_jobset_only_where_the_cluster_serves_it(
 
 @pytest.mark.parametrize(("scenario", "jobset_api"), JOBSET_CASES, ids=JOBSET_CASE_IDS)
 def test_jobset_runs_to_completion_and_restarts_as_a_group(render, values, scenario: str, jobset_api: bool) -> None:
-    from maskrcnn_launcher.boundary import EXIT_USER_ERROR
-
     objects = render(scenario, jobset_api=jobset_api)
     v = values(scenario)
     jobset = one(objects, "JobSet")
@@ -77,16 +75,10 @@ def test_jobset_runs_to_completion_and_restarts_as_a_group(render, values, scena
             assert selects({"matchLabels": service["spec"]["selector"]}, labels), role
     # The master's job completing is success: the controller then deletes the workers' job.
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["master"]}
-    # A user error fails the JobSet at once: exit 2 (the launcher's invalid input, the trainer's
-    # UserError) is turned into the Job failure reason PodFailurePolicy, which the first rule fails on.
+    # What a failed pod does to the JobSet (the rules themselves): test_failure_policy.py.
     policy = spec["failurePolicy"]
     assert policy["maxRestarts"] == v["jobset"]["failurePolicy"]["maxRestarts"]
     assert policy["restartStrategy"] == v["jobset"]["failurePolicy"]["restartStrategy"]
-    first = policy["rules"][0]
-    assert first["action"] == "FailJobSet" and first["onJobFailureReasons"] == ["PodFailurePolicy"]
-    assert not first.get("targetReplicatedJobs"), "a user error in any pod"
-    # Nothing else matches: any other failure takes the default action, RestartJobSet (counted).
-    assert [r["name"] for r in policy["rules"]] == [first["name"]]
     ttl = v["jobset"]["ttlSecondsAfterFinished"]
     assert spec.get("ttlSecondsAfterFinished") == ttl
     counts = {"master": 1, "worker": len(topology.workers)}
@@ -98,15 +90,6 @@ def test_jobset_runs_to_completion_and_restarts_as_a_group(render, values, scena
         assert job["completionMode"] == "Indexed"
         assert job["completions"] == job["parallelism"] == counts[role], role
         assert job["backoffLimit"] == 0, "one failed pod fails its Job, and the JobSet decides"
-        (rule,) = job["podFailurePolicy"]["rules"]
-        assert rule == {
-            "action": "FailJob",
-            "onExitCodes": {
-                "containerName": trainer(job["template"])["name"],
-                "operator": "In",
-                "values": [EXIT_USER_ERROR],
-            },
-        }
         assert job["template"]["spec"]["restartPolicy"] == "Never", "podFailurePolicy needs restartPolicy Never"
         assert selects({"matchLabels": rjob["template"]["metadata"]["labels"]}, job["template"]["metadata"]["labels"])
 

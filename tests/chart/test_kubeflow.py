@@ -150,12 +150,15 @@ def test_the_runtimes_pod_is_the_charts_own(render) -> None:
         "--",
     ]
     assert container["args"] == chart_container["args"][4:]  # the trainer's: a TrainJob's args replace them
-    assert tuple(e["name"] for e in container["env"]) == contract.TRAINJOB_POD_ENV_VARS
+    names = tuple(e["name"] for e in container["env"])
+    assert names == contract.TRAINJOB_POD_ENV_VARS + contract.TRAINER_READ_VARS
     assert "ports" not in container  # Trainer adds its port 29500 itself
     assert node["metadata"]["labels"]["app.kubernetes.io/component"] == "node"
 
 
-def test_exit_code_2_fails_the_trainjob_as_it_fails_the_charts_jobset(render) -> None:
+def test_the_trainjob_fails_and_restarts_as_the_charts_jobset_does(render) -> None:
+    """The runtime's JobSet template takes _failure_policy.tpl's rules, with its container `node`:
+    the same rules (user error, disruption, clean stop), the same messages matched."""
     runtime = runtime_of(render("kubeflow"))
     jobset = one(
         render(
@@ -166,21 +169,22 @@ def test_exit_code_2_fails_the_trainjob_as_it_fails_the_charts_jobset(render) ->
         ),
         "JobSet",
     )
+
+    def as_node(obj: object) -> object:  # the chart's rules, written for the container `node`
+        text = json.dumps(obj).replace('"containerName": "trainer"', '"containerName": "node"')
+        return json.loads(text.replace("^Container trainer for pod", "^Container node for pod"))
+
     template = runtime["spec"]["template"]["spec"]
-    assert template["failurePolicy"] == jobset["spec"]["failurePolicy"]
-    assert template["failurePolicy"]["rules"] == [
-        {"name": "UserError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
-    ]
+    assert template["failurePolicy"] == as_node(jobset["spec"]["failurePolicy"])
+    assert [r["name"] for r in template["failurePolicy"]["rules"]] == ["UserError", "Disruption", "StoppedCleanly"]
     job = node_job(runtime)["template"]["spec"]
     for rjob in jobset["spec"]["replicatedJobs"]:
         chart_job = rjob["template"]["spec"]
         assert job["backoffLimit"] == chart_job["backoffLimit"] == 0
-        (rule,) = job["podFailurePolicy"]["rules"]
-        assert rule == {
-            **chart_job["podFailurePolicy"]["rules"][0],
-            "onExitCodes": {**chart_job["podFailurePolicy"]["rules"][0]["onExitCodes"], "containerName": "node"},
-        }
-        assert rule["onExitCodes"]["values"] == [contract.EXIT_USER_ERROR]
+        assert job["podFailurePolicy"] == as_node(chart_job["podFailurePolicy"])
+    codes = [r["onExitCodes"] for r in job["podFailurePolicy"]["rules"] if "onExitCodes" in r]
+    assert [c["containerName"] for c in codes] == ["node", "node"]
+    assert [c["values"] for c in codes] == [[contract.EXIT_USER_ERROR], [contract.EXIT_STOPPED]]
     assert job["completionMode"] == "Indexed" and template["network"]["enableDNSHostnames"] is True
     assert "subdomain" not in template["network"]  # the TrainJob's name, as PET_MASTER_ADDR says
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from maskrcnn_launcher.contract import JOBSET_FIELDS, POD_ENV_VARS
+from maskrcnn_launcher.contract import JOBSET_FIELDS, POD_ENV_VARS, TERMINATION_GRACE_SECONDS, TRAINER_READ_VARS
 
 from .conftest import RELEASE
 from .objects import (
@@ -39,7 +39,8 @@ def test_env_names_equal_the_launcher_contract(render, values, scenario: str, jo
     for role, template in pod_templates(objects).items():
         names = [e["name"] for e in trainer(template)["env"]]
         assert len(names) == len(set(names)), f"{role}: duplicate env names {names}"
-        expected = set(POD_ENV_VARS) | (set(JOBSET_FIELDS) if jobset else set())
+        # What the launcher and the trainer read from the pod spec, and the JobSet identity.
+        expected = set(POD_ENV_VARS) | set(TRAINER_READ_VARS) | (set(JOBSET_FIELDS) if jobset else set())
         assert set(names) - extra == expected, f"{role}: chart sets {sorted(set(names) - extra)}"
 
 
@@ -66,6 +67,19 @@ def test_identity_env_values(render, scenario: str, jobset_api: bool) -> None:
         (mount,) = [m for m in trainer(template)["volumeMounts"] if m["name"] == volume["name"]]
         assert env["MASKRCNN_TOPOLOGY"]["value"] == f"{mount['mountPath']}/topology.yaml", role
         assert mount.get("readOnly") is True
+
+
+@pytest.mark.parametrize(("scenario", "jobset_api"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("grace", [None, "7"])
+def test_the_trainer_gets_the_pods_grace_period(render, scenario: str, jobset_api: bool, grace: str | None) -> None:
+    """One value, terminationGracePeriodSeconds: the kubelet's SIGKILL deadline and the trainer's
+    budget for a step and a checkpoint write after SIGTERM."""
+    sets = (f"terminationGracePeriodSeconds={grace}",) if grace else ()
+    for role, template in pod_templates(render(scenario, *sets, jobset_api=jobset_api)).items():
+        seconds = template["spec"]["terminationGracePeriodSeconds"]
+        assert grace is None or seconds == int(grace)
+        env = {e["name"]: e for e in trainer(template)["env"]}
+        assert env[TERMINATION_GRACE_SECONDS] == {"name": TERMINATION_GRACE_SECONDS, "value": str(seconds)}, role
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)

@@ -230,7 +230,9 @@ def test_schema_errors_read_well_with_the_pinned_helm(run_helm) -> None:
 
 def contract_env_names() -> list[str]:
     """Every variable of the launcher's environment contract a user may not set through extraEnv."""
-    return sorted(set(contract.READ_VARS + contract.EXPORTED_VARS) - set(contract.USER_ENV_VARS))
+    return sorted(
+        set(contract.READ_VARS + contract.TRAINER_READ_VARS + contract.EXPORTED_VARS) - set(contract.USER_ENV_VARS)
+    )
 
 
 @pytest.mark.parametrize("name", [*contract_env_names(), "MASKRCNN_WAIT_TIMOUT"])

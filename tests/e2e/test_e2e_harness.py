@@ -8,22 +8,21 @@ group restart, fail-fast, max restarts) on a fake cluster whose containers the t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # the top-level `e2e` package
+# The top-level `e2e` package is on the path: tests/e2e/conftest.py puts it there.
+from e2e import checks
+from e2e.cluster import SpecError, quantity_bytes
+from e2e.cluster.containers import docker_run_args
+from e2e.cluster.jobset_spec import parse_jobset
+from e2e.cluster.pods import expand
+from e2e.scenarios.bare_nodes import extract_recipe
+from e2e.scenarios.chart import CPU_VALUES, DDP_CPU_OVERLAY, DDP_VALUES, render_release
+from e2e.scenarios.common import expected_checkpoints
 
-from e2e import checks  # noqa: E402
-from e2e.cluster import ContainerState, SpecError, jobset_controller, quantity_bytes  # noqa: E402
-from e2e.cluster.containers import docker_run_args  # noqa: E402
-from e2e.cluster.jobset_spec import parse_jobset  # noqa: E402
-from e2e.cluster.pods import expand  # noqa: E402
-from e2e.scenarios.bare_nodes import extract_recipe  # noqa: E402
-from e2e.scenarios.chart import CPU_VALUES, DDP_CPU_OVERLAY, DDP_VALUES, helm_template, render_release  # noqa: E402
-from e2e.scenarios.common import expected_checkpoints  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -149,70 +148,12 @@ def test_checks_on_a_written_run(tmp_path):
 # -- JobSet ---------------------------------------------------------------------------------------
 
 
-class FakeCluster:
-    """What the JobSet controller asks of a docker Cluster, without docker: the test ends containers."""
-
-    def __init__(self) -> None:
-        self.containers: list[str] = []
-        self.states: dict[str, ContainerState] = {}
-        self.pods: dict[str, object] = {}
-        self.stopped: list[str] = []
-        self._ips = 0
-
-    def ip_for(self, name: str) -> str:
-        self._ips += 1
-        return f"10.0.0.{self._ips}"
-
-    def container_name(self, pod) -> str:
-        return f"c-{pod.name}"
-
-    def create_pod(self, pod, labels=None) -> str:
-        name = self.container_name(pod)
-        self.containers.append(name)
-        self.pods[name] = pod
-        self.states[name] = ContainerState("created", 0, "", "0001-01-01T00:00:00Z", 0)
-        return name
-
-    def start(self, *names: str) -> None:
-        for name in names:
-            self.states[name] = ContainerState("running", 0, "2025-01-01T00:00:00Z", "0001-01-01T00:00:00Z", 1)
-
-    def state(self, name: str) -> ContainerState:
-        return self.states[name]
-
-    def exit(self, name: str, code: int, second: int = 1) -> None:
-        self.states[name] = ContainerState("exited", code, "", f"2025-01-01T00:00:{second:02d}.123456789Z", 0)
-
-    def stop(self, names, grace: float) -> None:
-        for name in names:
-            self.stopped.append(name)
-            self.exit(name, 143)
-
-    def running(self) -> list[str]:
-        return [n for n, s in self.states.items() if s.status == "running"]
-
-
-def _jobset_objects(helm, tmp_path, overlay: dict | None = None) -> list[dict]:
-    import yaml
-
-    path = tmp_path / "overlay.yaml"
-    path.write_text(yaml.safe_dump({"workload": "jobset", **(overlay or {})}))
-    return helm_template(helm, "e2e", "e2e", [CPU_VALUES, path])
-
-
-def _controller(helm, tmp_path, overlay: dict | None = None):
-    cluster = FakeCluster()
-    controller = jobset_controller(_jobset_objects(helm, tmp_path, overlay), "e2e", cluster)
-    controller.start()
-    return controller, cluster
-
-
 def _container(controller, rjob: str, index: int = 0) -> str:
     return controller.pods(rjob)[index].container
 
 
-def test_jobset_pods_from_the_chart(helm, tmp_path):
-    controller, cluster = _controller(helm, tmp_path)
+def test_jobset_pods_from_the_chart(jobset_run, tmp_path):
+    controller, cluster = jobset_run()
     spec = controller.spec
     assert spec.subdomain == "e2e-maskrcnn-dist-headless"
     assert (spec.max_restarts, spec.restart_strategy) == (3, "BlockingRecreate")
@@ -238,8 +179,8 @@ def test_jobset_pods_from_the_chart(helm, tmp_path):
     assert set(cluster.running()) == set(cluster.containers), "every pod starts at once"
 
 
-def test_jobset_completes_when_the_master_completes(helm, tmp_path):
-    controller, cluster = _controller(helm, tmp_path)
+def test_jobset_completes_when_the_master_completes(jobset_run):
+    controller, cluster = jobset_run()
     cluster.exit(_container(controller, "workers", 0), 0)
     assert controller.reconcile() is None, "a worker finishing is not the JobSet's success"
     cluster.exit(_container(controller, "master"), 0, second=2)
@@ -251,8 +192,8 @@ def test_jobset_completes_when_the_master_completes(helm, tmp_path):
     assert controller.reconcile() == "Completed" and len(cluster.containers) == created, "nothing restarts"
 
 
-def test_jobset_fails_at_once_on_a_user_error(helm, tmp_path):
-    controller, cluster = _controller(helm, tmp_path)
+def test_jobset_fails_at_once_on_a_user_error(jobset_run):
+    controller, cluster = jobset_run()
     cluster.exit(_container(controller, "workers", 1), 2)
     assert controller.reconcile() == "Failed"
     assert controller.condition.reason == "FailJobSetFailurePolicyAction"
@@ -262,8 +203,8 @@ def test_jobset_fails_at_once_on_a_user_error(helm, tmp_path):
     assert job.reason == "PodFailurePolicy" and "exit code 2 matching FailJob rule at index 0" in job.message
 
 
-def test_jobset_restarts_the_whole_group_until_max_restarts(helm, tmp_path):
-    controller, cluster = _controller(helm, tmp_path, {"jobset": {"failurePolicy": {"maxRestarts": 2}}})
+def test_jobset_restarts_the_whole_group_until_max_restarts(jobset_run):
+    controller, cluster = jobset_run({"jobset": {"failurePolicy": {"maxRestarts": 2}}})
     hosts = [p.host for p in controller.pod_specs()]
     for attempt in (1, 2):
         old, victim = list(cluster.running()), _container(controller, "workers", 1)
@@ -281,8 +222,8 @@ def test_jobset_restarts_the_whole_group_until_max_restarts(helm, tmp_path):
     assert not cluster.running()
 
 
-def test_jobset_features_the_harness_does_not_emulate_are_refused(helm, tmp_path):
-    obj = next(o for o in _jobset_objects(helm, tmp_path) if o["kind"] == "JobSet")
+def test_jobset_features_the_harness_does_not_emulate_are_refused(jobset_render):
+    obj = next(o for o in jobset_render() if o["kind"] == "JobSet")
     parse_jobset(obj, "e2e")
     for key, value in (
         ("coordinator", {"replicatedJob": "master"}),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,70 @@ def test_a_user_error_stops_the_group_at_once_with_its_line(tmp_path: Path) -> N
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.splitlines() == ["error: worker1: --data-path /x: no train split found"]
     assert time.monotonic() - started < 40  # not the 60 s grace, not the 600 s sleep
+
+
+@contextmanager
+def started(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """`argv` running with pipes for the body; killed after it if it still runs."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+
+
+# A trainer that stops on SIGTERM as the real one does: the first asks, the checkpoint takes a while (a
+# second delivery would arrive meanwhile), then exit 75. The master opens MASTER_PORT for the workers.
+STOPPABLE = """
+import os, signal, socket, sys, time
+received = []
+signal.signal(signal.SIGTERM, lambda *_: received.append(1))
+if os.environ["RANK"] == "0":
+    server = socket.create_server(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+print("ready", flush=True)
+deadline = time.monotonic() + 60
+while not received and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.5)
+print(f"stopping after {len(received)} SIGTERM(s)", flush=True)
+sys.exit(75)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_runner_reaches_every_pod_once_and_all_stopping_is_exit_75(tmp_path: Path) -> None:
+    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
+    (tmp_path / "trainer.py").write_text(STOPPABLE)
+    env = {**clean_env(), "MASKRCNN_TRAINER_CMD": f"{sys.executable} {tmp_path / 'trainer.py'}"}
+    argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(tmp_path / "topology.yaml")]
+    with started(argv, env) as runner:
+        assert runner.stdout is not None
+        lines = []
+        while sum(line.endswith("] ready\n") for line in lines) < 3:
+            lines.append(runner.stdout.readline())
+            assert lines[-1], "".join(lines)
+        runner.send_signal(signal.SIGTERM)
+        out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 75, out + err
+    assert out.count("stopping after 1 SIGTERM(s)") == 3, out
+    assert "[local] every pod stopped on request" in out and "error:" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_worker_stopped_while_waiting_for_its_master_exits_75_at_once(tmp_path: Path, free_port: int) -> None:
+    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
+    argv = [sys.executable, "-m", "maskrcnn_launcher", "launch", "--topology", str(tmp_path / "topology.yaml")]
+    argv += ["--role", "worker", "--index", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port)]
+    argv += ["--trainer-cmd", "true", "--wait-timeout", "60"]
+    with started(argv, clean_env()) as worker:
+        assert worker.stderr is not None
+        while "waiting for master" not in (line := worker.stderr.readline()):
+            assert line, "the launcher ended before waiting"
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=10)
+    assert worker.returncode == 75, err
+    assert "SIGTERM while waiting for the master: the trainer had not started, nothing to save; exit 75" in err

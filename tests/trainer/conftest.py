@@ -19,6 +19,14 @@ def tiny_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def stop_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 training and 4 validation images of at most 64 px: eight steps of two images, for the stop tests."""
+    root = tmp_path_factory.mktemp("stop_coco")
+    write_train_val(root, num_train=16, num_val=4, seed=3, image_size=(48, 64), max_objects=3)
+    return root
+
+
 def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConfig:
     """The small CPU run (config.small_cpu_run) at 96 px, a few steps: what every trainer test starts from."""
     torch.set_num_threads(2)

@@ -94,6 +94,17 @@ TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 TRAINER_SERVER_VARS = (TRAINER_SERVER_URL, TRAINER_SERVER_CA_CERT, TRAINER_SERVER_TOKEN)
 
 # ---------------------------------------------------------------------------------------------
+# Variables the trainer reads from the pod spec (the launcher passes them on untouched).
+# ---------------------------------------------------------------------------------------------
+
+#: The pod's terminationGracePeriodSeconds, in seconds: how long a stop (SIGTERM -> the step in
+#: progress -> a checkpoint) may take before Kubernetes sends SIGKILL. The chart sets it from the same
+#: value; the trainer warns once when one step plus one checkpoint write does not fit. Unset: no check.
+TERMINATION_GRACE_SECONDS = "MASKRCNN_TERMINATION_GRACE_SECONDS"
+#: Every variable the trainer itself reads from the pod spec.
+TRAINER_READ_VARS = (TERMINATION_GRACE_SECONDS,)
+
+# ---------------------------------------------------------------------------------------------
 # Variables the launcher exports to the trainer (besides MASTER_ADDR and MASTER_PORT above).
 # ---------------------------------------------------------------------------------------------
 

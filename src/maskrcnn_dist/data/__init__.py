@@ -9,6 +9,7 @@ from maskrcnn_dist.data.loader import (
     collate,
     epoch_batches,
     eval_indices,
+    eval_rounds,
     num_train_batches,
     rank_indices,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "collate",
     "epoch_batches",
     "eval_indices",
+    "eval_rounds",
     "flip_decision",
     "generate_synthetic_coco",
     "hflip",

@@ -28,6 +28,7 @@ from PIL import Image
 
 from ..config import CHECK_MODES
 from ..errors import DatasetError
+from ..stop import detach_pool_worker
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,9 @@ def _map(chunks: list, processes: int) -> Iterable[tuple[int, list[BadImage]]]:
         return
     # fork: the children need nothing but PIL, and spawning would re-import torch in each of them.
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
-    with context.Pool(processes) as pool:
+    # Out of the trainer's process group: a SIGTERM to the group (dumb-init) must not kill a worker, whose
+    # chunk would then never come back (stop.detach_pool_worker).
+    with context.Pool(processes, initializer=detach_pool_worker) as pool:
         yield from pool.imap_unordered(_check_chunk, chunks)
 
 

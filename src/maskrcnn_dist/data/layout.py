@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,8 +53,10 @@ def ensure_synthetic(cfg: TrainConfig) -> Path:
             f"--synthetic-images: {root} holds other files but no synthetic set (train/annotations.json); "
             f"the set is written into a new or empty folder: give another {flag}"
         )
-    tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # A name no other writer has: ranks on different hosts share the volume and can have the same PID
+    # (each pod's first process), so a PID is not a private name there. (Not mkdtemp: its mode 0700
+    # would reach the renamed set, which other users of the volume read.)
+    tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex}")
     n = cfg.data.synthetic_images
     write_train_val(
         tmp,

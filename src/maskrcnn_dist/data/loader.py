@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ..stop import leave_process_group
+
 Batch = tuple[list[torch.Tensor], list[dict[str, Any]]]
 
 
@@ -129,6 +131,11 @@ def eval_indices(num_samples: int, *, rank: int, world_size: int) -> list[int]:
     return list(range(rank, num_samples, world_size))
 
 
+def eval_rounds(num_samples: int, batch_size: int, *, world_size: int = 1) -> int:
+    """Batches of the largest evaluation shard (rank 0's): what every rank iterates to stay in step."""
+    return math.ceil(len(eval_indices(num_samples, rank=0, world_size=world_size)) / batch_size)
+
+
 def build_train_loader(
     dataset: Dataset,
     batch_size: int,
@@ -191,6 +198,7 @@ def _loader(dataset: Dataset, batches: list[list[int]], *, num_workers: int, pin
         num_workers=num_workers,
         collate_fn=collate,
         pin_memory=pin_memory,
+        worker_init_fn=leave_process_group,  # a signal to the trainer's group must not kill its workers
     )
 
 

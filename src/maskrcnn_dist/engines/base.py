@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, TrainingError
+from ..stop import StopRequest
 
 Images = list[torch.Tensor]
 Targets = list[dict[str, torch.Tensor]]
@@ -30,6 +31,8 @@ class Engine(abc.ABC):
     data_world_size: int = 1
     #: Page-locked batches speed host-to-GPU copies; only an engine that feeds a GPU from this process wants them.
     pin_memory: bool = False
+    #: This process's stop request (stop.py), handed over by the composition root; None: nothing asks.
+    stop: StopRequest | None = None
 
     @property
     def is_main(self) -> bool:
@@ -68,6 +71,23 @@ class Engine(abc.ABC):
     def gather_objects(self, obj: Any) -> list[Any] | None:
         """Every rank's `obj` on rank 0 (None elsewhere)."""
         return [obj]
+
+    def stop_after_step(self) -> bool:
+        """At the boundary after train_step: whether every process of the engine stops here. Here: this
+        process was asked (local; the pipeline's master, which its stage workers tell over RPC)."""
+        return self.stop is not None and self.stop.requested
+
+    def agree_to_stop(self) -> bool:
+        """Outside a step (before the first, after a validation or evaluation batch): whether any process
+        was asked to stop, the same answer on each. One tiny all-reduce where there are peers to agree with."""
+        asked = torch.tensor([1.0 if self.stop is not None and self.stop.requested else 0.0])
+        return self.agreed(bool(self.all_reduce_sum(asked).item() > 0))
+
+    def agreed(self, stop: bool) -> bool:
+        """`stop`, the processes' common answer; a process that was not asked itself learns why it stops."""
+        if stop and self.stop is not None:
+            self.stop.request("a stop on another rank")  # keeps this process's own reason, if it had one
+        return stop
 
     def extra_metrics(self) -> dict[str, float]:
         """Engine-specific figures logged with each training record (bytes per link, ...)."""

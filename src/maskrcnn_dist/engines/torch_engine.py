@@ -4,7 +4,9 @@
 `process_group` opens (torchrun's environment contract), and three collectives: the
 gradient all-reduce inside backward, one small all-reduce of the loss terms per step (for logging,
 and so that every rank sees a non-finite loss at once and stops together, rather than one rank
-raising while the others wait in the next all-reduce), and the gathers of evaluation.
+raising while the others wait in the next all-reduce), and the gathers of evaluation. The stop flag
+(stop.py) rides in the loss all-reduce, after backward: every rank sees the same sum, so a stop
+requested on any rank before it stops every rank after that step, one requested later after the next.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class TorchEngine(Engine):
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, iters_per_epoch)
         self.scaler = grad_scaler(self.device, cfg.amp, cfg.amp_dtype)
         self.trained = self.model
+        self._stop_agreed = False  # the last step's all-reduced stop flag
         if distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.trained = DistributedDataParallel(self.model, device_ids=ids)
@@ -115,10 +118,11 @@ class TorchEngine(Engine):
         self.seeder.at(step, micro=self.data_rank)
         with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
             loss_dict = self.trained(images, targets)
-        logged = self._mean_over_ranks(loss_dict)
-        check_finite(step, logged)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(sum(loss_dict.values())).backward()
+        # After backward (no parameter has changed yet): a stop asked for during it still ends this step.
+        logged = self._mean_over_ranks(loss_dict)
+        check_finite(step, logged)
         if self.cfg.optim.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
@@ -128,10 +132,16 @@ class TorchEngine(Engine):
         return logged
 
     def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The loss terms' mean over ranks; this rank's stop flag rides along (no collective of its own)."""
         names = sorted(loss_dict)
-        values = torch.stack([loss_dict[n].detach().float() for n in names])
-        values = self.all_reduce_sum(values) / self.data_world_size
-        return dict(zip(names, values.tolist()))
+        terms = [loss_dict[n].detach().float() for n in names]
+        asked = torch.tensor(1.0 if self.stop is not None and self.stop.requested else 0.0, device=terms[0].device)
+        values = self.all_reduce_sum(torch.stack([*terms, asked]))
+        self._stop_agreed = self.agreed(bool(values[-1] > 0))
+        return dict(zip(names, (values[:-1] / self.data_world_size).tolist()))
+
+    def stop_after_step(self) -> bool:
+        return self._stop_agreed if self.distributed else super().stop_after_step()
 
     @torch.no_grad()
     def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:

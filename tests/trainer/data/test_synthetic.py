@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -120,3 +121,21 @@ def _rle(segmentation: list | dict, h: int, w: int) -> dict:
     if isinstance(segmentation["counts"], list):
         return mask_utils.frPyObjects(segmentation, h, w)
     return segmentation
+
+
+def test_ranks_on_other_hosts_with_the_same_pid_do_not_share_a_temporary_folder(tmp_path: Path) -> None:
+    """Pods share the volume and each pod's first process often has the same PID: the synthetic set is
+    written under a name no other writer has, and nobody else's unfinished folder is touched."""
+    from maskrcnn_dist.data.layout import ensure_synthetic
+
+    from ..conftest import fast_config
+
+    root = tmp_path / "data"
+    other_host = tmp_path / f".data.tmp-{os.getpid()}"  # the same PID on another host, mid-write
+    (other_host / "train").mkdir(parents=True)
+    (other_host / "train" / "annotations.json").write_text("{}")
+    cfg = fast_config(root, tmp_path / "run", **{"synthetic-images": 4, "synthetic-image-size": 64})
+    assert ensure_synthetic(cfg) == root
+    assert (root / "train" / "annotations.json").is_file()
+    assert (other_host / "train" / "annotations.json").read_text() == "{}"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == [other_host.name]

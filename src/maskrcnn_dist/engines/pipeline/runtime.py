@@ -7,6 +7,10 @@ Failure rules (docs/architecture.md: any process that loses a peer exits non-zer
     thread polls the master's TCP store (the RPC rendezvous store, served by the master process):
     if the store stops answering before the master has written "done", the master is gone and
     the worker exits with status 1 and a message saying so.
+
+Stop rules (stop.py): a worker that gets SIGTERM/SIGINT keeps serving and tells the master (`StopForwarder`,
+an ordinary RPC); the master stops at its next step boundary, writes the checkpoint, tells every worker
+that the session ends on a stop, and shuts RPC down gracefully; then every process exits 75.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import torch.distributed.rpc as rpc
 from maskrcnn_launcher.contract import PodPlan
 
 from ...config import TrainConfig
+from ...stop import Stopped, StopRequest
 from .engine import MASTER
 
 log = logging.getLogger(__name__)
 
 DONE_KEY = "maskrcnn_dist/pipeline/done"
+LEFT_KEY = "maskrcnn_dist/pipeline/left/"  # + a worker's name: it is out of RPC's graceful shutdown
 
 
 def backend_options(cfg: TrainConfig, plan: PodPlan) -> rpc.TensorPipeRpcBackendOptions:
@@ -53,20 +59,32 @@ def _store_client(plan: PodPlan, timeout: float) -> dist.TCPStore:
     return dist.TCPStore(plan.master_addr, plan.master_port, is_master=False, timeout=timedelta(seconds=timeout))
 
 
-class MasterWatchdog:
-    """On a worker: exit(1) once the master's store stops answering before it said "done"."""
+class Poller:
+    """A worker's daemon thread that polls something every `period_s` seconds (`_watch`, waiting on
+    `_stop` between polls) until `stop()`."""
 
-    def __init__(self, plan: PodPlan, period_s: float, timeout_s: float) -> None:
-        self.plan, self.period_s, self.timeout_s = plan, period_s, timeout_s
+    def __init__(self, name: str, period_s: float) -> None:
+        self.period_s = period_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="master-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
 
-    def start(self) -> MasterWatchdog:
+    def start(self) -> Poller:
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _watch(self) -> None:
+        raise NotImplementedError
+
+
+class MasterWatchdog(Poller):
+    """On a worker: exit(1) once the master's store stops answering before it said "done"."""
+
+    def __init__(self, plan: PodPlan, period_s: float, timeout_s: float) -> None:
+        super().__init__("master-watchdog", period_s)
+        self.plan, self.timeout_s = plan, timeout_s
 
     def _watch(self) -> None:
         try:
@@ -120,23 +138,89 @@ def join_rpc(cfg: TrainConfig, plan: PodPlan, name: str, rank: int) -> None:
 
 @contextmanager
 def master_session(cfg: TrainConfig, plan: PodPlan) -> Iterator[None]:
-    """RPC as "master" (rank 0) for the body; graceful exit tells the workers we are done first."""
+    """RPC as "master" (rank 0) for the body; graceful exit tells the workers we are done first (and,
+    after a stop, that it was one: they exit 75 too)."""
     join_rpc(cfg, plan, MASTER, 0)
     try:
         yield
+    except Stopped as stopped:
+        for name in dict.fromkeys(stage.rpc_name for stage in plan.stages):
+            try:
+                rpc.rpc_sync(name, _session_stopped, args=(stopped.request.saved,), timeout=cfg.peers.timeout)
+            except Exception as exc:  # a worker that is gone has nothing to be told
+                log.warning("could not tell %s that the session stopped: %s", name, exc)
+        _end_session(cfg, plan)
+        raise
     except BaseException:
         _shutdown(graceful=False)  # the barrier would wait for a dead peer
         raise
-    _store_client(plan, cfg.peers.timeout).set(DONE_KEY, "1")
+    _end_session(cfg, plan)
+
+
+def _end_session(cfg: TrainConfig, plan: PodPlan) -> None:
+    store = _store_client(plan, cfg.peers.timeout)
+    store.set(DONE_KEY, "1")
     _shutdown(graceful=True)
+    # RPC's graceful shutdown ends with rounds of call counts through the store this process serves: a
+    # worker may still read the last one. Wait (bounded) until every worker is out before this process,
+    # and with it the store, can go.
+    workers = dict.fromkeys(stage.rpc_name for stage in plan.stages)
+    try:
+        store.wait([LEFT_KEY + name for name in workers], timedelta(seconds=min(cfg.peers.timeout, 30.0)))
+    except Exception as exc:  # a worker that died meanwhile: its watchdog's business, not ours
+        log.warning("not every worker said it left RPC: %s", exc)
 
 
-def serve(cfg: TrainConfig, plan: PodPlan) -> None:
-    """A stage worker: join RPC, host whatever the master builds here, return when it is done.
-    The composition root (train.py) has set up the process (threads, denormal flushing) first."""
+def serve(cfg: TrainConfig, plan: PodPlan, stop: StopRequest) -> None:
+    """A stage worker: join RPC, host whatever the master builds here, return when it is done; Stopped
+    when the master ended the session on a stop. The composition root (train.py) has set up the process
+    (threads, denormal flushing) and installed `stop` first."""
     join_rpc(cfg, plan, plan.rpc_name, plan.rank)
     period = max(0.2, min(2.0, cfg.peers.timeout / 10))
     watchdog = MasterWatchdog(plan, period, cfg.peers.timeout).start()
+    forwarder = StopForwarder(stop, plan.rpc_name, cfg.peers.timeout).start()
     rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
+    forwarder.stop()
     watchdog.stop()
+    try:
+        _store_client(plan, cfg.peers.timeout).set(LEFT_KEY + plan.rpc_name, "1")  # the master may go now
+    except Exception as exc:  # the master is gone already
+        log.debug("%s: could not say it left: %s", plan.rpc_name, exc)
+    if stop.done:  # the master ended the session on a stop, and said so (_session_stopped)
+        raise Stopped(stop)
     log.info("%s: master finished, exiting", plan.rpc_name)
+
+
+class StopForwarder(Poller):
+    """On a worker: once this process is asked to stop, tell the master (the worker keeps serving: the
+    master finishes the step and gathers the checkpoint from it). Polls the flag: a signal handler must
+    not make an RPC call itself (it runs wherever the main thread was, maybe inside RPC's own locks)."""
+
+    def __init__(self, stop: StopRequest, name: str, timeout_s: float, period_s: float = 0.1) -> None:
+        super().__init__("stop-forwarder", period_s)
+        self.request, self.name, self.timeout_s = stop, name, timeout_s
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.period_s):
+            if self.request.done:
+                return  # the master told us first: it is stopping already
+            if self.request.requested:
+                try:
+                    rpc.rpc_sync(MASTER, _stop_requested, args=(self.name, self.request.reason), timeout=self.timeout_s)
+                    log.info("%s: %s: the master stops at its next step boundary", self.name, self.request.reason)
+                except Exception as exc:  # the master is gone or going: its watchdog ends this process
+                    log.warning("%s: could not pass the stop to the master: %s", self.name, exc)
+                return
+
+
+def _stop_requested(worker: str, reason: str) -> None:
+    """On the master, called by a worker: a stop was asked for there."""
+    if (stop := StopRequest.installed()) is not None:
+        stop.request(f"{reason} on {worker}")
+
+
+def _session_stopped(saved: str) -> None:
+    """On a worker, called by the master after writing the stop's checkpoint: the session ends on a stop."""
+    if (stop := StopRequest.installed()) is not None:
+        stop.request("the master's stop")
+        stop.finish(f"the master's {saved}")

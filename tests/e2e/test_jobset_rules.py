@@ -1,0 +1,238 @@
+"""The emulated Job and JobSet controllers' rule matching (e2e/cluster/failure_rules.py), pinned to what
+their sources do, and the chart's rules run through it: which podFailurePolicy rule a failed pod
+meets and the Job's message, which failure policy rule then acts, and what the JobSet does.
+
+Sources: Kubernetes pkg/controller/job/pod_failure_policy.go (rules in order, first match; exit 0
+never matches; In / NotIn; conditions by type and status; the two FailJob messages), kubernetes-sigs/jobset
+pkg/controllers/failure_policy.go (rules in order, the earliest failed Job a rule applies to; the
+default RestartJobSet; RestartJobSetAndIgnoreMaxRestarts leaves restartsCountTowardsMax alone) and its
+integration test of onJobFailureMessagePatterns (a pattern matches inside a longer message).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+from maskrcnn_launcher.boundary import EXIT_STOPPED
+
+from e2e.cluster import SpecError
+from e2e.cluster.failure_rules import (
+    FailedPod,
+    FailureRule,
+    PodCondition,
+    PodFailureRule,
+    acting_rule,
+    match_pod_failure_policy,
+    parse_failure_rules,
+    parse_pod_failure_rules,
+)
+
+POD = "e2e-maskrcnn-dist-workers-0-1-x7k2p"
+DISRUPTED = (PodCondition("DisruptionTarget", "True", "EvictionByEvictionAPI"),)
+EXIT_MESSAGE = "Container trainer for pod e2e/{pod} failed with exit code {code} matching FailJob rule at index {index}"
+CONDITION_MESSAGE = "Pod e2e/{pod} has condition DisruptionTarget matching FailJob rule at index 1"
+# A failed trainer pod -> (the Job's reason, the failure policy rule that acts: None is the default
+# RestartJobSet, counted), under the chart's rules.
+CHART_TABLE = [
+    (2, (), "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=2, index=0), "UserError"),
+    (EXIT_STOPPED, (), "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=EXIT_STOPPED, index=2), "StoppedCleanly"),
+    (1, (), "BackoffLimitExceeded", "", None),
+    (137, (), "BackoffLimitExceeded", "", None),
+    (143, (), "BackoffLimitExceeded", "", None),
+    (EXIT_STOPPED, DISRUPTED, "PodFailurePolicy", CONDITION_MESSAGE.format(pod=POD), "Disruption"),
+    (137, DISRUPTED, "PodFailurePolicy", CONDITION_MESSAGE.format(pod=POD), "Disruption"),
+    (2, DISRUPTED, "PodFailurePolicy", EXIT_MESSAGE.format(pod=POD, code=2, index=0), "UserError"),
+    (143, (PodCondition("DisruptionTarget", "False"),), "BackoffLimitExceeded", "", None),
+]
+
+
+def chart_rules(jobset_render) -> tuple[tuple[PodFailureRule, ...], tuple[FailureRule, ...]]:
+    jobset = next(o for o in jobset_render() if o["kind"] == "JobSet")
+    job = jobset["spec"]["replicatedJobs"][1]["template"]["spec"]
+    return parse_pod_failure_rules("workers", job["podFailurePolicy"]), parse_failure_rules(
+        "t", jobset["spec"]["failurePolicy"]["rules"]
+    )
+
+
+def failed_job(reason: str, message: str, second: int = 0, replicated_job: str = "workers") -> SimpleNamespace:
+    at = datetime(2025, 1, 1) + timedelta(seconds=second)
+    return SimpleNamespace(
+        name=f"job-{second}", replicated_job=replicated_job, reason=reason, message=message, failed_at=at
+    )
+
+
+def test_the_chart_table(jobset_render):
+    pod_rules, rules = chart_rules(jobset_render)
+    for code, conditions, reason, message, expected in CHART_TABLE:
+        verdict = match_pod_failure_policy(pod_rules, FailedPod("e2e", POD, "trainer", code, conditions))
+        assert (verdict.action == "FailJob") == (reason == "PodFailurePolicy"), (code, conditions)
+        assert verdict.message == message, (code, conditions)
+        rule, _ = acting_rule(rules, [failed_job(reason, message or "Job has reached the specified backoff limit")])
+        assert (rule.name if rule else None) == expected, (code, conditions)
+
+
+def test_pod_failure_rules_first_match_wins():
+    both = [PodFailureRule("Count", None, "NotIn", (0, 2)), PodFailureRule("FailJob", None, "In", (3,))]
+    pod = FailedPod("ns", "p", "c", 3, DISRUPTED)
+    assert match_pod_failure_policy(both, pod).action == "Count", "the first rule decides"
+    assert match_pod_failure_policy(both[::-1], pod).index == 0
+    condition_first = [PodFailureRule("FailJob", conditions=(("DisruptionTarget", "True"),)), *both]
+    verdict = match_pod_failure_policy(condition_first, pod)
+    assert verdict.message == "Pod ns/p has condition DisruptionTarget matching FailJob rule at index 0"
+
+
+@pytest.mark.parametrize(
+    ("rule", "code", "matches"),
+    [
+        (PodFailureRule("FailJob", None, "In", (42,)), 42, True),
+        (PodFailureRule("FailJob", None, "In", (42,)), 41, False),
+        (PodFailureRule("FailJob", None, "NotIn", (42,)), 41, True),
+        (PodFailureRule("FailJob", None, "NotIn", (42,)), 42, False),
+        (PodFailureRule("FailJob", None, "NotIn", (42,)), 0, False),  # a success never matches
+        (PodFailureRule("FailJob", "trainer", "In", (42,)), 42, True),
+        (PodFailureRule("FailJob", "sidecar", "In", (42,)), 42, False),  # another container's exit
+        (PodFailureRule("FailJob", None, "Between", (42,)), 42, False),  # an unknown operator
+    ],
+)
+def test_on_exit_codes(rule, code, matches):
+    verdict = match_pod_failure_policy([rule], FailedPod("ns", "p", "trainer", code))
+    assert (verdict.action == "FailJob") is matches
+    assert verdict.counts is not matches
+
+
+@pytest.mark.parametrize(
+    ("patterns", "conditions", "matches"),
+    [
+        ((("DisruptionTarget", "True"),), DISRUPTED, True),
+        ((("DisruptionTarget", "True"),), (PodCondition("DisruptionTarget", "False"),), False),
+        ((("ConfigIssue", "True"), ("DisruptionTarget", "True")), DISRUPTED, True),  # any pattern
+        ((("DisruptionTarget", "True"),), (), False),
+    ],
+)
+def test_on_pod_conditions(patterns, conditions, matches):
+    verdict = match_pod_failure_policy(
+        [PodFailureRule("FailJob", conditions=patterns)], FailedPod("ns", "p", "c", 137, conditions)
+    )
+    assert (verdict.action == "FailJob") is matches
+
+
+def test_a_condition_pattern_without_status_means_true():
+    (rule,) = parse_pod_failure_rules(
+        "j", {"rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    )
+    assert rule.conditions == (("DisruptionTarget", "True"),)
+
+
+def test_failure_rules_in_order_then_the_earliest_job():
+    early, late = (
+        failed_job("PodFailurePolicy", "exit code 75", 1),
+        failed_job("PodFailurePolicy", "DisruptionTarget", 2),
+    )
+    rules = [
+        FailureRule("A", "RestartJobSetAndIgnoreMaxRestarts", patterns=("DisruptionTarget",)),
+        FailureRule("B", "FailJobSet"),
+    ]
+    assert acting_rule(rules, [early, late]) == (rules[0], late), "the rule order, not the job order, decides"
+    assert acting_rule(rules[1:], [late, early]) == (rules[1], early), "the earliest job the rule applies to"
+    assert acting_rule([], [late, early]) == (None, early), "no rule: the default, on the earliest"
+
+
+@pytest.mark.parametrize(
+    ("rule", "matches"),
+    [
+        (FailureRule("r", "FailJobSet", patterns=("some message",)), True),  # found inside a longer message
+        (FailureRule("r", "FailJobSet", patterns=("^some message",)), False),
+        (FailureRule("r", "FailJobSet", patterns=("nothing", "critical")), True),  # any pattern
+        (
+            FailureRule("r", "FailJobSet", reasons=("PodFailurePolicy",), patterns=("critical",)),
+            False,
+        ),  # and the reason
+        (FailureRule("r", "FailJobSet", reasons=("BackoffLimitExceeded",)), True),
+        (FailureRule("r", "FailJobSet", targets=("master",)), False),
+        (FailureRule("r", "FailJobSet", targets=("workers",)), True),
+    ],
+)
+def test_a_failure_rule_applies(rule, matches):
+    job = failed_job("BackoffLimitExceeded", "this is some message with critical error")
+    assert (acting_rule([rule], [job])[0] is rule) is matches
+
+
+def test_rules_the_emulation_cannot_run_are_refused():
+    for action in ("Ignore", "FailIndex"):
+        with pytest.raises(SpecError, match="not emulated"):
+            parse_pod_failure_rules(
+                "j", {"rules": [{"action": action, "onExitCodes": {"operator": "In", "values": [1]}}]}
+            )
+    with pytest.raises(SpecError, match="pattern"):
+        parse_failure_rules("js", [{"name": "r", "action": "FailJobSet", "onJobFailureMessagePatterns": ["(unclosed"]}])
+
+
+# -- the emulated JobSet controller, the chart's JobSet, maxRestarts 0 ------------------------------
+
+NO_RESTARTS = {"jobset": {"failurePolicy": {"maxRestarts": 0}}}
+
+
+def test_disruptions_restart_the_group_without_counting(jobset_run):
+    controller, cluster = jobset_run(NO_RESTARTS)
+    cluster.stop_code = EXIT_STOPPED  # the trainer's clean stop on SIGTERM
+    for attempt, reason in enumerate(("PreemptionByScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"), 1):
+        victim = controller.pods("workers")[1]
+        controller.delete_pod(victim, disruption=reason)
+        assert victim.exit_code == EXIT_STOPPED and victim.conditions[0].reason == reason
+        assert controller.reconcile() is None, controller.describe()
+        assert (controller.restarts, controller.restarts_count_towards_max) == (attempt, 0)
+        assert any("rule Disruption matches" in e for e in controller.events)
+    cluster.exit(controller.pods("master")[0].container, 0)
+    assert controller.reconcile() == "Completed"
+
+
+def test_a_clean_stop_without_a_disruption_does_not_count(jobset_run):
+    """`kubectl delete pod`, and the peers of a disrupted pod: exit 75, no condition. The master's Job
+    failing first (its trainer stopped the group) must not count a disruption."""
+    controller, cluster = jobset_run(NO_RESTARTS)
+    cluster.exit(controller.pods("master")[0].container, EXIT_STOPPED)
+    controller.pods("workers")[1].conditions.append(DISRUPTED[0])
+    cluster.exit(controller.pods("workers")[1].container, EXIT_STOPPED)
+    assert controller.reconcile() is None, controller.describe()
+    assert (controller.restarts, controller.restarts_count_towards_max) == (1, 0)
+    assert any("rule Disruption matches job e2e-maskrcnn-dist-workers-0" in e for e in controller.events)
+    cluster.stop_code = EXIT_STOPPED
+    controller.delete_pod(controller.pods("workers")[0])  # no disruption: a plain deletion
+    assert controller.reconcile() is None and controller.restarts_count_towards_max == 0
+    assert any("rule StoppedCleanly matches" in e for e in controller.events)
+
+
+def test_a_crash_still_counts(jobset_run):
+    controller, cluster = jobset_run(NO_RESTARTS)
+    controller.delete_pod(controller.pods("workers")[0], disruption="DeletionByTaintManager")  # exits 143
+    assert controller.reconcile() is None and controller.restarts_count_towards_max == 0
+    cluster.exit(controller.pods("workers")[1].container, 1)
+    assert controller.reconcile() == "Failed"
+    assert controller.condition.reason == "ReachedMaxRestarts" and controller.restarts == 1
+
+
+def test_crashes_count_up_to_max_restarts_and_disruptions_do_not(jobset_run):
+    controller, cluster = jobset_run({"jobset": {"failurePolicy": {"maxRestarts": 1}}})
+    for victim, disruption in ((1, None), (0, "DeletionByPodGC"), (1, "PreemptionByScheduler")):
+        pod = controller.pods("workers")[victim]
+        controller.delete_pod(pod, disruption) if disruption else cluster.exit(pod.container, 137)
+        assert controller.reconcile() is None, controller.describe()
+    assert (controller.restarts, controller.restarts_count_towards_max) == (3, 1)
+    cluster.exit(controller.pods("master")[0].container, 1)
+    assert controller.reconcile() == "Failed" and controller.condition.reason == "ReachedMaxRestarts"
+
+
+def test_a_user_error_on_a_disrupted_pod_still_fails_the_jobset(jobset_run):
+    controller, cluster = jobset_run()
+    pod = controller.pods("master")[0]
+    pod.conditions.append(DISRUPTED[0])
+    cluster.exit(pod.container, 2)
+    assert controller.reconcile() == "Failed" and controller.condition.reason == "FailJobSetFailurePolicyAction"
+
+
+def test_only_disruption_reasons_are_taken(jobset_run):
+    controller, _ = jobset_run()
+    with pytest.raises(ValueError, match="not a DisruptionTarget reason"):
+        controller.delete_pod(controller.pods("master")[0], disruption="Evicted")
