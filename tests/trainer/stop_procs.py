@@ -23,7 +23,7 @@ from typing import Any
 from maskrcnn_launcher.contract import EXIT_STOPPED
 
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
-from maskrcnn_dist.config import small_cpu_run, to_argv
+from maskrcnn_dist.config import small_stop_run, to_argv
 from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.torchrun import child_pids
 
@@ -35,19 +35,7 @@ CLOSING = re.compile(r"stopped by (?P<reason>.+?): (?P<saved>.+); (?P<seconds>[\
 
 def small_args(data: Path, out: Path, **flags: Any) -> list[str]:
     """The small model at 64 px on CPU, one epoch of `data`, every step logged: what each stop test trains."""
-    values = small_cpu_run(
-        64,
-        data_path=data,
-        output_dir=out,
-        threads=1,
-        workers=0,
-        warmup_iters=5,
-        aspect_ratio_group_factor=-1,
-        print_freq=1,
-        epochs=1,
-        **flags,
-    )
-    return to_argv(values)
+    return to_argv(small_stop_run(data, out, **flags))
 
 
 @dataclass

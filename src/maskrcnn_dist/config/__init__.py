@@ -10,7 +10,7 @@
 """
 
 from .fields import INT64_MAX, Bounds, FieldSpec, field_specs, option
-from .presets import demo_flags, small_cpu_run
+from .presets import demo_flags, small_cpu_run, small_stop_run
 from .tool_options import (
     GALLERY_MAX,
     PREDICT_BY_FLAG,
@@ -87,5 +87,6 @@ __all__ = [
     "option",
     "saved_model_flags",
     "small_cpu_run",
+    "small_stop_run",
     "to_argv",
 ]

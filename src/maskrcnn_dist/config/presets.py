@@ -23,6 +23,13 @@ def small_cpu_run(image_size: int, **flags: Any) -> dict[str, Any]:
     }
 
 
+def small_stop_run(data_path: Path, output_dir: Path, **flags: Any) -> dict[str, Any]:
+    """What the stop tests and benchmarks/bench_stop.py train: the small CPU run at 64 px, one epoch of
+    `data_path`, one thread, no loader workers, every step logged, plus `flags`."""
+    values = {"threads": 1, "workers": 0, "warmup_iters": 5, "aspect_ratio_group_factor": -1, "print_freq": 1}
+    return small_cpu_run(64, data_path=data_path, output_dir=output_dir, epochs=1, **{**values, **flags})
+
+
 def demo_flags(output_dir: Path, steps: int, engine: str) -> dict[str, Any]:
     """The embedded default job: a synthetic COCO set, the small model at 128 px, CPU, a short schedule."""
     return small_cpu_run(
