@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 
+from maskrcnn_dist.checkpoint import load_checkpoint
+from maskrcnn_dist.metrics import read_metrics
+
 from ...stop_procs import Job, assert_stop_step, assert_stopped_cleanly, rank_pids, small_args, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -81,3 +84,21 @@ def test_a_stage_worker_told_alone_passes_the_stop_to_the_master(stop_coco, tmp_
     assert sorted(m["reason"] for m in closing) == ["SIGTERM", "SIGTERM on worker2", "the master's stop"]
     assert_stop_step(out, 3, latest=2)  # the request reaches the master while its step runs, or just after
     assert "[local] SIGTERM" not in job.stdout  # the runner itself was not asked
+
+
+def test_a_stage_worker_told_during_evaluation_stops_every_pod_there_without_an_ap_record(stop_coco, tmp_path) -> None:
+    """Worker 2 alone is asked once the epoch end's evaluation has begun (its validation record is written):
+    the master learns it over RPC between two evaluation batches and stops there, with no AP record."""
+    out = tmp_path / "run"
+    job = local_job(stop_coco, out, tmp_path / "logs", "--val-batch-size", "1")
+    try:
+        job.start().wait_for(out / "metrics.jsonl", "val", STEPS, timeout=300)
+        job.signal(signal.SIGTERM, pid=rank_pids(job.proc.pid)[2])
+        code = job.finish(120)
+    finally:
+        job.kill()
+    closing = assert_stopped_cleanly(job, code, lines=3)
+    assert "SIGTERM on worker2 during evaluation" in [m["reason"] for m in closing], job.output
+    assert [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"] == []
+    state = load_checkpoint(out / "checkpoints")  # the newest
+    assert (state["step"], state["pending_hooks"]) == (STEPS, ["evaluation"])
