@@ -18,6 +18,7 @@ with exactly one train record per planned step.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -167,6 +168,7 @@ def main() -> None:
         work = opts.keep or Path(tmp)
         write_train_val(work / "data", num_train=opts.images, num_val=4, seed=3, image_size=(48, 64), max_objects=3)
         rows = [measure(e, work / "data", work, opts.after_step, free_port()) for e in opts.engines.split(",")]
+    print(json.dumps(rows, indent=1))
     print("engine    SIGTERM to              after  SIGTERM->exit  closing line  exit  saved  redone  resumed  steps")
     for r in rows:
         print(
