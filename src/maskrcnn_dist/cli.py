@@ -324,5 +324,27 @@ def predict(inputs: tuple[Path, ...], **kwargs: Any) -> None:
     )
 
 
+@main.command()
+@field_options(config_mod.EXPORT_FIELDS + tuple(config_mod.BY_FLAG[f] for f in config_mod.EXPORT_TRAIN_FLAGS))
+@click.option(
+    "--images",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="image file or folder for the parity check (repeatable; default: the val split the checkpoint trained with)",
+)
+def export(images: tuple[Path, ...], **kwargs: Any) -> None:
+    """Write a checkpoint's model (--resume CKPT|best, or --weights FILE) as TorchScript or ONNX, with
+    dynamic image sizes and its categories beside it, and check it: the exported and the eager model run
+    on --parity-images images, and the export fails, keeping OUT.failed, when their detections differ."""
+    from .outputs.export import export_model
+
+    values = _collect(kwargs)
+    options = config_mod.build_export_config({flag: values.pop(flag) for flag in config_mod.EXPORT_BY_FLAG})
+    flags = {flag: value for flag, value in values.items() if value is not None}
+    summary = export_model(options, flags, list(images), echo=click.echo)
+    for line in summary.lines():
+        click.echo(line)
+
+
 if __name__ == "__main__":
     main()

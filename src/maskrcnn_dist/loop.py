@@ -14,15 +14,16 @@ from pathlib import Path
 
 import torch
 
+from .best import BestTracker, agreed_value, restore_best_file
 from .categories import Categories
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_file, load_checkpoint, publish_best, resolve_resume, save_checkpoint
 from .config import TrainConfig, config_to_dict
 from .data import build_train_loader
 from .engines.base import Engine
 from .errors import CheckpointError
 from .evaluation import evaluate, validation_loss
 from .metrics import MetricsWriter
-from .run_dir import checkpoint_dir, checkpoint_name
+from .run_dir import checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class TrainResult:
     val: dict[str, float] | None
     eval: dict[str, float] | None
     output_dir: Path
+    stopped_early: str | None = None  # the closing line of a --patience stop
 
 
 class Trainer:
@@ -63,6 +65,10 @@ class Trainer:
         self.metrics = MetricsWriter(cfg.output_dir, engine.is_main, self.total_steps, cfg.print_freq)
         self.last_eval: dict[str, float] | None = None
         self.last_val: dict[str, float] | None = None
+        self.best = BestTracker(cfg.best_metric, cfg.patience)
+        self.stopped_early: str | None = None
+        self._saved_step: int | None = None  # the step of the last checkpoint written, while still current
+        self._new_best = False  # the evaluation at this step beat the best: publish its checkpoint
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -81,6 +87,9 @@ class Trainer:
                 if self.position.step >= self.total_steps:
                     break
             self.after_epoch(epoch)
+            if self.best.exhausted and self.position.step < self.total_steps:
+                self.stop_early()
+                break
         return self.position
 
     def _advance(self) -> None:
@@ -129,7 +138,20 @@ class Trainer:
             self.run_validation()
             if self.cfg.eval_every_epoch or self.position.step >= self.total_steps:
                 self.run_evaluation()
+                self.judge_evaluation()
         self.save()
+
+    def judge_evaluation(self) -> None:
+        """Best and patience (best.py), decided alike on every process; the checkpoint saved next holds
+        the verdict, and is published as best.pt when this evaluation is a new best."""
+        value = agreed_value(self.last_eval, self.best.metric, self.engine.all_reduce_sum)
+        self._new_best = self.best.update(value, self.position.step)
+        self._saved_step = None  # the tracker changed: a checkpoint of this step must be written again
+
+    def stop_early(self) -> None:
+        self.stopped_early = self.best.closing_line()
+        if self.engine.is_main:
+            log.info("%s", self.stopped_early)
 
     # -- around the loop ----------------------------------------------------------------------
 
@@ -152,7 +174,7 @@ class Trainer:
         if not self.engine.is_main:
             return
         p = self.position
-        if (latest := latest_checkpoint(self.checkpoint_dir)) and latest.name == checkpoint_name(p.step):
+        if self._saved_step == p.step:
             return  # already saved at this step (periodic save on the epoch's last step)
         state = {
             **self.engine.state_dict(),
@@ -164,20 +186,24 @@ class Trainer:
             "config": config_to_dict(self.cfg),
             # label -> (category id, name): predict labels its drawings without the dataset.
             "categories": Categories.of_dataset(self.train_set).to_state(),
+            "best": self.best.to_state(),
         }
         path = save_checkpoint(state, self.checkpoint_dir, p.step, self.cfg.keep_checkpoints)
+        self._saved_step = p.step
         log.info("saved %s", path)
+        if self._new_best:
+            log.info("new best %s %.4f: %s", self.best.metric, self.best.value, publish_best(path))
+            self.metrics.write("best", p.step, self.best.record())
+            self._new_best = False
 
     def resume(self) -> None:
         """Continue from --resume (a file, a directory, or "auto": the newest in this run's output)."""
-        source = self.cfg.resume
+        source = resolve_resume(self.cfg.resume, self.cfg.output_dir)
         if source is None:
-            return
-        if str(source) == "auto":
-            source = latest_checkpoint(self.checkpoint_dir)
-            if source is None:
+            if self.cfg.resume is not None:
                 log.info("resume auto: no checkpoint in %s yet, starting fresh", self.checkpoint_dir)
-                return
+            return
+        source = checkpoint_file(source)
         state = load_checkpoint(source)
         if state.get("engine") not in (None, self.engine.name):
             # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
@@ -193,6 +219,10 @@ class Trainer:
             raise CheckpointError(f"checkpoint {source} does not fit this model/engine: {exc}") from exc
         torch.set_rng_state(state["rng"])
         self.position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
+        self._saved_step = self.position.step
+        self.best.restore(state.get("best"), source)
+        if self.engine.is_main and not self.cfg.test_only:
+            restore_best_file(self.best, source, self.position.step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", source, *vars(self.position).values())
 
     def close(self) -> None:
