@@ -197,7 +197,8 @@ class Trainer:
             self._new_best = False
 
     def resume(self) -> None:
-        """Continue from --resume (a file, a directory, or "auto": the newest in this run's output)."""
+        """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
+        --test-only, "best"), with the best so far and the patience count the checkpoint holds."""
         source = resolve_resume(self.cfg.resume, self.cfg.output_dir)
         if source is None:
             if self.cfg.resume is not None:

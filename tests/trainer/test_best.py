@@ -21,7 +21,7 @@ from maskrcnn_dist.engines.base import Engine
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import METRIC_KEYS
 from maskrcnn_dist.metrics import read_metrics
-from maskrcnn_dist.outputs.report import draw_report
+from maskrcnn_dist.outputs import report
 from maskrcnn_dist.train import train
 
 from .conftest import fast_config
@@ -128,13 +128,12 @@ def test_a_checkpoint_without_best_state_or_for_another_metric_starts_afresh():
 
 
 def test_every_rank_judges_rank_0s_value():
-    def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:  # two ranks: rank 0's value plus rank 1's
-        return tensor + torch.tensor([0.0 if tensor[0] else 0.0], dtype=tensor.dtype) + contributed.pop()
-
-    contributed = [torch.tensor([0.0], dtype=torch.float64)]  # rank 1 adds nothing
-    assert agreed_value({"segm_AP": 0.25}, "segm_AP", all_reduce_sum) == 0.25  # rank 0
-    contributed = [torch.tensor([0.25], dtype=torch.float64)]  # what rank 0 added
-    assert agreed_value(None, "segm_AP", all_reduce_sum) == 0.25  # rank 1 has no metrics
+    """Two ranks: rank 0 holds the metrics, rank 1 None; the all-reduce adds the other rank's share."""
+    rank0_share = agreed_value({"segm_AP": 0.25}, "segm_AP", lambda mine: mine)
+    rank1_share = agreed_value(None, "segm_AP", lambda mine: mine)
+    assert (rank0_share, rank1_share) == (0.25, 0.0)
+    assert agreed_value({"segm_AP": 0.25}, "segm_AP", lambda mine: mine + rank1_share) == 0.25
+    assert agreed_value(None, "segm_AP", lambda mine: mine + rank0_share) == 0.25
 
 
 def test_the_best_metric_must_be_one_the_evaluation_writes():
@@ -147,9 +146,10 @@ def test_the_best_metric_must_be_one_the_evaluation_writes():
 # -- the Trainer, evaluations scripted ------------------------------------------------------------------
 
 
-def test_best_follows_the_metric_and_pruning_keeps_best_pt(four_images, tmp_path, scripted):
+def test_best_follows_the_metric_and_pruning_keeps_best_pt(four_images, tmp_path, scripted, monkeypatch):
     scripted([0.2, 0.5, 0.5, 0.3, 0.6, 0.1])
-    trainer = fit(four_images, tmp_path, epochs=6, **{"keep-checkpoints": 1})
+    # A periodic checkpoint at every epoch's last step, before its evaluation: saved again after it.
+    trainer = fit(four_images, tmp_path, epochs=6, **{"keep-checkpoints": 1, "checkpoint-period": STEPS_PER_EPOCH})
     assert trainer.position.step == 12 and trainer.stopped_early is None
     assert [(r["step"], r["value"], r["metric"]) for r in records(tmp_path, "best")] == [
         (2, 0.2, "segm_AP"),
@@ -160,7 +160,13 @@ def test_best_follows_the_metric_and_pruning_keeps_best_pt(four_images, tmp_path
     best = best_file(tmp_path)
     assert best["step"] == 10 and best["best"] == {"metric": "segm_AP", "value": 0.6, "step": 10, "since": 0}
     assert load_checkpoint(tmp_path / "checkpoints")["best"]["since"] == 1  # step 12 did not beat it
-    assert draw_report(tmp_path / "metrics.jsonl", tmp_path / "report.png").stat().st_size > 10_000
+    drawn = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, out: drawn.append(fig) or out)
+    report.draw_report(tmp_path / "metrics.jsonl", tmp_path / "report.png")
+    ap_axis = drawn[0].axes[1]
+    (star,) = [line for line in ap_axis.get_lines() if line.get_label().startswith("best ")]
+    assert star.get_label() == "best segm_AP 0.600 (step 10, best.pt)"
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([10], [0.6])
 
 
 def test_patience_stops_after_n_evaluations_without_a_new_best(four_images, tmp_path, scripted):

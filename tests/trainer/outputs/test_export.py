@@ -15,7 +15,16 @@ import torchvision  # noqa: F401 (registers the nms and roi_align ops a TorchScr
 
 from maskrcnn_dist.config import ExportConfig
 from maskrcnn_dist.errors import ParityError
-from maskrcnn_dist.outputs.export import FAILED_SUFFIX, FORMATS, METADATA_FILE, ONNX_INPUT, ExportError, export_model
+from maskrcnn_dist.outputs.export import (
+    FAILED_SUFFIX,
+    FORMATS,
+    METADATA_FILE,
+    ONNX_INPUT,
+    Cut,
+    ExportError,
+    compare,
+    export_model,
+)
 from maskrcnn_dist.outputs.export import formats as formats_module
 from maskrcnn_dist.outputs.predict import load_predictor
 
@@ -106,6 +115,36 @@ def test_a_corrupted_export_fails_and_never_replaces_a_good_file(
     assert out.read_bytes() == b"an earlier, good export"
     assert (tmp_path / f"model{SUFFIX[fmt]}{FAILED_SUFFIX}").stat().st_size > 1_000_000
     assert not out.with_suffix(".json").exists() or fmt != "onnx"  # no metadata for a failed file
+
+
+def detections(boxes: list[list[float]], scores: list[float], size: int = 40) -> dict[str, torch.Tensor]:
+    """Detections of label 1 whose masks fill their boxes (rounded to whole pixels)."""
+    masks = torch.zeros(len(boxes), 1, size, size)
+    for k, (x1, y1, x2, y2) in enumerate(boxes):
+        masks[k, 0, round(y1) : round(y2), round(x1) : round(x2)] = 1.0
+    return {
+        "boxes": torch.tensor(boxes).reshape(-1, 4),
+        "labels": torch.ones(len(boxes), dtype=torch.int64),
+        "scores": torch.tensor(scores),
+        "masks": masks,
+    }
+
+
+CUT = Cut(score_thresh=0.05, per_image=100)
+
+
+def test_parity_judges_pairs_and_lets_detections_differ_only_at_the_cut():
+    eager = detections([[2, 2, 30, 30], [5, 5, 9, 6.4]], [0.9, 0.0505])
+    same = compare("same", (40, 40), eager, detections([[2, 2, 30, 30]], [0.9]), CUT)  # lost one at the cut
+    assert same.ok and (same.matched, same.mask_iou) == (1, 1.0)
+    thin = compare("thin", (40, 40), eager, detections([[2, 2, 30, 30], [5, 5, 9, 6.6]], [0.9, 0.0505]), CUT)
+    assert thin.ok and thin.mask_iou > 0.99  # a thin mask a pixel taller: pooled, it hardly counts
+    scored = compare("scored", (40, 40), eager, detections([[2, 2, 30, 30]], [0.8]), CUT)
+    assert [what for _, what, _ in scored.problems] == ["score difference"]
+    lost = compare("lost", (40, 40), eager, detections([[5, 5, 9, 6.4]], [0.0505]), CUT)
+    assert not lost.ok and "1 eager detection(s) without a partner, scoring up to 0.9000" in lost.worst()[0]
+    moved = compare("moved", (40, 40), eager, detections([[4, 2, 32, 30], [5, 5, 9, 6.4]], [0.9, 0.0505]), CUT)
+    assert {what for _, what, _ in moved.problems} == {"box difference px", "mask IoU shortfall"}
 
 
 def test_onnx_without_its_packages_is_refused_before_any_work(trained: Path, tmp_path: Path, monkeypatch):

@@ -96,12 +96,16 @@ def _match(eager: Detection, exported: Detection, match_iou: float) -> list[tupl
 
 
 def compare(
-    name: str, eager: Detection, exported: Detection, cut: Cut, tolerances: Tolerances = TOLERANCES
+    name: str,
+    size: tuple[int, int],
+    eager: Detection,
+    exported: Detection,
+    cut: Cut,
+    tolerances: Tolerances = TOLERANCES,
 ) -> ImageParity:
-    """One image's detections by the eager and by the exported model, compared."""
+    """One image's (`size`: height, width) detections by the eager and by the exported model, compared."""
     pairs = _match(eager, exported, tolerances.match_iou)
-    size = tuple(eager["masks"].shape[-2:]) if "masks" in eager else (0, 0)
-    result = ImageParity(name, size, len(eager["boxes"]), len(exported["boxes"]), len(pairs))  # type: ignore[arg-type]
+    result = ImageParity(name, size, len(eager["boxes"]), len(exported["boxes"]), len(pairs))
     if pairs:
         mine, theirs = (torch.tensor(index) for index in zip(*pairs))
         result.box_diff = _max_abs_diff(eager["boxes"][mine], exported["boxes"][theirs])
@@ -187,4 +191,7 @@ def run_parity(
     cut: Cut,
 ) -> list[ImageParity]:
     """Both models on each image, one image at a time (a batch would pad images to a common size)."""
-    return [compare(name, eager(image), exported(image), cut) for name, image in zip(names, images)]
+    return [
+        compare(name, (image.shape[-2], image.shape[-1]), eager(image), exported(image), cut)
+        for name, image in zip(names, images)
+    ]
