@@ -217,9 +217,12 @@ def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path 
     from .outputs.report import draw_report
 
     if gallery:  # a gallery that cannot be drawn fails before the report is written
+        from .checkpoint import resolve_resume
         from .outputs.gallery import check_gallery_request
 
         check_gallery_request(resume, gallery)
+        # --resume auto|best: a checkpoint of the run whose metrics these are
+        resume = resolve_resume(resume, metrics_file.parent, must_exist=True)
     path = draw_report(metrics_file, out_png or metrics_file.with_name("report.png"))
     click.echo(str(path))
     if gallery:

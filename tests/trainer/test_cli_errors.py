@@ -147,6 +147,11 @@ TRAIN_CASES = [
         ["--patience", "2", "--no-eval-every-epoch"],
         ["--patience", "--eval-every-epoch"],
     ),
+    (
+        "patience-without-a-val-split",
+        ["--patience", "2", "--data-path", "{good-set}"],
+        ["--patience counts evaluations", "good-set has no val split"],
+    ),
     ("resume-best-in-train", ["--resume", "best"], ["--resume best is for eval", "--weights RUN/checkpoints/best.pt"]),
     ("unknown-flag", ["--batch-szie", "4"], ["--batch-szie"]),
     ("engine-unknown", ["--engine", "mpi"], ["--engine", "'mpi' is not one of local, ddp, pipeline"]),
@@ -211,6 +216,11 @@ OTHER_CASES = [
     (
         "predict-best-before-any-evaluation",
         ["predict", "--resume", "best", "--output-dir", "{used-run}", "--out", "{tmp}/pred", "{good-set}"],
+        ["--resume best", "used-run/checkpoints/best.pt does not exist"],
+    ),
+    (
+        "report-gallery-best-before-any-evaluation",
+        ["report", "--metrics", "{used-run}/metrics.jsonl", "--gallery", "1", "--resume", "best"],
         ["--resume best", "used-run/checkpoints/best.pt does not exist"],
     ),
     ("report-missing", ["report", "--metrics", "{tmp}/none.jsonl"], ["none.jsonl does not exist"]),
@@ -289,6 +299,7 @@ def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path,
     before = _snapshot(tmp_path)
     result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
+    assert not (files["used-run"] / "report.png").exists()  # a gallery that cannot be drawn: no report either
     _assert_nothing_lost(tmp_path, before)
 
 

@@ -177,7 +177,8 @@ EXPORT_CASES = [
     ("out-a-folder", ["--resume", "{ckpt}", "--format", "onnx", "--out", "{folder}"], ["--out", "a folder"]),
     ("out-exists", ["--resume", "{ckpt}", "--format", "onnx", "--out", "{taken}"], ["taken.onnx", "--overwrite"]),
     ("out-wrong-kind", ["--resume", "{ckpt}", "--format", "torchscript", "--out", "{tmp}/m.onnx"], ["end in .pt"]),
-    ("not-our-checkpoint", ["--resume", "{foreign}", "--format", "onnx", "--out", "{tmp}/m.onnx"], ["foreign.pt"]),
+    # --out in a folder that does not exist yet: made only once the checkpoint and images are found good
+    ("not-our-checkpoint", ["--resume", "{foreign}", "--format", "onnx", "--out", "{tmp}/new/m.onnx"], ["foreign.pt"]),
     ("format-unknown", ["--resume", "{ckpt}", "--format", "tflite", "--out", "{tmp}/m.onnx"], ["--format", "tflite"]),
     ("no-format", ["--resume", "{ckpt}", "--out", "{tmp}/m.onnx"], ["--format torchscript|onnx is required"]),
     ("no-model", ["--format", "onnx", "--out", "{tmp}/m.onnx"], ["export needs one of --resume", "--weights"]),
@@ -208,7 +209,7 @@ def test_export_weights_with_images_through_the_console(console, trained: Path, 
     image = write_png(tmp_path / "photos" / "a.png", (90, 60))
     write_png(tmp_path / "photos" / "b.png", (70, 80))
     model = ["--model", "maskrcnn_resnet18_fpn", "--min-size", "96", "--max-size", "96"]
-    out = tmp_path / "model.pt"
+    out = tmp_path / "exports" / "model.pt"  # a folder made for it
     args = ["--weights", str(trained), *model, "--format", "torchscript", "--out", str(out)]
     result = console("maskrcnn-dist", "export", *args, "--images", str(image.parent))
     assert result.code == 0, result.stderr[-3000:]

@@ -150,6 +150,7 @@ def export_model(
     tensors = [read_image(item.path) for item in inputs]
     model = exportable_model(predictor)
     described = metadata(predictor, fmt)
+    out.parent.mkdir(parents=True, exist_ok=True)  # once everything it needs has been found good
     tmp = out.with_name(tmp_name(out.name, os.getpid()))
     try:
         started = time.perf_counter()
