@@ -154,6 +154,18 @@ def test_onnx_without_its_packages_is_refused_before_any_work(trained: Path, tmp
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_format_the_exporter_refuses_is_one_line_and_leaves_nothing(trained: Path, tmp_path: Path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Could not guard on data-dependent expression Eq(4*u1, 0)\n  (deep inside torch)")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+    with pytest.raises(ExportError) as refused:
+        export(trained, tmp_path / "model.onnx", "onnx")
+    assert str(refused.value).startswith("--format onnx: maskrcnn_resnet18_fpn cannot be exported with torch ")
+    assert "\n" not in str(refused.value) and "Could not guard on data-dependent expression" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # no file, no temporary file, no sidecar
+
+
 def test_predict_and_export_read_a_runs_best_checkpoint(trained: Path):
     run = trained.parent.parent
     predictor = load_predictor({"resume": "best", "output-dir": run, "device": "cpu"})
