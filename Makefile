@@ -19,7 +19,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml launcher/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./launcher -e '.[dev,k8s]'
+	$(BIN)/python -m pip install --quiet -e ./launcher -e '.[dev,k8s,export]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the trainer, the launcher and the test tools (idempotent)

@@ -1,4 +1,5 @@
-"""Checkpoints: written atomically (temporary file, fsync, rename) or not at all; newest K kept.
+"""Checkpoints: written atomically (temporary file, fsync, rename) or not at all; newest K kept, and
+best.pt (the best evaluation's checkpoint, best.py) beside them, never pruned.
 
 A checkpoint is a dict of plain types and tensors, so it loads with `weights_only=True` (no
 arbitrary unpickling of files that may come from a shared volume).
@@ -8,13 +9,23 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import CheckpointError, UserError, one_line
-from .run_dir import CHECKPOINT_NAME, CHECKPOINT_TMP_GLOB, checkpoint_name, checkpoint_tmp_name
+from .run_dir import (
+    BEST_CHECKPOINT,
+    CHECKPOINT_NAME,
+    CHECKPOINT_TMP_GLOB,
+    best_checkpoint_path,
+    checkpoint_dir,
+    checkpoint_name,
+    tmp_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +53,11 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     """Write `state` for `step`; a crash at any moment leaves either the old set or the new file."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    # A writer killed mid-write (SIGKILL, OOM, node loss) leaves its temporary file; only the main
-    # process writes here, so any such file is a dead writer's: remove it before writing anew.
-    for stale in directory.glob(CHECKPOINT_TMP_GLOB):
-        stale.unlink(missing_ok=True)
+    _remove_dead_writers_files(directory)
     final = checkpoint_path(directory, step)
-    tmp = final.with_name(checkpoint_tmp_name(step, os.getpid()))
-    try:
-        _write(state, tmp)
-        os.replace(tmp, final)
-        _fsync_dir(directory)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    _replace_atomically(final, lambda tmp: _write(state, tmp))
+    # best.pt does not match CHECKPOINT_NAME: pruning never reaches it.
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
@@ -64,9 +68,70 @@ def trial_write(state: dict[str, Any], directory: Path) -> None:
     costs on this volume (grace.py), without a checkpoint to show for it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / checkpoint_tmp_name(0, os.getpid())  # a dead writer's file: the next save removes it
+    # a dead writer's file if this process dies here: the next save removes it
+    tmp = directory / tmp_name(checkpoint_name(0), os.getpid())
     try:
         _write(state, tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def publish_best(checkpoint: Path) -> Path:
+    """Make `checkpoint` (one just written) its folder's best.pt, atomically like a checkpoint: a hard
+    link (no second copy on disk, no second write: pruning `checkpoint` later leaves best.pt whole), or a
+    copy where the file system has no hard links."""
+    checkpoint = Path(checkpoint)
+    _remove_dead_writers_files(checkpoint.parent)
+
+    def link(tmp: Path) -> None:
+        try:
+            os.link(checkpoint, tmp)
+        except OSError:
+            shutil.copyfile(checkpoint, tmp)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+
+    best = checkpoint.parent / BEST_CHECKPOINT
+    _replace_atomically(best, link)
+    return best
+
+
+def resolve_resume(resume: Path | str | None, output_dir: Path, must_exist: bool = False) -> Path | None:
+    """The checkpoint `--resume` names: a file or folder as given, "auto" the newest in
+    OUTPUT_DIR/checkpoints (None when there is none yet: a fresh start; an error with `must_exist`, for the
+    tools that read a model), "best" OUTPUT_DIR/checkpoints/best.pt (which must exist)."""
+    if resume is None:
+        return None
+    if str(resume) == "auto":
+        newest = latest_checkpoint(checkpoint_dir(output_dir))
+        if newest is None and must_exist:
+            raise CheckpointError(f"--resume auto: {checkpoint_dir(output_dir)} holds no checkpoint (--output-dir)")
+        return newest
+    if str(resume) == "best":
+        best = best_checkpoint_path(output_dir)
+        if not best.is_file():
+            raise CheckpointError(
+                f"--resume best: {best} does not exist (--output-dir {output_dir}): training writes it at its "
+                "first evaluation; give --output-dir of a run that has evaluated, or --resume CHECKPOINT"
+            )
+        return best
+    return Path(resume)
+
+
+def _remove_dead_writers_files(directory: Path) -> None:
+    """A writer killed mid-write (SIGKILL, OOM, node loss) leaves its temporary file; only the main
+    process writes here, so any such file is a dead writer's: remove it before writing anew."""
+    for stale in directory.glob(CHECKPOINT_TMP_GLOB):
+        stale.unlink(missing_ok=True)
+
+
+def _replace_atomically(final: Path, fill: Callable[[Path], None]) -> None:
+    """`fill` a temporary file beside `final`, then rename it over `final` and make the rename durable."""
+    tmp = final.with_name(tmp_name(final.name, os.getpid()))
+    try:
+        fill(tmp)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -78,8 +143,8 @@ def _write(state: dict[str, Any], path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint file or the newest one in a directory, with weights_only=True."""
+def checkpoint_file(path: Path) -> Path:
+    """The checkpoint file `--resume` names: the file itself, or the newest one in a directory."""
     path = Path(path)
     if path.is_dir():
         newest = latest_checkpoint(path)
@@ -88,6 +153,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         path = newest
     if not path.is_file():
         raise CheckpointError(f"--resume {path}: no such file")
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint file or the newest one in a directory, with weights_only=True."""
+    path = checkpoint_file(path)
     state = read_torch_file(path, "checkpoint", CheckpointError)
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a maskrcnn-dist checkpoint (format {FORMAT_VERSION})")

@@ -230,9 +230,12 @@ def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path 
     from .outputs.report import draw_report
 
     if gallery:  # a gallery that cannot be drawn fails before the report is written
+        from .checkpoint import resolve_resume
         from .outputs.gallery import check_gallery_request
 
         check_gallery_request(resume, gallery)
+        # --resume auto|best: a checkpoint of the run whose metrics these are
+        resume = resolve_resume(resume, metrics_file.parent, must_exist=True)
     path = draw_report(metrics_file, out_png or metrics_file.with_name("report.png"))
     click.echo(str(path))
     if gallery:
@@ -351,6 +354,28 @@ def predict(inputs: tuple[Path, ...], **kwargs: Any) -> None:
         f"{summary.images} images, {summary.drawn} detections drawn (score >= {options.score_threshold:g}), "
         f"{summary.detections} in {summary.results}"
     )
+
+
+@main.command()
+@field_options(config_mod.EXPORT_FIELDS + tuple(config_mod.BY_FLAG[f] for f in config_mod.EXPORT_TRAIN_FLAGS))
+@click.option(
+    "--images",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="image file or folder for the parity check (repeatable; default: the val split the checkpoint trained with)",
+)
+def export(images: tuple[Path, ...], **kwargs: Any) -> None:
+    """Write a checkpoint's model (--resume CKPT|best, or --weights FILE) as TorchScript or ONNX, with
+    dynamic image sizes and its categories beside it, and check it: the exported and the eager model run
+    on --parity-images images, and the export fails, keeping OUT.failed, when their detections differ."""
+    from .outputs.export import export_model
+
+    values = _collect(kwargs)
+    options = config_mod.build_export_config({flag: values.pop(flag) for flag in config_mod.EXPORT_BY_FLAG})
+    flags = {flag: value for flag, value in values.items() if value is not None}
+    summary = export_model(options, flags, list(images), echo=click.echo)
+    for line in summary.lines():
+        click.echo(line)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ class PeerLostError(TrainingError):
     """A distributed peer stopped answering: the job exits so the group can restart and resume."""
 
 
+class ParityError(Exception):
+    """An exported model whose detections differ from the eager model's beyond the tolerances (or that
+    does not run): printed as one line naming the worst image; the exit code is 1."""
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's message on one line, shortened: torch's messages can run to a page (and put the
     detail on later lines), and the CLI prints a user error as one line."""
@@ -63,7 +68,7 @@ def classify(exc: BaseException) -> Failure | None:
     """The trainer's exceptions for the error boundary; None leaves the rest to it."""
     if isinstance(exc, UserError):
         return Failure.of(EXIT_USER_ERROR, original_message(exc))
-    if isinstance(exc, TrainingError):
+    if isinstance(exc, (TrainingError, ParityError)):
         return Failure.of(EXIT_RUNTIME, original_message(exc))
     if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), without importing torch here
         return Failure.of(EXIT_RUNTIME, "out of GPU memory: lower --batch-size or the image size, or use --amp")

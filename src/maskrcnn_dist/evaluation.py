@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 LOSS_NAMES = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 T = TypeVar("T")
+IOU_TYPES = ("bbox", "segm")
+#: The metrics `evaluate` returns, fixed before any evaluation runs: `--best-metric` is checked against
+#: them at start. All are COCO APs in [0, 1], higher is better ("images", the count, is not a metric).
+METRIC_KEYS = tuple(f"{iou_type}_{name}" for iou_type in IOU_TYPES for name in STAT_NAMES)
 
 
 class Evaluated(Protocol):
@@ -89,7 +93,7 @@ def coco_ap(coco_gt: COCO, results: list[dict[str, Any]], image_ids: Iterable[in
     """bbox and segm AP over exactly `image_ids`; no detections at all scores 0 rather than failing."""
     image_ids = sorted(set(image_ids))
     metrics: dict[str, float] = {}
-    for iou_type in ("bbox", "segm"):
+    for iou_type in IOU_TYPES:
         usable = [r for r in results if iou_type == "bbox" or "segmentation" in r]
         if not usable:
             metrics.update({f"{iou_type}_{name}": 0.0 for name in STAT_NAMES})

@@ -2,9 +2,9 @@
 
 Like detectron2's train loop, `Trainer.fit` reads top to bottom: a batch, the engine's step, the
 position, the hooks. Everything around the step hangs off a few hook methods: metrics, validation
-loss, COCO evaluation and checkpoints. A stop request (stop.py) is honoured at each step boundary and
-inside validation and evaluation; the hooks it keeps from running are saved as pending in the
-checkpoint, and a resumed run runs them first.
+loss, COCO evaluation with the best checkpoint and patience (best.py), and checkpoints. A stop request
+(stop.py) is honoured at each step boundary and inside validation and evaluation; the hooks it keeps
+from running are saved as pending in the checkpoint, and a resumed run runs them first.
 """
 
 from __future__ import annotations
@@ -16,8 +16,17 @@ from pathlib import Path
 
 import torch
 
+from .best import BestTracker, agreed_value, restore_best_file
 from .categories import Categories
-from .checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint, trial_write
+from .checkpoint import (
+    checkpoint_file,
+    checkpoint_path,
+    load_checkpoint,
+    publish_best,
+    resolve_resume,
+    save_checkpoint,
+    trial_write,
+)
 from .config import TrainConfig, config_to_dict
 from .data import build_train_loader
 from .engines.base import Engine
@@ -46,6 +55,7 @@ class TrainResult:
     val: dict[str, float] | None
     eval: dict[str, float] | None
     output_dir: Path
+    stopped_early: str | None = None  # the closing line of a --patience stop
 
 
 class Trainer:
@@ -82,6 +92,10 @@ class Trainer:
         self.grace = GraceCheck(grace_s if engine.is_main else None)
         # Hooks due at this position that a stop kept from running: saved with the checkpoint, run first on resume.
         self.pending: list[str] = []
+        self.best = BestTracker(cfg.best_metric, cfg.patience)
+        self.stopped_early: str | None = None
+        self._saved_step: int | None = None  # the step of the last checkpoint written, while still current
+        self._new_best = False  # the evaluation at this step beat the best: publish its checkpoint
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -103,6 +117,9 @@ class Trainer:
                 if self.position.step >= self.total_steps:
                     break
             self.after_epoch(epoch)
+            if self.best.exhausted and self.position.step < self.total_steps:
+                self.stop_early()
+                break
         return self.position
 
     def _advance(self) -> None:
@@ -167,7 +184,7 @@ class Trainer:
         after these at this step) as pending."""
         for i, name in enumerate(hooks):
             try:
-                {"validation": self.run_validation, "evaluation": self.run_evaluation}[name]()
+                {"validation": self.run_validation, "evaluation": self.evaluate_and_judge}[name]()
             except Interrupted:
                 self.stop_now(hooks[i:] + (then or []), during=name)
 
@@ -179,6 +196,19 @@ class Trainer:
             hooks, self.pending = self.pending, []
             self.run_hooks(hooks)
             self.save(again=True)
+
+    def evaluate_and_judge(self) -> None:
+        """COCO evaluation, then best and patience (best.py), decided alike on every process; the
+        checkpoint saved next holds the verdict, and is published as best.pt when this is a new best."""
+        self.run_evaluation()
+        value = agreed_value(self.last_eval, self.best.metric, self.engine.all_reduce_sum)
+        self._new_best = self.best.update(value, self.position.step)
+        self._saved_step = None  # the tracker changed: a checkpoint of this step must be written again
+
+    def stop_early(self) -> None:
+        self.stopped_early = self.best.closing_line()
+        if self.engine.is_main:
+            log.info("%s", self.stopped_early)
 
     # -- stopping -----------------------------------------------------------------------------
 
@@ -221,11 +251,17 @@ class Trainer:
     def save(self, again: bool = False) -> Path:
         """This step's checkpoint (the main process writes it; every process gets its path). `again`:
         write it even when this step has one (a stop or a resume changes what is pending)."""
-        path = checkpoint_path(self.checkpoint_dir, self.position.step)
-        if not self.engine.is_main or (not again and latest_checkpoint(self.checkpoint_dir) == path):
+        step = self.position.step
+        path = checkpoint_path(self.checkpoint_dir, step)
+        if not self.engine.is_main or (not again and self._saved_step == step):
             return path  # already saved at this step (periodic save on the epoch's last step)
-        save_checkpoint(self.checkpoint_state(), self.checkpoint_dir, self.position.step, self.cfg.keep_checkpoints)
+        save_checkpoint(self.checkpoint_state(), self.checkpoint_dir, step, self.cfg.keep_checkpoints)
+        self._saved_step = step
         log.info("saved %s", path)
+        if self._new_best:
+            log.info("new best %s %.4f: %s", self.best.metric, self.best.value, publish_best(path))
+            self.metrics.write("best", step, self.best.record())
+            self._new_best = False
         return path
 
     def checkpoint_state(self) -> dict:
@@ -241,18 +277,19 @@ class Trainer:
             "config": config_to_dict(self.cfg),
             # label -> (category id, name): predict labels its drawings without the dataset.
             "categories": Categories.of_dataset(self.train_set).to_state(),
+            "best": self.best.to_state(),
         }
 
     def resume(self) -> None:
-        """Continue from --resume (a file, a directory, or "auto": the newest in this run's output)."""
-        source = self.cfg.resume
+        """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
+        --test-only, "best"), with the best so far, the patience count and the pending hooks the
+        checkpoint holds."""
+        source = resolve_resume(self.cfg.resume, self.cfg.output_dir)
         if source is None:
-            return
-        if str(source) == "auto":
-            source = latest_checkpoint(self.checkpoint_dir)
-            if source is None:
+            if self.cfg.resume is not None:
                 log.info("resume auto: no checkpoint in %s yet, starting fresh", self.checkpoint_dir)
-                return
+            return
+        source = checkpoint_file(source)
         state = load_checkpoint(source)
         if state.get("engine") not in (None, self.engine.name):
             # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
@@ -269,6 +306,10 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
         self.pending = list(state.get("pending_hooks", []))
+        self._saved_step = self.position.step
+        self.best.restore(state.get("best"), source)
+        if self.engine.is_main and not self.cfg.test_only:
+            restore_best_file(self.best, source, self.position.step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", source, *vars(self.position).values())
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from torchvision.ops import misc as misc_nn_ops
 from .checkpoint import read_torch_file
 from .config import ModelConfig
 from .errors import WeightsError
+from .exact_resize import use_exact_resize
 from .perf import keep_head_outputs_fp32, to_channels_last
 from .roi_align import use_sparse_roi_align
 
@@ -97,8 +98,10 @@ def _load_file(module: nn.Module, path: Path, what: str, skippable: tuple[str, .
     _load_into(module, read_state_dict(path, what), path, what, skippable=skippable)
 
 
-def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
-    """Mask R-CNN for `num_classes` (background included), randomly initialised or from local files."""
+def build_model(cfg: ModelConfig, num_classes: int, exportable: bool = False) -> MaskRCNN:
+    """Mask R-CNN for `num_classes` (background included), randomly initialised or from local files.
+    `exportable`: torchvision's own modules only, for TorchScript and ONNX (outputs/export): none of the
+    speed-ups below, which change no number in fp32 (the state dict is the same either way)."""
     common = dict(num_classes=num_classes, min_size=cfg.min_size, max_size=cfg.max_size)
     layers = _trainable_layers(cfg)
     if cfg.name == "maskrcnn_resnet18_fpn":
@@ -118,6 +121,12 @@ def build_model(cfg: ModelConfig, num_classes: int) -> MaskRCNN:
             _load_file(model.backbone.body, cfg.weights_backbone, "backbone weights", skippable=("fc.",))
     if cfg.weights:
         _load_file(model, cfg.weights, "weights", skippable=CLASS_DEPENDENT_PREFIXES)
+    if exportable:
+        # The sparse RoIAlign is an autograd Function scripting cannot compile and ONNX has no op for; the
+        # fp32 hooks matter only under autocast; the exported formats keep no memory layout. The resize
+        # must be the eager one to the pixel (exact_resize.py).
+        use_exact_resize(model)
+        return model
     # Both are part of the model, not of an engine, so that every engine (and every pipeline stage,
     # which builds its part from this function) computes the same thing.
     keep_head_outputs_fp32(model)

@@ -14,25 +14,33 @@ from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"  # metrics.py: one JSON record per line
 REPORT_FILE = "report.png"  # outputs/report.py
-CHECKPOINT_DIR = "checkpoints"  # checkpoint.py: checkpoint_<step>.pt, newest K kept
+CHECKPOINT_DIR = "checkpoints"  # checkpoint.py: checkpoint_<step>.pt, newest K kept, and best.pt
+#: The checkpoint of the best evaluation so far (best.py): never pruned, `--resume best` names it.
+BEST_CHECKPOINT = "best.pt"
 
-#: A complete checkpoint's file name; group 1 is the step.
+#: A complete checkpoint's file name; group 1 is the step. best.pt is not one of them (not pruned).
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d{8})\.pt$")
 #: The temporary file of a checkpoint being written (`.checkpoint_<step>.pt.tmp-<pid>`), renamed when complete.
 CHECKPOINT_TMP_NAME = re.compile(r"^\.checkpoint_\d{8}\.pt\.tmp-\d+$")
-CHECKPOINT_TMP_GLOB = ".checkpoint_*.pt.tmp-*"
+#: The temporary files of a checkpoint or of best.pt being written.
+CHECKPOINT_TMP_GLOB = ".*.pt.tmp-*"
 
 
 def checkpoint_name(step: int) -> str:
     return f"checkpoint_{step:08d}.pt"
 
 
-def checkpoint_tmp_name(step: int, pid: int) -> str:
-    return f".{checkpoint_name(step)}.tmp-{pid}"
+def tmp_name(final_name: str, pid: int) -> str:
+    """The temporary file a writer fills before renaming it to `final_name`."""
+    return f".{final_name}.tmp-{pid}"
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
+
+
+def best_checkpoint_path(output_dir: Path) -> Path:
+    return checkpoint_dir(output_dir) / BEST_CHECKPOINT
 
 
 # What a training run leaves in its --output-dir (besides inputs such as a generated data/ folder):
@@ -85,7 +93,7 @@ def resume_problem(output_dir: Path, resume: Path | str | None, found: list[str]
     doing = "training there would replace its checkpoints and metrics" if trains else "its AP would join its metrics"
     if resume is None:
         return f"--output-dir {output_dir} already holds a run ({', '.join(found)}): {doing}; choose another one"
-    if str(resume) == "auto":
+    if str(resume) in ("auto", "best"):  # shorthands for this run's own checkpoints
         return None
     folder = checkpoint_dir(output_dir).resolve()
     source = Path(resume).resolve()

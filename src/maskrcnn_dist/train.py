@@ -27,6 +27,8 @@ from pathlib import Path
 
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
+from .best import check_best_metric
+from .checkpoint import resolve_resume
 from .config import TrainConfig
 from .data import CocoInstanceDataset, load_datasets, num_train_batches
 from .data.check import CheckReport, check_datasets, settle
@@ -62,6 +64,7 @@ def train(cfg: TrainConfig, plan: PodPlan | None = None, stop: StopRequest | Non
 
 
 def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainResult | None:
+    check_best_metric(cfg.best_metric)  # on every process, stage workers too: they all refuse it alike
     if cfg.engine == "pipeline":
         plan = plan or PodPlan.from_env()
         if plan.role != "master":
@@ -78,6 +81,8 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
     if is_main_process(cfg):
         guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
     datasets = load_datasets(cfg)
+    if cfg.patience is not None and datasets[1] is None and not cfg.test_only:
+        raise ConfigError(f"--patience counts evaluations, and --data-path {cfg.data.data_path} has no val split")
     if cfg.engine != "ddp":
         stop_alone(cfg, stop, "data loading")
         check_data(cfg, datasets)
@@ -134,8 +139,10 @@ def check_input_files(cfg: TrainConfig) -> None:
         ("--weights-backbone", cfg.model.weights_backbone),
     ]
     for flag, path in named:
-        if path is not None and str(path) != "auto" and not Path(path).exists():
+        if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
             raise ConfigError(f"{flag} {path}: no such file")
+    if str(cfg.resume) == "best":
+        resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
 
 
 def guard_output_dir(cfg: TrainConfig) -> None:
@@ -209,7 +216,7 @@ def _run(
                 raise Stopped(stop, "evaluation") from None
         else:
             trainer.fit()
-        return TrainResult(trainer.position, trainer.last_val, trainer.last_eval, cfg.output_dir)
+        return TrainResult(trainer.position, trainer.last_val, trainer.last_eval, cfg.output_dir, trainer.stopped_early)
     finally:
         trainer.close()
         engine.close()

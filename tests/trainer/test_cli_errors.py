@@ -35,6 +35,7 @@ def _files(tmp: Path) -> dict[str, Path]:
         "metrics": tmp / "metrics.jsonl",
         "kind-list": tmp / "kind-list.jsonl",
         "ap-text": tmp / "ap-text.jsonl",
+        "best-text": tmp / "best-text.jsonl",
     }
     made["file"].write_text("not a folder\n")
     made["binary"].write_bytes(bytes(range(256)))
@@ -51,6 +52,7 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["metrics"].write_text(train_record)
     made["kind-list"].write_text(json.dumps({"kind": ["train"], "step": 1, "loss": 1.0}) + "\n")
     made["ap-text"].write_text(train_record + json.dumps({"kind": "eval", "step": 1, "bbox_AP": "high"}) + "\n")
+    made["best-text"].write_text(train_record + json.dumps({"kind": "best", "step": 1, "value": "high"}) + "\n")
     # Another run's output folder (the refusal comes before any checkpoint is read, so they need not load),
     # and a checkpoint from elsewhere.
     made["used-run"] = tmp / "used-run"
@@ -138,6 +140,19 @@ TRAIN_CASES = [
     ("batch-size-zero", ["--batch-size", "0"], ["--batch-size must be >= 1"]),
     ("rpc-timeout-zero", ["--rpc-timeout", "0"], ["--rpc-timeout must be > 0"]),
     ("epochs-zero", ["--epochs", "0"], ["--epochs must be >= 1"]),
+    ("patience-zero", ["--patience", "0"], ["--patience must be >= 1"]),
+    ("best-metric-unknown", ["--best-metric", "loss"], ["--best-metric 'loss'", "bbox_AP, bbox_AP50"]),
+    (
+        "patience-without-evaluations",
+        ["--patience", "2", "--no-eval-every-epoch"],
+        ["--patience", "--eval-every-epoch"],
+    ),
+    (
+        "patience-without-a-val-split",
+        ["--patience", "2", "--data-path", "{good-set}"],
+        ["--patience counts evaluations", "good-set has no val split"],
+    ),
+    ("resume-best-in-train", ["--resume", "best"], ["--resume best is for eval", "--weights RUN/checkpoints/best.pt"]),
     ("unknown-flag", ["--batch-szie", "4"], ["--batch-szie"]),
     ("engine-unknown", ["--engine", "mpi"], ["--engine", "'mpi' is not one of local, ddp, pipeline"]),
     ("fp16-on-cpu", ["--amp", "--amp-dtype", "float16", "--device", "cpu"], ["--amp-dtype float16 on the CPU"]),
@@ -193,7 +208,23 @@ OTHER_CASES = [
         ["eval", *TINY, "--data-path", "{good-set}", "--output-dir", "{used-run}", "--weights", "{text-weights}"],
         ["--output-dir", "used-run already holds a run", "its AP would join its metrics"],
     ),
+    (
+        "eval-best-before-any-evaluation",
+        ["eval", *TINY, "--data-path", "{good-set}", "--output-dir", "{used-run}", "--resume", "best"],
+        ["--resume best", "used-run/checkpoints/best.pt does not exist"],
+    ),
+    (
+        "predict-best-before-any-evaluation",
+        ["predict", "--resume", "best", "--output-dir", "{used-run}", "--out", "{tmp}/pred", "{good-set}"],
+        ["--resume best", "used-run/checkpoints/best.pt does not exist"],
+    ),
+    (
+        "report-gallery-best-before-any-evaluation",
+        ["report", "--metrics", "{used-run}/metrics.jsonl", "--gallery", "1", "--resume", "best"],
+        ["--resume best", "used-run/checkpoints/best.pt does not exist"],
+    ),
     ("report-missing", ["report", "--metrics", "{tmp}/none.jsonl"], ["none.jsonl does not exist"]),
+    ("report-best-not-a-number", ["report", "--metrics", "{best-text}"], ["best-text.jsonl line 2", "'value'"]),
     ("report-without-loss", ["report", "--metrics", "{no-loss}"], ["no-loss.jsonl line 1", "'loss'"]),
     ("report-json-list", ["report", "--metrics", "{json-list}"], ["list.jsonl line 1", "JSON list"]),
     ("report-binary", ["report", "--metrics", "{binary-metrics}"], ["binary.jsonl", "not a text file"]),
@@ -268,6 +299,7 @@ def test_other_commands_user_errors_are_one_line_exit_2(console, tmp_path: Path,
     before = _snapshot(tmp_path)
     result = console("maskrcnn-dist", *_fill(args, tmp_path, files))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
+    assert not (files["used-run"] / "report.png").exists()  # a gallery that cannot be drawn: no report either
     _assert_nothing_lost(tmp_path, before)
 
 

@@ -52,7 +52,7 @@ def test_metrics_validation_checkpoint_and_report(trained_run, tmp_path):
     cfg, result = trained_run
     records = read_metrics(cfg.output_dir / "metrics.jsonl")
     kinds = {r["kind"] for r in records}
-    assert kinds == {"train", "val", "eval"}
+    assert kinds == {"train", "val", "eval", "best"}  # the first evaluation is always a new best
     train_record = next(r for r in records if r["kind"] == "train")
     assert {"loss_classifier", "loss_mask", "lr", "images_per_s", "loss"} <= set(train_record)
     # every epoch end (6 steps each), every 20 steps, and the end of training

@@ -4,14 +4,18 @@
   converter, one range check);
 - train_config.py: the train table (`TrainConfig` and its sections, `FIELDS`, `BY_FLAG`) and building it
   (defaults < YAML < flags), saving it, and turning flags back into an argv;
-- tool_options.py: the options of the commands beside training (predict, report --gallery, profile) and
-  the train flags they share;
+- tool_options.py: the options of the commands beside training (predict, report --gallery, export,
+  profile) and the train flags they share;
 - presets.py: the small CPU run and the demo job.
 """
 
 from .fields import INT64_MAX, Bounds, FieldSpec, field_specs, option
 from .presets import demo_flags, small_cpu_run, small_stop_run
 from .tool_options import (
+    EXPORT_BY_FLAG,
+    EXPORT_FIELDS,
+    EXPORT_FORMATS,
+    EXPORT_TRAIN_FLAGS,
     GALLERY_MAX,
     PREDICT_BY_FLAG,
     PREDICT_FIELDS,
@@ -19,8 +23,10 @@ from .tool_options import (
     PROFILE_BY_FLAG,
     PROFILE_FIELDS,
     PROFILE_TRAIN_FLAGS,
+    ExportConfig,
     PredictConfig,
     ProfileConfig,
+    build_export_config,
     build_predict_config,
     build_profile_config,
 )
@@ -55,6 +61,10 @@ __all__ = [
     "CHECK_MODES",
     "DEVICES",
     "ENGINES",
+    "EXPORT_BY_FLAG",
+    "EXPORT_FIELDS",
+    "EXPORT_FORMATS",
+    "EXPORT_TRAIN_FLAGS",
     "FIELDS",
     "GALLERY_MAX",
     "INT64_MAX",
@@ -67,6 +77,7 @@ __all__ = [
     "PROFILE_TRAIN_FLAGS",
     "Bounds",
     "DataConfig",
+    "ExportConfig",
     "FieldSpec",
     "ModelConfig",
     "OptimConfig",
@@ -77,6 +88,7 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "build_config",
+    "build_export_config",
     "build_predict_config",
     "build_profile_config",
     "config_to_dict",

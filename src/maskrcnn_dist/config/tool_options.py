@@ -1,15 +1,17 @@
-"""The options of the commands beside training (predict, report --gallery, profile): their own
+"""The options of the commands beside training (predict, report --gallery, export, profile): their own
 settings, declared like the train table's, and the train flags each one shares (one definition each)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from .fields import FieldSpec, field_specs, option
 from .train_config import apply_overrides
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -38,6 +40,7 @@ GALLERY_MAX = 64
 PREDICT_TRAIN_FLAGS = (
     "resume",
     "weights",
+    "output-dir",  # the run whose checkpoints `--resume auto|best` names
     "data-path",
     "model",
     "min-size",
@@ -47,6 +50,27 @@ PREDICT_TRAIN_FLAGS = (
     "amp-dtype",
     "threads",
 )
+
+
+EXPORT_FORMATS = ("torchscript", "onnx")
+
+
+@dataclass
+class ExportConfig:
+    """`maskrcnn-dist export`'s own settings. The model and weights flags are the train flags named in
+    EXPORT_TRAIN_FLAGS; the images of the parity check are its --images option (files or folders)."""
+
+    format: str | None = option(None, "torchscript or onnx (required)", choices=EXPORT_FORMATS)
+    out: Path | None = option(None, "the file to write: .pt for torchscript, .onnx for onnx (required)")
+    parity_images: int = option(
+        4, "images the exported and the eager model both run for the parity check", minimum=1, maximum=64
+    )
+    # An export that fails its parity check never replaces a good file (it is kept as OUT.failed).
+    overwrite: bool = option(False, "replace an existing --out, once the new export has passed the parity check")
+
+
+#: Train flags that `export` shares: what builds and loads the model, and where the parity images are.
+EXPORT_TRAIN_FLAGS = ("resume", "weights", "output-dir", "data-path", "model", "min-size", "max-size", "threads")
 
 
 @dataclass
@@ -86,29 +110,35 @@ PROFILE_TRAIN_FLAGS = (
 )
 PREDICT_FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(PredictConfig))
 PREDICT_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PREDICT_FIELDS}
+EXPORT_FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(ExportConfig))
+EXPORT_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in EXPORT_FIELDS}
 PROFILE_FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(ProfileConfig))
 PROFILE_BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in PROFILE_FIELDS}
 
 
-def build_profile_config(values: dict[str, Any]) -> ProfileConfig:
-    """profile's own flags (None: not given) over ProfileConfig's defaults, checked like the train flags."""
-    cfg = apply_overrides(
-        ProfileConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PROFILE_BY_FLAG
-    )
-    errors = [problem for spec in PROFILE_FIELDS if (problem := spec.problem(spec.get(cfg)))]
+def build_tool_config(config: T, values: dict[str, Any], by_flag: dict[str, FieldSpec], command: str) -> T:
+    """A command's own flags (None: not given) over `config`'s defaults, checked like the train flags,
+    and those of its REQUIRED flags that are missing named."""
+    cfg = apply_overrides(config, {k: v for k, v in values.items() if v is not None}, "command line", by_flag)
+    errors = [problem for spec in by_flag.values() if (problem := spec.problem(spec.get(cfg)))]
+    required = REQUIRED.get(command, {})
+    errors += [f"--{flag} {what} is required" for flag, what in required.items() if by_flag[flag].get(cfg) is None]
     if errors:
-        raise ConfigError("invalid profile options: " + "; ".join(errors))
+        raise ConfigError(f"invalid {command} options: " + "; ".join(errors))
     return cfg
+
+
+#: command -> its flags that have no default, and what each one takes.
+REQUIRED = {"predict": {"out": "DIR"}, "export": {"format": "|".join(EXPORT_FORMATS), "out": "FILE"}}
+
+
+def build_profile_config(values: dict[str, Any]) -> ProfileConfig:
+    return build_tool_config(ProfileConfig(), values, PROFILE_BY_FLAG, "profile")
 
 
 def build_predict_config(values: dict[str, Any]) -> PredictConfig:
-    """predict's own flags (None: not given) over PredictConfig's defaults, checked like the train flags."""
-    cfg = apply_overrides(
-        PredictConfig(), {k: v for k, v in values.items() if v is not None}, "command line", PREDICT_BY_FLAG
-    )
-    errors = [problem for spec in PREDICT_FIELDS if (problem := spec.problem(spec.get(cfg)))]
-    if cfg.out is None:
-        errors.append("--out DIR is required")
-    if errors:
-        raise ConfigError("invalid predict options: " + "; ".join(errors))
-    return cfg
+    return build_tool_config(PredictConfig(), values, PREDICT_BY_FLAG, "predict")
+
+
+def build_export_config(values: dict[str, Any]) -> ExportConfig:
+    return build_tool_config(ExportConfig(), values, EXPORT_BY_FLAG, "export")

@@ -162,7 +162,9 @@ class TrainConfig:
     )
     flush_denormal: bool = option(True, "flush denormal floats to zero on CPU (3-6x slower iterations without it)")
     resume: Path | None = option(
-        None, "checkpoint file, directory, or 'auto' (newest in OUTPUT_DIR/checkpoints, if any)"
+        None,
+        "checkpoint file, directory, 'auto' (newest in OUTPUT_DIR/checkpoints, if any) or, for eval, predict "
+        "and export, 'best' (OUTPUT_DIR/checkpoints/best.pt)",
     )
     # Never silently: a fresh run into a used --output-dir is refused unless this or --resume is given.
     overwrite: bool = option(
@@ -175,6 +177,15 @@ class TrainConfig:
     checkpoint_period: int = option(0, "checkpoint every N steps (0: at epoch ends only)", minimum=0)
     keep_checkpoints: int = option(3, "keep the newest K checkpoints", minimum=1)
     eval_every_epoch: bool = option(True, "COCO AP at every epoch end")
+    # Checked against evaluation.METRIC_KEYS at start (best.check_best_metric): config sits below evaluation.
+    best_metric: str = option(
+        "segm_AP",
+        "the evaluation metric that picks OUTPUT_DIR/checkpoints/best.pt, higher is better: "
+        "bbox_AP, segm_AP, segm_AP50, ... (any AP key of an eval record)",
+    )
+    patience: int | None = option(
+        None, "stop after N evaluations in a row without a new best --best-metric (default: never)", minimum=1
+    )
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -202,6 +213,16 @@ class TrainConfig:
             (
                 not self.test_only or self.resume is not None or self.model.weights is not None,
                 "--test-only (eval) needs --resume CHECKPOINT or --weights FILE",
+            ),
+            (
+                self.test_only or str(self.resume) != "best",
+                "--resume best is for eval, predict and export: train continues a run with --resume auto, "
+                "and starts from a run's best model with --weights RUN/checkpoints/best.pt",
+            ),
+            (
+                self.patience is None or self.eval_every_epoch or self.test_only,
+                "--patience counts evaluations, and --no-eval-every-epoch leaves only the one at the end: "
+                "add --eval-every-epoch",
             ),
         ]
         problems = [message for ok, message in checks if not ok]

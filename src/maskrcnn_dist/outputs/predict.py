@@ -24,8 +24,8 @@ import torch
 from PIL import Image
 
 from ..categories import Categories
-from ..checkpoint import load_checkpoint
-from ..config import PredictConfig, build_config, saved_model_flags
+from ..checkpoint import load_checkpoint, resolve_resume
+from ..config import PredictConfig, TrainConfig, build_config, saved_model_flags
 from ..data import CocoInstanceDataset, build_eval_loader, find_split, read_image
 from ..data.check import ImageEntry, bad_images_error, check_images
 from ..engines.torch_engine import TorchEngine
@@ -72,13 +72,16 @@ class Predictor:
         return theirs
 
 
-def load_predictor(flags: dict[str, Any]) -> Predictor:
-    """The model of `flags["resume"]` (a checkpoint) or `flags["weights"]` (a state dict), built from the
-    other train flags in `flags` over, for a checkpoint, the model settings it was trained with."""
+def load_predictor(flags: dict[str, Any], command: str = "predict") -> Predictor:
+    """The model of `flags["resume"]` (a checkpoint; "auto" and "best" name one of the run in
+    flags["output-dir"]) or `flags["weights"]` (a state dict), built from the other train flags in `flags`
+    over, for a checkpoint, the model settings it was trained with."""
     resume, weights = flags.get("resume"), flags.get("weights")
     if (resume is None) == (weights is None):
-        raise ConfigError("predict needs one of --resume CHECKPOINT or --weights FILE")
+        raise ConfigError(f"{command} needs one of --resume CHECKPOINT or --weights FILE")
     if resume is not None:
+        resume = resolve_resume(resume, flags.get("output-dir") or TrainConfig().output_dir, must_exist=True)
+        flags = {**flags, "resume": resume}
         source = f"checkpoint {resume}"
         state = load_checkpoint(Path(resume))
         model_state, saved, step = state["model"], state.get("config") or {}, state.get("step")

@@ -1,4 +1,4 @@
-"""Draw a run's loss and AP curves from its metrics.jsonl into one PNG."""
+"""Draw a run's loss and AP curves from its metrics.jsonl into one PNG, the best checkpoint marked."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def save_figure(fig: Any, out_png: Path) -> Path:
 
 # What each kind of record must carry for the curves (finite numbers); eval records are drawn by the AP
 # keys they have, and those must be numbers when present.
-REQUIRED_KEYS = {"train": ("step", "loss"), "val": ("step", "loss"), "eval": ("step",)}
+REQUIRED_KEYS = {"train": ("step", "loss"), "val": ("step", "loss"), "eval": ("step",), "best": ("step", "value")}
 AP_KEYS = (("bbox_AP", "bbox AP"), ("segm_AP", "segm AP"), ("bbox_AP50", "bbox AP50"))
 
 
@@ -86,6 +86,7 @@ def draw_report(metrics_file: Path, out_png: Path) -> Path:
     train = _finite([r for r in records if r.get("kind") == "train"], "loss")
     val = _finite([r for r in records if r.get("kind") == "val"], "loss")
     evals = [r for r in records if r.get("kind") == "eval"]
+    bests = _finite([r for r in records if r.get("kind") == "best"], "value")
 
     fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)  # one step axis for both
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
@@ -101,6 +102,10 @@ def draw_report(metrics_file: Path, out_png: Path) -> Path:
             ax_ap.plot(*zip(*points), "o-", label=label)
             step, value = points[-1]
             ax_ap.annotate(f"{value:.3f}", (step, value), textcoords="offset points", xytext=(-30, 6))
+    if bests:  # the last new best is the run's best: the checkpoint best.pt holds
+        best = bests[-1]
+        label = f"best {best.get('metric', 'AP')} {best['value']:.3f} (step {best['step']}, best.pt)"
+        ax_ap.plot([best["step"]], [best["value"]], "*", color="gold", markeredgecolor="black", ms=16, label=label)
     ax_ap.set(xlabel="step", ylabel="COCO AP", title="Evaluation", ylim=(0, 1))
     if ax_ap.get_lines():  # a run without evaluation: no legend (matplotlib would warn on stderr)
         ax_ap.legend()
