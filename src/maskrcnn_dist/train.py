@@ -27,7 +27,7 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 from .config import TrainConfig
 from .data import CocoInstanceDataset, load_datasets, num_train_batches
-from .data.check import CheckReport, check_datasets, settle
+from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .loop import Trainer, TrainResult
@@ -80,7 +80,7 @@ def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lam
         return
     # Evaluation reads only the val split.
     splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
-    reports = run_once(lambda: check_datasets(splits, cfg.data.check_data))
+    reports = run_once(lambda: check_datasets(splits, CheckRules.of(cfg)))
     settle(splits, reports, cfg.data.skip_bad_images)
 
 

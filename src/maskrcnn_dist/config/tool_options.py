@@ -34,11 +34,13 @@ class PredictConfig:
 GALLERY_MAX = 64
 
 
-#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
+#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, where it
+#: runs, and how images are read.
 PREDICT_TRAIN_FLAGS = (
     "resume",
     "weights",
     "data-path",
+    "exif-orientation",
     "model",
     "min-size",
     "max-size",
