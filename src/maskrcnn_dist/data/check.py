@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 from ..config import CHECK_MODES, TrainConfig
-from ..errors import DatasetError
+from ..errors import DatasetError, one_line
 from .image_file import ImageFault, open_checked
 from .orientation import AS_STORED, Frame, FrameMismatch, frame_of, frame_size
 from .resize import degenerate_size_reason
@@ -143,6 +143,8 @@ def check_image(entry: ImageEntry, rules: CheckRules) -> Frame | str | None:
             size = frame_size(oriented.stored, frame)
     except (ImageFault, FrameMismatch) as exc:
         return str(exc)
+    except Exception as exc:  # noqa: BLE001 - any other failure to read the file is a verdict on the file
+        return f"cannot read image: {one_line(exc)}"
     return rules.resize_problem(size) or frame
 
 

@@ -4,7 +4,9 @@ reasons that say what is wrong with it.
 What the check vouches for without decoding (`open_checked`):
     JPEG (and MPO)  its end-of-image marker: JPEG's entropy-coded data escapes every 0xFF, so FF D9
                     appears only as the end marker; a truncated JPEG lacks it. libjpeg decodes
-                    corrupt scan data with a warning, so decoding proves no more.
+                    corrupt scan data with a warning, so decoding proves no more. Without the marker
+                    in its last 4 KiB the JPEG is decoded: a phone's motion photo appends a video
+                    after the image.
     PNG             every chunk is complete and matches its CRC, and IEND ends the file; then the
                     pixels are decoded (a zlib stream can be broken under good CRCs).
     WebP            the file holds the bytes its RIFF header announces; then decoded.
@@ -55,17 +57,19 @@ def open_checked(path: Path, decode_all: bool = False) -> Iterator[tuple[Image.I
         _riff_complete(path, file_size)  # Pillow cannot open a cut WebP
         raise ImageFault(f"cannot read image: {one_line(exc)}") from exc
     with image:
-        if image.format in END_MARKED and not _ends_with(image, _JPEG_END):
-            raise ImageFault("truncated: the JPEG ends without its end-of-image marker (FF D9)")
+        marked = image.format in END_MARKED and _ends_with(image, _JPEG_END)
         has_end = True
         if image.format == "PNG":
             has_end = _png_chunks(path)
         elif image.format == "WEBP":
             _riff_complete(path, file_size)
         try:
-            oriented = load_oriented(image, decode=decode_all or image.format not in END_MARKED)
+            oriented = load_oriented(image, decode=decode_all or not marked)
         except Exception as exc:  # noqa: BLE001 - as above
-            raise ImageFault(decode_failure(exc, image, file_size)) from exc
+            reason = decode_failure(exc, image, file_size)
+            if image.format in END_MARKED and reason.startswith("truncated"):
+                reason = "truncated: the JPEG ends without its end-of-image marker (FF D9)"
+            raise ImageFault(reason) from exc
         if not has_end:
             raise ImageFault("the PNG has no IEND chunk: its image data is complete, the end chunk is missing")
         yield image, oriented
@@ -115,8 +119,11 @@ def _png_chunks(path: Path) -> bool:
 
 def _riff_complete(path: Path, file_size: int) -> None:
     """ImageFault when a WebP holds fewer bytes than its RIFF header announces."""
-    with open(path, "rb") as f:
-        header = f.read(12)
+    try:
+        with open(path, "rb") as f:
+            header = f.read(12)
+    except OSError:  # unreadable: the caller's reason stands
+        return
     if len(header) < 12 or header[:4] != b"RIFF" or header[8:] != b"WEBP":
         return
     announced = struct.unpack_from("<I", header, 4)[0] + 8
@@ -152,8 +159,8 @@ def read_image(
             array = _to_rgb_float(in_frame(im, frame, oriented.delivered))
     except FrameMismatch as exc:
         raise DatasetError(f"{name}: {exc}") from exc
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise DatasetError(f"{name}: cannot read image: {exc}") from exc
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
+        raise DatasetError(f"{name}: cannot read image: {one_line(exc)}") from exc
     return torch.from_numpy(array).permute(2, 0, 1).contiguous(), frame
 
 

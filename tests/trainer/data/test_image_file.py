@@ -98,6 +98,7 @@ def _valid_files() -> dict[str, bytes]:
         "lossless.webp": _encoded("WEBP", rgb.convert("RGBA"), lossless=True),
         "rgba.bmp": _encoded("BMP", rgb.convert("RGBA")),
         "mpo.mpo": _encoded("MPO", rgb, save_all=True, append_images=[other]),
+        "motion-photo.jpg": _encoded("JPEG", rgb) + b"ftypmp42" + bytes(range(256)) * 40,  # a video after the image
         "pgm.pgm": _encoded("PPM", rgb.convert("L")),
     }
 
