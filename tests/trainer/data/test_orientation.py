@@ -112,15 +112,23 @@ def _check_and_settle(dataset: CocoInstanceDataset, policy: str = "auto") -> Non
     settle([dataset], check_datasets([dataset], CheckRules("header", policy)), skip_bad=False)
 
 
-@pytest.mark.parametrize("checked", [True, False], ids=["checked", "check-off"])
-@pytest.mark.parametrize(
-    ("orientation", "frame"), [(o, "display") for o in range(1, 9)] + [(o, "stored") for o in range(5, 9)]
+# Every orientation in both frames: the display frame (auto, apply), and the stored frame, which auto
+# tells apart only where the orientation turns the image (5-8) and ignore reads for every orientation.
+FRAMES = (
+    [(o, "display", "auto") for o in range(1, 9)]
+    + [(o, "display", "apply") for o in (2, 5)]
+    + [(o, "stored", "auto") for o in range(5, 9)]
+    + [(o, "stored", "ignore") for o in range(1, 9)]
 )
-def test_the_mask_lands_on_the_object(tmp_path: Path, orientation: int, frame: str, checked: bool):
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "check-off"])
+@pytest.mark.parametrize(("orientation", "frame", "policy"), FRAMES)
+def test_the_mask_lands_on_the_object(tmp_path: Path, orientation: int, frame: str, policy: str, checked: bool):
     annotations = _photo_set(tmp_path, orientation, frame)
-    dataset = CocoInstanceDataset(tmp_path / "images", annotations)
+    dataset = CocoInstanceDataset(tmp_path / "images", annotations, exif_orientation=policy)
     if checked:
-        _check_and_settle(dataset)
+        _check_and_settle(dataset, policy)
     image, target = dataset[0]
     _assert_mask_on_the_object(image, target)
     # evaluation reads the same dataset through its loader
