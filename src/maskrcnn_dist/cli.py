@@ -180,20 +180,24 @@ def synth_data(
 
 
 @main.command("check-data")
-@field_options(tuple(config_mod.BY_FLAG[flag] for flag in ("data-path", "check-data")))
+@field_options(
+    tuple(config_mod.BY_FLAG[flag] for flag in ("data-path", "check-data", "exif-orientation", "min-size", "max-size"))
+)
 @click.option(
     "--split", type=click.Choice(["train", "val", "both"]), default="both", show_default=True, help="splits to check"
 )
-def check_data(data_path: Path | None, check_data: str | None, split: str) -> None:
-    """Check every image of a COCO set as training does at start (--check-data, default header): prints
-    each bad file and a summary per split; exit 2 when any image is bad."""
-    from .data.check import raise_if_bad
+def check_data(split: str, **kwargs: Any) -> None:
+    """Check every image of a COCO set as training does at start (--check-data, default header; the frame
+    --exif-orientation reads it in; its size after the model's --min-size/--max-size resize): prints each
+    bad file and a summary per split; exit 2 when any image is bad."""
+    from .data.check import CheckRules, raise_if_bad
     from .data.layout import check_split
 
-    if data_path is None:
+    cfg = config_mod.build_config(None, _collect(kwargs))
+    if cfg.data.data_path is None:
         raise click.UsageError("--data-path is required")
     splits = ("train", "val") if split == "both" else (split,)
-    reports = check_split(data_path, splits, check_data or "header")
+    reports = check_split(cfg.data.data_path, splits, CheckRules.of(cfg))
     for report in reports:
         for bad in report.bad:
             click.echo(f"bad: {bad}")

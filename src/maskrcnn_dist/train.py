@@ -31,7 +31,7 @@ from .best import check_best_metric
 from .checkpoint import resolve_resume
 from .config import TrainConfig
 from .data import CocoInstanceDataset, load_datasets, num_train_batches
-from .data.check import CheckReport, check_datasets, settle
+from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .grace import grace_seconds
@@ -110,7 +110,7 @@ def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lam
         return
     # Evaluation reads only the val split.
     splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
-    reports = run_once(lambda: check_datasets(splits, cfg.data.check_data))
+    reports = run_once(lambda: check_datasets(splits, CheckRules.of(cfg)))
     settle(splits, reports, cfg.data.skip_bad_images)
 
 

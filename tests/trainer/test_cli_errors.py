@@ -69,18 +69,26 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["checkpoints-a-file"].mkdir()
     (made["checkpoints-a-file"] / "checkpoints").write_text("a note, not the folder of checkpoints\n")
     made["good-set"] = _coco_set(tmp / "good-set", [[0, 0, 4, 0, 4, 4, 0, 4]])
+    made["portrait-set"] = _coco_set(tmp / "portrait-set", [[0, 0, 4, 0, 4, 4, 0, 4]], (6, 8), orientation=6)
+    made["thin-set"] = _coco_set(tmp / "thin-set", [[0, 0, 4, 0, 4, 1, 0, 1]], (256, 1))
     made["binary-metrics-run"] = tmp / "binary-metrics-run"
     made["binary-metrics-run"].mkdir()
     (made["binary-metrics-run"] / "metrics.jsonl").write_bytes(b"\xff\xfe\x00 not UTF-8\n")
     return made
 
 
-def _coco_set(root: Path, polygon: list[list[float]] | None) -> Path:
-    """A data path whose train split has one 8x6 image with one annotation of `polygon`, or no image at all."""
+def _coco_set(
+    root: Path, polygon: list[list[float]] | None, size: tuple[int, int] = (8, 6), orientation: int = 1
+) -> Path:
+    """A data path whose train split has one image of `size` (stored, and annotated so) with one annotation
+    of `polygon`, or no image at all; the PNG carries an EXIF `orientation` other than 1 in an eXIf chunk."""
     images = root / "train" / "images"
     images.mkdir(parents=True)
-    Image.new("RGB", (8, 6)).save(images / "1.png")
-    image = {"id": 1, "file_name": "1.png", "width": 8, "height": 6}
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation
+    Image.new("RGB", size).save(images / "1.png", exif=exif)
+    image = {"id": 1, "file_name": "1.png", "width": size[0], "height": size[1]}
     annotation = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4], "segmentation": polygon}
     data = {
         "images": [image] if polygon else [],
@@ -272,6 +280,16 @@ OTHER_CASES = [
         "check-data-unknown-mode",
         ["check-data", "--data-path", "{good-set}", "--check-data", "deep"],
         ["--check-data", "'deep' is not one of header, full, off"],
+    ),
+    (
+        "check-data-exif-apply-on-a-stored-frame-annotation",
+        ["check-data", "--data-path", "{portrait-set}", "--split", "train", "--exif-orientation", "apply"],
+        ["1.png (image id 1): image is stored 6x8 with EXIF orientation 6 (shown 8x6); the annotation file says 6x8"],
+    ),
+    (
+        "check-data-image-too-thin-for-the-model",
+        ["check-data", "--data-path", "{thin-set}", "--split", "train", "--min-size", "96", "--max-size", "96"],
+        ["1.png (image id 1): image is too thin for the model: 256x1 resizes to 96x0 at --min-size 96"],
     ),
     ("unknown-command", ["trian"], ["trian"]),
 ]

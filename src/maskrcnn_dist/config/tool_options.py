@@ -36,12 +36,14 @@ class PredictConfig:
 GALLERY_MAX = 64
 
 
-#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, and where it runs.
+#: Train flags that `predict` (and `report --gallery`) share: what builds and loads the model, where it
+#: runs, and how images are read.
 PREDICT_TRAIN_FLAGS = (
     "resume",
     "weights",
     "output-dir",  # the run whose checkpoints `--resume auto|best` names
     "data-path",
+    "exif-orientation",
     "model",
     "min-size",
     "max-size",

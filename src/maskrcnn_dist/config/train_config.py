@@ -27,6 +27,7 @@ AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to tor
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
 CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
+EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
 
 # ----------------------------------------------------------------------------------------------
 # The settings.
@@ -61,6 +62,14 @@ class DataConfig:
     )
     skip_bad_images: bool = option(
         False, "train without the images that fail --check-data (one warning) instead of stopping"
+    )
+    # Annotation tools show a photo turned by its EXIF orientation and annotate it in that frame.
+    exif_orientation: str = option(
+        "auto",
+        "images with an EXIF orientation: auto (read as shown when the annotation's width x height is the "
+        "shown size, as annotation tools export; as stored when it is only the stored size of a turned "
+        "image), apply (always as shown) or ignore (always as stored)",
+        choices=EXIF_ORIENTATIONS,
     )
 
 

@@ -1,6 +1,7 @@
 """The trainer's data: COCO instances dataset, synthetic COCO generator, batching and loaders."""
 
-from maskrcnn_dist.data.coco import CocoInstanceDataset, flip_decision, hflip, read_image
+from maskrcnn_dist.data.coco import CocoInstanceDataset, flip_decision, hflip
+from maskrcnn_dist.data.image_file import read_image
 from maskrcnn_dist.data.layout import LAYOUTS, ensure_synthetic, find_split, load_datasets
 from maskrcnn_dist.data.loader import (
     aspect_ratio_groups,

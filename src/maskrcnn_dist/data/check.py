@@ -2,14 +2,20 @@
 naming it, not hours later inside a DataLoader worker on many GPUs.
 
 Modes (--check-data):
-    header  the file opens, its header gives the size the annotation file says, and a JPEG/PNG ends
-            with its end marker (a truncated file is caught without decoding it). PIL reads only the
-            header and the tail: COCO's 118k train images take seconds on a few cores.
-    full    decode every pixel as well (what training will do), much slower.
-    off     only that the files exist.
+    header  the file opens, is whole (image_file.open_checked: a JPEG's end marker, a PNG's chunks
+            and CRCs; the formats no end marker vouches for, PNG, BMP, TIFF, WebP, GIF, ..., are
+            decoded), and fits the annotation's width x height in the frame --exif-orientation
+            allows (orientation.decide_frame). A JPEG is not decoded: COCO's 118k train images take
+            seconds on a few cores.
+    full    decode every JPEG as well (what training will do), much slower.
+    off     only that the files exist; each image's frame is decided when it is first read.
+In every mode an image whose side the model's resize (--min-size, --max-size) would round to 0 px is
+refused (data/resize.py).
 
 The work is spread over a process pool sized to the cores this process may use; small sets are
-checked in-process (starting a pool costs more than checking them).
+checked in-process (starting a pool costs more than checking them). The report carries each good
+image's frame (orientation.Frame), so training, evaluation, predict and the gallery read it as decided
+here (in ddp, as rank 0 decided).
 """
 
 from __future__ import annotations
@@ -19,26 +25,23 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from PIL import Image
-
-from ..config import CHECK_MODES
-from ..errors import DatasetError
+from ..config import CHECK_MODES, TrainConfig
+from ..errors import DatasetError, one_line
 from ..stop import detach_pool_worker
+from .image_file import ImageFault, open_checked
+from .orientation import AS_STORED, Frame, FrameMismatch, frame_of, frame_size
+from .resize import degenerate_size_reason
 
 log = logging.getLogger(__name__)
 
 MAX_LISTED = 5  # bad files quoted in the one-line error
 _CHUNK = 256  # images per pool task: big enough to amortise the task's pickling
 _IN_PROCESS_BELOW = 512  # fewer images than this are checked without a pool
-_TAIL_BYTES = 4096
-
-# JPEG's entropy-coded data escapes every 0xFF, so EOI (FF D9) appears only as the end marker.
-_END_MARKERS = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,31 @@ class ImageEntry:
     width: int | None = None
     height: int | None = None
 
+    @property
+    def annotated(self) -> tuple[int, int] | None:
+        return None if self.width is None or self.height is None else (self.width, self.height)
+
+
+@dataclass(frozen=True)
+class CheckRules:
+    """What makes an image usable: the --check-data mode, --exif-orientation, and the model's
+    --min-size/--max-size (None: no model to fit, no resize check)."""
+
+    mode: str = "header"
+    exif_orientation: str = "auto"
+    min_size: int | None = None
+    max_size: int | None = None
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, mode: str | None = None) -> CheckRules:
+        """The rules a configuration trains by (`mode`: another --check-data mode)."""
+        return cls(mode or cfg.data.check_data, cfg.data.exif_orientation, cfg.model.min_size, cfg.model.max_size)
+
+    def resize_problem(self, size: tuple[int, int]) -> str | None:
+        if self.min_size is None or self.max_size is None:
+            return None
+        return degenerate_size_reason(*size, self.min_size, self.max_size)
+
 
 class CheckedDataset(Protocol):
     """What the check needs of a split (coco.CocoInstanceDataset)."""
@@ -59,6 +87,8 @@ class CheckedDataset(Protocol):
     def image_entries(self) -> list[ImageEntry]: ...
 
     def drop_images(self, image_ids: set[int]) -> None: ...
+
+    def use_frames(self, frames: Mapping[int, Frame]) -> None: ...
 
     def __len__(self) -> int: ...
 
@@ -82,6 +112,14 @@ class CheckReport:
     checked: int
     bad: tuple[BadImage, ...]
     seconds: float
+    # image id -> its frame, for every good image; none with --check-data off (each image's frame is
+    # then decided when it is first read)
+    frames: Mapping[int, Frame] = field(default_factory=dict)
+
+    @property
+    def read_as_stored_though_turned(self) -> list[int]:
+        """Images a viewer shows turned (orientation 5-8) whose annotation is in the stored frame."""
+        return [iid for iid, frame in self.frames.items() if frame.read_as_stored_though_turned]
 
     @property
     def images_per_second(self) -> float:
@@ -94,45 +132,36 @@ class CheckReport:
         )
 
 
-def check_image(entry: ImageEntry, mode: str) -> str | None:
-    """Why `entry`'s file is unusable, or None when it is good."""
+def check_image(entry: ImageEntry, rules: CheckRules) -> Frame | str | None:
+    """Why `entry`'s file is unusable (a str), or the frame it is read in (None: not decided, mode off)."""
+    if rules.mode == "off":
+        if not entry.path.is_file():
+            return "file not found"
+        return rules.resize_problem(entry.annotated) if entry.annotated else None
     try:
-        if mode == "off":
-            return None if entry.path.is_file() else "file not found"
-        with Image.open(entry.path) as im:  # lazy: reads the header only
-            size = im.size
-            if mode == "full":
-                im.load()
-            elif im.format in _END_MARKERS:
-                reason = _truncation(im.fp, _END_MARKERS[im.format])
-                if reason:
-                    return reason
-    except FileNotFoundError:
-        return "file not found"
-    except Exception as e:  # noqa: BLE001 - any failure to read the file is a verdict on the file
-        return " ".join(f"cannot read image: {e}".split()) or type(e).__name__
-    if entry.width is not None and size != (entry.width, entry.height):
-        return f"image is {size[0]}x{size[1]} but the annotation file says {entry.width}x{entry.height}"
-    return None
+        with open_checked(entry.path, decode_all=rules.mode == "full") as (_, oriented):
+            frame = frame_of(oriented, entry.annotated, rules.exif_orientation)
+            size = frame_size(oriented.stored, frame)
+    except (ImageFault, FrameMismatch) as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - any other failure to read the file is a verdict on the file
+        return f"cannot read image: {one_line(exc)}"
+    return rules.resize_problem(size) or frame
 
 
-def _truncation(fp: object, marker: bytes) -> str | None:
-    fp.seek(0, os.SEEK_END)  # type: ignore[attr-defined]
-    size = fp.tell()  # type: ignore[attr-defined]
-    fp.seek(max(0, size - _TAIL_BYTES))  # type: ignore[attr-defined]
-    if marker not in fp.read():  # type: ignore[attr-defined]
-        return "image file is truncated (no end marker)"
-    return None
+_Checked = tuple[int, list[BadImage], dict[int, Frame]]  # a chunk's count, bad images and frames
 
 
-def _check_chunk(args: tuple[Sequence[ImageEntry], str]) -> tuple[int, list[BadImage]]:
-    entries, mode = args
-    bad = []
+def _check_chunk(args: tuple[Sequence[ImageEntry], CheckRules]) -> _Checked:
+    entries, rules = args
+    bad, frames = [], {}
     for entry in entries:
-        reason = check_image(entry, mode)
-        if reason is not None:
-            bad.append(BadImage(entry.image_id, entry.path, reason))
-    return len(entries), bad
+        verdict = check_image(entry, rules)
+        if isinstance(verdict, str):
+            bad.append(BadImage(entry.image_id, entry.path, verdict))
+        elif verdict is not None:  # one AS_STORED object for most images: a report pickles small
+            frames[entry.image_id] = AS_STORED if verdict == AS_STORED else verdict
+    return len(entries), bad, frames
 
 
 def available_cores() -> int:
@@ -144,31 +173,33 @@ def available_cores() -> int:
 
 def check_images(
     entries: Sequence[ImageEntry],
-    mode: str = "header",
+    rules: CheckRules,
     *,
     source: str = "",
     processes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport:
-    """Check `entries` in `mode`; `progress(done, total)` is called as chunks finish."""
-    if mode not in CHECK_MODES:
-        raise ValueError(f"check mode must be one of {CHECK_MODES}, got {mode!r}")
+    """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish."""
+    if rules.mode not in CHECK_MODES:
+        raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")
     start = time.perf_counter()
-    chunks = [(entries[i : i + _CHUNK], mode) for i in range(0, len(entries), _CHUNK)]
+    chunks = [(entries[i : i + _CHUNK], rules) for i in range(0, len(entries), _CHUNK)]
     processes = min(processes or available_cores(), len(chunks))
     bad: list[BadImage] = []
+    frames: dict[int, Frame] = {}
     done = 0
-    for count, chunk_bad in _map(chunks, processes if len(entries) >= _IN_PROCESS_BELOW else 1):
+    for count, chunk_bad, chunk_frames in _map(chunks, processes if len(entries) >= _IN_PROCESS_BELOW else 1):
         bad.extend(chunk_bad)
+        frames.update(chunk_frames)
         done += count
         if progress:
             progress(done, len(entries))
     order = {entry.image_id: i for i, entry in enumerate(entries)}
     bad.sort(key=lambda b: order[b.image_id])  # chunks finish in any order; report in file order
-    return CheckReport(source, mode, len(entries), tuple(bad), time.perf_counter() - start)
+    return CheckReport(source, rules.mode, len(entries), tuple(bad), time.perf_counter() - start, frames)
 
 
-def _map(chunks: list, processes: int) -> Iterable[tuple[int, list[BadImage]]]:
+def _map(chunks: list, processes: int) -> Iterable[_Checked]:
     if processes <= 1:
         yield from map(_check_chunk, chunks)
         return
@@ -223,20 +254,34 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
     return DatasetError(" | ".join(parts) + f" ({hint})")
 
 
-def check_datasets(datasets: Sequence[CheckedDataset], mode: str) -> list[CheckReport]:
-    """Check every image of each split (with a progress bar or log lines), one report per split."""
+def check_datasets(datasets: Sequence[CheckedDataset], rules: CheckRules) -> list[CheckReport]:
+    """Check every image of each split (with a progress bar or log lines), one report per split; one
+    warning per split counts the images read as stored though a viewer shows them turned."""
     reports = []
     for dataset in datasets:
         source = str(dataset.annotation_file)
-        report = check_images(dataset.image_entries(), mode, source=source, progress=Progress(f"checking {source}"))
+        report = check_images(dataset.image_entries(), rules, source=source, progress=Progress(f"checking {source}"))
         log.info("%s", report.summary())
+        if stored := report.read_as_stored_though_turned:
+            log.warning(
+                "%s: %d of %d images have an EXIF orientation that turns them (5-8) but are annotated in "
+                "their stored frame (the annotation's width x height is the stored one): read as stored, "
+                "e.g. image ids %s (--exif-orientation apply refuses them)",
+                source,
+                len(stored),
+                report.checked,
+                ", ".join(map(str, sorted(stored)[:MAX_LISTED])),
+            )
         reports.append(report)
     return reports
 
 
 def settle(datasets: Sequence[CheckedDataset], reports: Sequence[CheckReport], skip_bad: bool) -> None:
-    """Act on the reports (computed here or received from the rank that checked): stop with one line
-    listing the bad files, or, with `skip_bad`, drop them from their split with one warning."""
+    """Act on the reports (computed here or received from the rank that checked): every split reads
+    its images in the frames decided; stop with one line listing the bad files, or, with `skip_bad`,
+    drop them from their split with one warning."""
+    for dataset, report in zip(datasets, reports, strict=True):
+        dataset.use_frames(report.frames)
     if not any(report.bad for report in reports):
         return
     if not skip_bad:

@@ -1,7 +1,8 @@
 """COCO instance segmentation dataset: a COCO instances JSON + an image folder -> (image, target).
 
 The JSON is read and validated once, up front (data/annotations.py); images are decoded when a sample
-is loaded.
+is loaded, in the frame (data/orientation.py) the data check decided for them, or, where no check
+ran, decided by the same function when the image is first read.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import contextlib
 import hashlib
 import io
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 from pycocotools.coco import COCO
 
 from maskrcnn_dist.data.annotations import (
@@ -27,7 +28,9 @@ from maskrcnn_dist.data.annotations import (
     validate_images,
 )
 from maskrcnn_dist.data.check import ImageEntry
+from maskrcnn_dist.data.image_file import read_image
 from maskrcnn_dist.data.masks import decode_masks
+from maskrcnn_dist.data.orientation import Frame
 from maskrcnn_dist.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,8 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     resumed run sees the same flips; call `set_epoch` before each epoch. `flip_seed=None` means 0.
     Category ids are mapped to contiguous labels 1..K sorted by id; label 0 is the background.
     `check_files=False` leaves missing image files to the caller's check (data/check.py), which can
-    drop them (--skip-bad-images) rather than stop.
+    drop them (--skip-bad-images) rather than stop. `exif_orientation` (--exif-orientation) decides the
+    frame of an image the check has not decided (orientation.decide_frame).
     """
 
     def __init__(
@@ -66,12 +70,15 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         train: bool = False,
         flip_seed: int | None = None,
         check_files: bool = True,
+        exif_orientation: str = "auto",
     ) -> None:
         self.image_dir = Path(image_dir)
         self.annotation_file = Path(annotation_file)
         self.train = train
         self.flip_seed = 0 if flip_seed is None else flip_seed
         self.epoch = 0
+        self.exif_orientation = exif_orientation
+        self._frames: dict[int, Frame] = {}  # image id -> its frame, as decided (by the check, or at first read)
 
         where = str(self.annotation_file)
         data = read_annotation_file(self.annotation_file)
@@ -128,6 +135,17 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         """Every image with the size the annotation file gives it, for data/check.py."""
         return [ImageEntry(s.image_id, s.path, s.width, s.height) for s in self._samples]
 
+    def use_frames(self, frames: Mapping[int, Frame]) -> None:
+        """Read these images in the frames the data check decided for them."""
+        self._frames.update(frames)
+
+    def frame(self, image_id: int) -> Frame:
+        """The frame image `image_id` is read in: the check's decision, else decided now by the loader's
+        own read of the file (so the two cannot differ) and remembered."""
+        if image_id not in self._frames:
+            self._load_image(self._samples[self.image_ids.index(image_id)])
+        return self._frames[image_id]
+
     def drop_images(self, image_ids: set[int]) -> None:
         """Leave these images out of training and evaluation (they failed the data check)."""
         self._samples = [s for s in self._samples if s.image_id not in image_ids]
@@ -146,11 +164,23 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, Target]:
         sample = self._samples[idx]
-        image = _load_image(sample)
+        image = self._load_image(sample)
         target = self._target(sample)
         if self.train and flip_decision(self.flip_seed, self.epoch, idx % len(self)):
             image, target = hflip(image, target)
         return image, target
+
+    def _load_image(self, sample: _Sample) -> torch.Tensor:
+        name = f"{sample.path} (image id {sample.image_id})"
+        size = (sample.width, sample.height)
+        known = self._frames.get(sample.image_id)
+        image, frame = read_image(sample.path, known, annotated=size, policy=self.exif_orientation, name=name)
+        if known is None:
+            self._frames[sample.image_id] = frame  # decided now; the next read and the drawings use it
+        h, w = image.shape[-2:]
+        if (w, h) != size:  # the file changed since the check decided its frame
+            raise DatasetError(f"{name}: image is {w}x{h} but the annotation file says {size[0]}x{size[1]}")
+        return image
 
     def _target(self, sample: _Sample) -> Target:
         anns = sample.annotations
@@ -184,42 +214,6 @@ def hflip(image: torch.Tensor, target: Target) -> tuple[torch.Tensor, Target]:
     boxes = target["boxes"].clone()
     boxes[:, [0, 2]] = width - target["boxes"][:, [2, 0]]
     return image.flip(-1), {**target, "boxes": boxes, "masks": target["masks"].flip(-1)}
-
-
-# ---------------------------------------------------------------------------------------------------
-# loading
-
-
-def read_image(path: Path, name: str | None = None) -> torch.Tensor:
-    """An image file as float32 [3, H, W] in [0, 1]; a DatasetError naming the file (`name`) if it cannot be decoded."""
-    try:
-        with Image.open(path) as im:
-            im.load()  # decode now, so a truncated file fails here with its name
-            array = _to_rgb_float(im)
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise DatasetError(f"{name or path}: cannot read image: {e}") from e
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
-
-
-def _load_image(sample: _Sample) -> torch.Tensor:
-    image = read_image(sample.path, f"{sample.path} (image id {sample.image_id})")
-    h, w = image.shape[-2:]
-    if (w, h) != (sample.width, sample.height):
-        raise DatasetError(
-            f"{sample.path} (image id {sample.image_id}): image is {w}x{h} but the annotation file "
-            f"says {sample.width}x{sample.height}"
-        )
-    return image
-
-
-def _to_rgb_float(im: Image.Image) -> np.ndarray:
-    """Any PIL mode -> float32 HxWx3 in [0, 1]."""
-    if im.mode.startswith("I"):  # 16/32-bit grayscale: PIL's convert("RGB") would clip it to 255
-        gray = np.clip(np.asarray(im, dtype=np.float32) / 65535.0, 0.0, 1.0)
-        return np.repeat(gray[:, :, None], 3, axis=2)
-    if im.mode == "P" and "transparency" in im.info:
-        im = im.convert("RGBA")  # PIL asks for this route for palettes with transparency
-    return np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
 
 
 def _build_coco(dataset: dict[str, Any]) -> COCO:

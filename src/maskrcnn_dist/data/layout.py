@@ -12,7 +12,7 @@ from pathlib import Path
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
 from ..run_dir import output_folder_problem
-from .check import CheckReport, check_datasets
+from .check import CheckReport, CheckRules, check_datasets
 from .coco import CocoInstanceDataset
 from .synthetic import write_train_val
 
@@ -85,7 +85,10 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
     if cfg.data.data_path is None:
         raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
     train_images, train_ann = find_split(cfg.data.data_path, "train")
-    train_set = CocoInstanceDataset(train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False)
+    orientation = cfg.data.exif_orientation
+    train_set = CocoInstanceDataset(
+        train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False, exif_orientation=orientation
+    )
     if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
         raise empty_train_split(train_ann)
     try:
@@ -93,7 +96,7 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
     except DatasetError:
         log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
         return train_set, None
-    val_set = CocoInstanceDataset(val_images, val_ann, train=False, check_files=False)
+    val_set = CocoInstanceDataset(val_images, val_ann, train=False, check_files=False, exif_orientation=orientation)
     if not len(val_set):
         log.warning("%s lists no images: no validation loss or COCO AP", val_ann)
         return train_set, None
@@ -106,7 +109,7 @@ def empty_train_split(annotation_file: Path) -> DatasetError:
     return DatasetError(f"{annotation_file}: the train split lists no images")
 
 
-def check_split(data_path: Path, splits: Sequence[str], mode: str) -> list[CheckReport]:
+def check_split(data_path: Path, splits: Sequence[str], rules: CheckRules) -> list[CheckReport]:
     """`maskrcnn-dist check-data`: check every image of the named splits under a --data-path, judged as
     training judges them: a train split listing no images is refused; with both splits asked for, a
     missing val split is skipped with a warning (training runs without AP then), not an error."""
@@ -118,7 +121,10 @@ def check_split(data_path: Path, splits: Sequence[str], mode: str) -> list[Check
             if split != "val" or len(splits) == 1:
                 raise
             log.warning("no val split under %s: training would run without validation loss or COCO AP", data_path)
-    datasets = {split: CocoInstanceDataset(*where, check_files=False) for split, where in located.items()}
+    datasets = {
+        split: CocoInstanceDataset(*where, check_files=False, exif_orientation=rules.exif_orientation)
+        for split, where in located.items()
+    }
     if "train" in datasets and not len(datasets["train"]):
         raise empty_train_split(located["train"][1])
-    return check_datasets(list(datasets.values()), mode)
+    return check_datasets(list(datasets.values()), rules)

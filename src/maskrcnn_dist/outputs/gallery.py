@@ -3,10 +3,13 @@
 A second PNG next to the curves (report_gallery.png for report.png) rather than a panel inside them:
 the curves are a fixed-size chart, the gallery is as tall as the number of images asked for, and each
 image keeps its own pixels (enlarged by whole factors) instead of being resampled into a chart's cell.
+The images are checked and read as predict reads a split (in the frame the data check decides), and
+drawn in their display frame.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,11 @@ from torch.utils.data import Subset
 
 from ..config import GALLERY_MAX
 from ..data import build_eval_loader
+from ..data.check import CheckRules
+from ..data.orientation import to_display
 from ..errors import ConfigError
 from .draw import draw_detections, to_uint8
-from .predict import draw_prediction, legible_scale, load_predictor, open_split
+from .predict import check_readable, dataset_images, draw_prediction, legible_scale, load_predictor, open_split
 from .report import pyplot, save_figure
 
 GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images on CPU
@@ -64,15 +69,22 @@ def draw_gallery(
     trained on): predictions of checkpoint `resume` (left) and ground truth (right), one row each."""
     check_gallery_request(resume, count)
     predictor = load_predictor({"resume": resume, "device": device})
-    data_path = data_path or predictor.saved_config.get("data", {}).get("data_path")
+    trained_with = predictor.saved_config.get("data", {})
+    data_path = data_path or trained_with.get("data_path")
     if data_path is None:
         raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
-    dataset = open_split(Path(data_path), split)
+    # Checked and read as training read them: the checkpoint's --exif-orientation, its model's sizes.
+    orientation = trained_with.get("exif_orientation", "auto")
+    rules = replace(CheckRules.of(predictor.engine.cfg, mode="header"), exif_orientation=orientation)
+    dataset = open_split(Path(data_path), split, rules.exif_orientation)
     categories = predictor.categories_for(dataset)
+    shown = dataset_images(dataset)[:count]
+    frames = check_readable(shown, dataset, rules)
     rows: list[Row] = []
-    subset = Subset(dataset, range(min(count, len(dataset))))
+    subset = Subset(dataset, range(len(shown)))
     for images, targets in build_eval_loader(subset, GALLERY_BATCH):
         for image, target, detection in zip(images, targets, predictor.predict(images)):
+            frame = frames[int(target["image_id"])]
             truth = draw_detections(
                 to_uint8(image),
                 target["boxes"],
@@ -81,9 +93,8 @@ def draw_gallery(
                 "no objects",
                 legible_scale(image),
             )
-            rows.append(
-                (int(target["image_id"]), draw_prediction(image, detection, categories, score_threshold), truth)
-            )
+            predicted = draw_prediction(image, detection, categories, score_threshold)
+            rows.append((int(target["image_id"]), to_display(predicted, frame), to_display(truth, frame)))
     if not rows:
         raise ConfigError(f"report --gallery: the {split} split under {data_path} holds no images")
 

@@ -5,6 +5,10 @@ train flags through config.build_config, model.build_model inside the local engi
 runs under perf.autocast_context and returns CPU detections in original image coordinates. The results
 are evaluation.detections_to_coco's records, the ones `eval` scores: on a dataset split, with the same
 batches, detections.json scores exactly `eval`'s AP.
+
+Frames (data/orientation.py): every image is read in the frame the data check decides for it, so
+detections.json is in the annotation file's frame for a split, and in the display frame for files
+given by themselves; the drawings are turned into the display frame.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from ..categories import Categories
 from ..checkpoint import load_checkpoint, resolve_resume
 from ..config import PredictConfig, TrainConfig, build_config, saved_model_flags
 from ..data import CocoInstanceDataset, build_eval_loader, find_split, read_image
-from ..data.check import ImageEntry, bad_images_error, check_images
+from ..data.check import CheckRules, ImageEntry, bad_images_error, check_images
+from ..data.orientation import Frame, to_display
 from ..engines.torch_engine import TorchEngine
 from ..errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from ..evaluation import detections_to_coco
@@ -165,18 +170,26 @@ def _named(items: list[tuple[int, Path]]) -> list[InputImage]:
     return named
 
 
-def check_readable(images: list[InputImage], dataset: CocoInstanceDataset | None) -> None:
-    """Every image opens, is complete (JPEG/PNG end marker) and, in a dataset, has its annotated size:
-    data/check.py's header check, before the model is built and before anything is written."""
+def check_readable(
+    images: list[InputImage], dataset: CocoInstanceDataset | None, rules: CheckRules
+) -> dict[int, Frame]:
+    """Every image opens, is whole, fits the model's resize and, in a dataset, its annotated size:
+    data/check.py's check by `rules`, before anything is written. The frames decided, by image id (a
+    dataset reads its images in them too)."""
     if dataset is not None:
-        report = check_images(dataset.image_entries(), "header", source=str(dataset.annotation_file))
+        wanted = {item.image_id for item in images}
+        entries = [entry for entry in dataset.image_entries() if entry.image_id in wanted]
+        report = check_images(entries, rules, source=str(dataset.annotation_file))
         if report.bad:
             raise bad_images_error([report], "fix or remove them; nothing was predicted")
-        return
-    bad = check_images([ImageEntry(i.image_id, i.path) for i in images], "header").bad
-    if bad:  # files named by the user: the first one by its name alone, as read_image names it
+        dataset.use_frames(report.frames)
+        return dict(report.frames)
+    report = check_images([ImageEntry(i.image_id, i.path) for i in images], rules)
+    if report.bad:  # files named by the user: the first one by its name alone, as read_image names it
+        bad = report.bad
         more = f" (and {len(bad) - 1} more bad images)" if len(bad) > 1 else ""
         raise DatasetError(f"{bad[0].path}: {bad[0].reason}{more}")
+    return dict(report.frames)
 
 
 def drawing_file(out: Path, item: InputImage) -> Path:
@@ -221,13 +234,13 @@ def refuse_earlier_outputs(out: Path, earlier: list[str], overwrite: bool) -> No
         )
 
 
-def open_split(data_path: Path, split: str) -> CocoInstanceDataset:
+def open_split(data_path: Path, split: str, exif_orientation: str = "auto") -> CocoInstanceDataset:
     image_dir, annotation_file = find_split(Path(data_path), split)
-    return CocoInstanceDataset(image_dir, annotation_file, train=False)
+    return CocoInstanceDataset(image_dir, annotation_file, train=False, exif_orientation=exif_orientation)
 
 
 def _batches(
-    images: list[InputImage], dataset: CocoInstanceDataset | None, batch_size: int
+    images: list[InputImage], dataset: CocoInstanceDataset | None, frames: dict[int, Frame], batch_size: int
 ) -> Iterator[tuple[list[InputImage], list[torch.Tensor]]]:
     if dataset is not None:
         # eval's loader: the model pads each batch to its largest image, so only the same batches give
@@ -238,7 +251,7 @@ def _batches(
         return
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
-        yield chunk, [read_image(item.path) for item in chunk]
+        yield chunk, [read_image(item.path, frames[item.image_id])[0] for item in chunk]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,13 +307,16 @@ def predict_images(
     data_path = flags.get("data-path")
     if bool(inputs) == (data_path is not None):
         raise ConfigError("predict: give image files or folders, or --data-path with --split: one of them")
-    dataset = open_split(data_path, options.split) if data_path is not None else None
-    images = dataset_images(dataset) if dataset is not None else collect_images(inputs, out)
-    check_readable(images, dataset)  # a bad file fails now, not after half the drawings are written
+    files = collect_images(inputs, out) if data_path is None else []
+    # The model first: its --min-size/--max-size are part of what makes an image usable.
+    predictor = load_predictor(flags)
+    cfg = predictor.engine.cfg
+    dataset = open_split(data_path, options.split, cfg.data.exif_orientation) if data_path is not None else None
+    images = dataset_images(dataset) if dataset is not None else files
+    categories = predictor.categories_for(dataset)
+    frames = check_readable(images, dataset, CheckRules.of(cfg, mode="header"))  # before anything is written
     earlier = earlier_outputs(out, images)
     refuse_earlier_outputs(out, earlier, options.overwrite)
-    predictor = load_predictor(flags)  # after the inputs: a typo fails before the model is built
-    categories = predictor.categories_for(dataset)
     out.mkdir(parents=True, exist_ok=True)
     if earlier:
         log.warning(
@@ -310,10 +326,11 @@ def predict_images(
     results: list[dict[str, Any]] = []
     sizes: dict[int, tuple[int, int]] = {}
     drawn = 0
-    for batch, tensors in _batches(images, dataset, options.batch_size):
+    for batch, tensors in _batches(images, dataset, frames, options.batch_size):
         for item, image, detection in zip(batch, tensors, predictor.predict(tensors)):
             results += detections_to_coco(item.image_id, detection, list(categories.ids))
-            save_png(draw_prediction(image, detection, categories, options.score_threshold), drawing_file(out, item))
+            drawing = draw_prediction(image, detection, categories, options.score_threshold)
+            save_png(to_display(drawing, frames[item.image_id]), drawing_file(out, item))
             drawn += int((detection["scores"] >= options.score_threshold).sum())
             sizes[item.image_id] = (image.shape[-1], image.shape[-2])
         _progress(stream, len(sizes), len(images))

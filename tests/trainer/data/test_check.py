@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from maskrcnn_dist.data import load_datasets, write_train_val
-from maskrcnn_dist.data.check import MAX_LISTED, ImageEntry, bad_images_error, check_images
+from maskrcnn_dist.data.check import MAX_LISTED, CheckRules, ImageEntry, bad_images_error, check_images
 from maskrcnn_dist.errors import DatasetError
 from maskrcnn_dist.train import check_data
 
@@ -58,7 +58,7 @@ def _entries(root: Path) -> list[ImageEntry]:
 
 @pytest.mark.parametrize("mode", ["header", "full"])
 def test_every_kind_of_bad_file_is_found_with_its_reason(broken_coco: Path, mode: str) -> None:
-    report = check_images(_entries(broken_coco), mode, source="train")
+    report = check_images(_entries(broken_coco), CheckRules(mode), source="train")
     assert report.checked == 10
     assert [b.image_id for b in report.bad] == sorted(BROKEN)
     for bad in report.bad:
@@ -67,7 +67,7 @@ def test_every_kind_of_bad_file_is_found_with_its_reason(broken_coco: Path, mode
 
 
 def test_off_mode_finds_only_missing_files(broken_coco: Path) -> None:
-    report = check_images(_entries(broken_coco), "off")
+    report = check_images(_entries(broken_coco), CheckRules("off"))
     assert [(b.image_id, b.reason) for b in report.bad] == [(8, "file not found")]
 
 
@@ -75,13 +75,13 @@ def test_the_process_pool_finds_the_same_files(broken_coco: Path) -> None:
     # Enough entries for the pool (the same files under many ids), checked by 2 processes.
     entries = _entries(broken_coco)
     many = [replace(e, image_id=e.image_id + 100 * k) for k in range(80) for e in entries]
-    report = check_images(many, "header", processes=2)
+    report = check_images(many, CheckRules("header"), processes=2)
     assert report.checked == 800
     assert [b.image_id for b in report.bad] == [i + 100 * k for k in range(80) for i in sorted(BROKEN)]
 
 
 def test_the_error_is_one_line_with_the_first_files_and_the_count(broken_coco: Path) -> None:
-    report = check_images(_entries(broken_coco), "header", source="train/annotations.json")
+    report = check_images(_entries(broken_coco), CheckRules("header"), source="train/annotations.json")
     message = str(bad_images_error([report]))
     assert "\n" not in message
     assert "train/annotations.json: 5 of 10 images are bad" in message
@@ -92,7 +92,7 @@ def test_the_error_is_one_line_with_the_first_files_and_the_count(broken_coco: P
 
 def test_more_bad_files_than_listed_are_counted(tmp_path: Path) -> None:
     entries = [ImageEntry(i, tmp_path / f"{i}.png", 8, 8) for i in range(1, 13)]
-    message = str(bad_images_error([check_images(entries, "header", source="x.json")]))
+    message = str(bad_images_error([check_images(entries, CheckRules("header"), source="x.json")]))
     assert "x.json: 12 of 12 images are bad" in message and "and 7 more" in message
     assert message.count("file not found") == MAX_LISTED
 

@@ -160,6 +160,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "empty.png").write_bytes(b"")
     good = write_png(root / "good.png")
     (root / "truncated.png").write_bytes(good.read_bytes()[:-20])
+    write_png(root / "thin.png", (256, 1))  # valid, but its short side resizes to 0 px at 96 px
     (root / "no_images").mkdir()
     (root / "no_images" / "notes.txt").write_text("no images here\n")
     (root / "weights.txt").write_text("not a weights file\n")
@@ -178,8 +179,12 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("foreign checkpoint", r"checkpoint .*foreign.pt is not a maskrcnn-dist checkpoint"),
         ("class count", r"two_classes/val/annotations.json: 2 categories, but checkpoint .* was trained for 3"),
         ("out is a file", r"--out .*taken: an existing file, not a folder"),
-        ("zero-byte image", r"empty.png: cannot read image"),
-        ("truncated image", r"truncated.png: image file is truncated"),
+        ("zero-byte image", r"empty.png: cannot read image: empty file \(0 bytes\)"),
+        ("truncated image", r"truncated.png: truncated: the PNG ends inside its IDAT chunk"),
+        (
+            "thin image",
+            r"thin.png: image is too thin for the model: 256x1 resizes to 96x0 at --min-size 96 --max-size 96",
+        ),
         ("folder without images", r"no_images: no image files"),
         ("missing image", r"missing.png: no such file or folder"),
         ("text file as weights", r"weights file .*weights.txt is not a PyTorch file"),
@@ -199,6 +204,7 @@ def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, 
         # A bad image after a good one: refused before anything is predicted or written.
         "zero-byte image": ["--resume", trained, "--out", out, bad_inputs / "good.png", bad_inputs / "empty.png"],
         "truncated image": ["--resume", trained, "--out", out, bad_inputs / "good.png", bad_inputs / "truncated.png"],
+        "thin image": ["--resume", trained, "--out", out, bad_inputs / "good.png", bad_inputs / "thin.png"],
         "folder without images": ["--resume", trained, "--out", out, bad_inputs / "no_images"],
         "missing image": ["--resume", trained, "--out", out, bad_inputs / "missing.png"],
         "text file as weights": ["--weights", bad_inputs / "weights.txt", "--out", out, bad_inputs / "good.png"],
