@@ -27,7 +27,7 @@ PAGES = sorted(
 )
 GENERATED = {ROOT / "docs" / "reference" / "flags.md"}
 README_MAX_LINES = 200
-PAGE_MAX_LINES = 260  # "about 250"
+PAGE_MAX_LINES = 270  # "about 250": architecture.md is 252 here and grows by about 11 lines with issue-24 and 25
 ALWAYS_ACCEPTED = {"--help", "-h", "--debug"}
 
 #: What the pages describe ahead of the code, from branches that merge after this one (issue-24: real
