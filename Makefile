@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # Everything the demo writes; removed by `make clean`.
 DEMO_DIR ?= runs/demo
 
-.PHONY: help install demo test test-fast gpu-check lint clean
+.PHONY: help install demo test test-fast gpu-check lint docs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -40,8 +40,13 @@ gpu-check: install ## prove the GPU paths (amp, ddp, pipeline, checkpoints) and 
 	$(BIN)/python benchmarks/gpu_check.py --json-out $(GPU_CHECK_JSON) --time-budget $(GPU_CHECK_BUDGET)
 
 lint: install lint-deploy ## ruff over the Python sources, hadolint, helm lint
-	$(BIN)/ruff check src launcher tests benchmarks helm/hack e2e
-	$(BIN)/ruff format --check src launcher tests benchmarks helm/hack e2e
+	$(BIN)/ruff check src launcher tests benchmarks helm/hack docs/hack e2e
+	$(BIN)/ruff format --check src launcher tests benchmarks helm/hack docs/hack e2e
+
+# Reads this checkout's sources (click and PyYAML only, no torch): needs an installed .venv, never
+# installs anything itself; tests/test_docs.py fails while the page is stale.
+docs: ## regenerate docs/reference/flags.md from the config tables and the click commands
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) docs/hack/flags_page.py
 
 include mk/deploy.mk
 include mk/e2e.mk

@@ -5,7 +5,7 @@ hands the objects to an emulated Kubernetes (cluster/: each pod one container on
 docker network, with its pod name, DNS aliases, downward-API environment, `$(VAR)` expansion,
 ConfigMap and volume mounts and security context; the kubelet's restartPolicy Always; the Job and
 JobSet controllers) and runs the scenarios (scenarios/, by workload): training across the
-containers, start order, the README's bare-node recipe, fault recovery, and the JobSet workload's
+containers, start order, the docs' bare-node recipe, fault recovery, and the JobSet workload's
 group restarts, success, fail-fast on a user error and max restarts.
 
 Modules:

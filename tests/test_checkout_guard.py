@@ -157,7 +157,7 @@ def test_the_guard_fails_the_session_for_a_read_outside_any_test(tmp_path: Path)
 
 # What the tests, the build and the e2e harness are made of; not this file, whose examples of paths
 # outside the checkout are the checks' own test data.
-SCANNED = ("tests/**/*.py", "Makefile", "mk/*", ".ci/*", "helm/hack/*", "e2e/**/*.py", "e2e/**/*.sh")
+SCANNED = ("tests/**/*.py", "Makefile", "mk/*", ".ci/*", "helm/hack/*", "docs/hack/*", "e2e/**/*.py", "e2e/**/*.sh")
 # Path(__file__)[.resolve()|.absolute()] then .parents[N] or .parent.parent...: where it climbs to.
 FILE_PARENTS = re.compile(r"Path\(__file__\)(?:\.resolve\(\)|\.absolute\(\))?\.(?:parents\[(\d+)\]|((?:parent\.?)+))")
 ROOT_PARENT = re.compile(r"\b(?:ROOT|REPO|REPO_ROOT|root)\.parents?\b|os\.pardir")

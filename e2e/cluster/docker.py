@@ -142,7 +142,7 @@ class Cluster:
         return name
 
     def adopt(self, name: str) -> None:
-        """Track a container made elsewhere (the README recipe) so close() removes it."""
+        """Track a container made elsewhere (the docs' bare-node recipe) so close() removes it."""
         if name not in self.containers:
             self.containers.append(name)
 

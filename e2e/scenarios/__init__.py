@@ -9,7 +9,7 @@ this order.
   chart.py        the chart: ci/ values files, `helm template`, the rendered release
   deployment.py   one scenario's deployment and its waits
   statefulset.py  pipeline, ddp, fault recovery (StatefulSets)
-  bare_nodes.py   the README's `docker run` recipe
+  bare_nodes.py   the `docker run` recipe of docs/deploy-bare-nodes.md
   jobset.py       the JobSet workload under the emulated controllers
   trainjob.py     the Kubeflow Trainer runtime and TrainJob under the emulated Trainer and JobSet controllers
   preemption.py   a pod stopped with SIGTERM and its grace period (pipeline, ddp), a disrupted JobSet

@@ -1,6 +1,7 @@
-"""The README's bare-node recipe (`docker run` on three machines, no Kubernetes), run as written.
+"""The bare-node recipe (`docker run` on three machines, no Kubernetes) of docs/deploy-bare-nodes.md,
+run as written.
 
-The recipe is read from README.md, not copied here: the scenario fails when the README's recipe does.
+The recipe is read from that page, not copied here: the scenario fails when the page's recipe does.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from .chart import ROOT
 from .common import Settings
 from .deployment import Deployment
 
+#: The page users copy the recipe from.
+RECIPE_PAGE = ROOT / "docs" / "deploy-bare-nodes.md"
 
-def extract_recipe(readme: Path) -> tuple[str, Path]:
-    """The fenced block after `<!-- e2e: bare-nodes -->` in README.md: the recipe users copy."""
-    m = re.search(r"<!-- e2e: bare-nodes -->\s*```(?:bash|sh)?\n(.*?)```", readme.read_text(), re.S)
+
+def extract_recipe(page: Path = RECIPE_PAGE) -> tuple[str, Path]:
+    """The fenced block after `<!-- e2e: bare-nodes -->` in the page: the recipe users copy."""
+    m = re.search(r"<!-- e2e: bare-nodes -->\s*```(?:bash|sh)?\n(.*?)```", page.read_text(), re.S)
     if not m:
-        raise Failed(f"no '<!-- e2e: bare-nodes -->' recipe block in {readme}")
-    return m.group(1), readme
+        raise Failed(f"no '<!-- e2e: bare-nodes -->' recipe block in {page}")
+    return m.group(1), page
 
 
 def set_site_variables(recipe: str, site: dict[str, str]) -> str:
@@ -40,9 +44,9 @@ def set_site_variables(recipe: str, site: dict[str, str]) -> str:
 
 
 def scenario_bare_nodes(settings: Settings) -> dict[str, Any]:
-    """The README's `docker run` recipe for three bare nodes, run as written; the docker network
+    """The docs' `docker run` recipe for three bare nodes, run as written; the docker network
     stands in for the hosts' network (NET), container names for host names (MASTER)."""
-    recipe, source = extract_recipe(ROOT / "README.md")
+    recipe, source = extract_recipe()
     names = re.findall(r"--name\s+(\S+)", recipe)
     require(len(names) == 3, f"the recipe in {source} should start 3 named containers, found {names}")
     steps = int(re.search(r"--max-steps\s+(\d+)", recipe).group(1))

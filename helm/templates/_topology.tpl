@@ -8,15 +8,27 @@ The workload the release renders: `statefulset` or `jobset`. `auto` asks the clu
 `helm template --api-versions jobset.x-k8s.io/v1alpha2`) whether it serves the JobSet API.
 `trainjob` when kubeflowTrainer.runtime.enabled: the release is a Kubeflow training runtime, and its
 TrainJobs' JobSets are the training pods (the release renders no StatefulSet, JobSet or Service).
+`inspect` when inspect.enabled: the release is the volume and one idle pod on it (inspect.yaml), no
+training.
 */}}
 {{- define "maskrcnn-dist.workload" -}}
-{{- if .Values.kubeflowTrainer.runtime.enabled -}}
+{{- if .Values.inspect.enabled -}}
+inspect
+{{- else if .Values.kubeflowTrainer.runtime.enabled -}}
 trainjob
 {{- else if eq .Values.workload "auto" -}}
 {{- ternary "jobset" "statefulset" (.Capabilities.APIVersions.Has "jobset.x-k8s.io/v1alpha2") -}}
 {{- else -}}
 {{- .Values.workload -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the release runs its own training pods (StatefulSets or a JobSet), which the headless
+Service, the NetworkPolicy and the helm test serve; empty for a Kubeflow runtime or an inspect release.
+*/}}
+{{- define "maskrcnn-dist.ownPods" -}}
+{{- if has (include "maskrcnn-dist.workload" .) (list "statefulset" "jobset") -}}true{{- end -}}
 {{- end -}}
 
 {{/* Number of worker pods: one per stage for the pipeline engine, ddp.workers for ddp. */}}

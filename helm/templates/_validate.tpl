@@ -12,6 +12,9 @@ renders StatefulSets or not).
 {{- include "maskrcnn-dist.validateNames" . -}}
 {{- include "maskrcnn-dist.validateMetadata" . -}}
 {{- include "maskrcnn-dist.validateTopology" . -}}
+{{- if and .Values.inspect.enabled .Values.kubeflowTrainer.runtime.enabled -}}
+{{- fail "inspect.enabled and kubeflowTrainer.runtime.enabled: an inspect release is only the volume and a pod on it; install it as a release of its own, with storage.existingClaim naming the claim" -}}
+{{- end -}}
 {{- if and (eq .Values.engine "pipeline") (gt (int .Values.master.gpus) 0) -}}
 {{- fail "master.gpus must be 0 with engine=pipeline: the pipeline master holds the data loader and the optimizer, not a model stage; give the GPUs to worker.gpus" -}}
 {{- end -}}

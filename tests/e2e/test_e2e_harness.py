@@ -108,8 +108,9 @@ def test_ddp_pods_mount_the_volume_read_only_on_workers(helm, tmp_path):
     assert any(a.startswith("type=bind") and a.endswith("target=/data,readonly") for a in args)
 
 
-def test_the_readme_recipe_is_found():
-    recipe, source = extract_recipe(ROOT / "README.md")
+def test_the_bare_node_recipe_is_found_on_its_docs_page():
+    recipe, source = extract_recipe()
+    assert source == ROOT / "docs" / "deploy-bare-nodes.md"
     assert recipe.count("docker run") == 3 and "--max-steps" in recipe
 
 
