@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from maskrcnn_dist.metrics import read_metrics
+from maskrcnn_dist.run_dir import BEST_CHECKPOINT, METRICS_FILE, checkpoint_dir
 from maskrcnn_dist.run_dir import CHECKPOINT_NAME as CHECKPOINT
 from maskrcnn_dist.run_dir import CHECKPOINT_TMP_NAME as TMP
-from maskrcnn_dist.run_dir import METRICS_FILE, checkpoint_dir
 
-# Anything a checkpoint writer could leave behind: the atomic writer's temporary file (TMP), or any
-# other partial name that mentions a checkpoint.
-CHECKPOINT_LIKE = re.compile(r"checkpoint", re.IGNORECASE)
+# Anything a checkpoint writer could leave behind: the atomic writer's temporary file (TMP) of a
+# checkpoint or of best.pt, or any other partial name that mentions a checkpoint or a .pt file.
+CHECKPOINT_LIKE = re.compile(r"checkpoint|\.pt", re.IGNORECASE)
 AP_KEYS = ("bbox_AP", "segm_AP")
 
 
@@ -103,7 +103,11 @@ def check_checkpoints(run_dir: Path, expected_steps: list[int] | None = None, ju
     file under a checkpoint's own name."""
     folder = checkpoint_dir(run_dir)
     require(folder.is_dir(), f"{folder}: no checkpoint folder")
-    strays = [p.name for p in folder.iterdir() if CHECKPOINT_LIKE.search(p.name) and not CHECKPOINT.match(p.name)]
+    strays = [
+        p.name
+        for p in folder.iterdir()
+        if CHECKPOINT_LIKE.search(p.name) and not CHECKPOINT.match(p.name) and p.name != BEST_CHECKPOINT
+    ]
     if just_crashed:
         strays = [n for n in strays if not TMP.match(n)]
     require(not strays, f"partial checkpoint files left in {folder}: {strays}")
@@ -116,6 +120,8 @@ def check_checkpoints(run_dir: Path, expected_steps: list[int] | None = None, ju
     for step in steps:
         state = load_checkpoint(checkpoint_path(folder, step))  # raises on a torn or foreign file
         require(int(state["step"]) == step, f"checkpoint_{step:08d}.pt holds step {state['step']}")
+    if (folder / BEST_CHECKPOINT).is_file():
+        load_checkpoint(folder / BEST_CHECKPOINT)  # the best evaluation's checkpoint: whole, ours
     return steps
 
 

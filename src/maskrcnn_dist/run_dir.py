@@ -21,7 +21,7 @@ BEST_CHECKPOINT = "best.pt"
 #: A complete checkpoint's file name; group 1 is the step. best.pt is not one of them (not pruned).
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d{8})\.pt$")
 #: The temporary file of a checkpoint being written (`.checkpoint_<step>.pt.tmp-<pid>`), renamed when complete.
-CHECKPOINT_TMP_NAME = re.compile(r"^\.checkpoint_\d{8}\.pt\.tmp-\d+$")
+CHECKPOINT_TMP_NAME = re.compile(r"^\.(checkpoint_\d{8}|best)\.pt\.tmp-\d+$")  # the atomic writer's, for either
 #: The temporary files of a checkpoint or of best.pt being written.
 CHECKPOINT_TMP_GLOB = ".*.pt.tmp-*"
 

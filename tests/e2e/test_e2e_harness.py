@@ -121,7 +121,7 @@ def test_expected_checkpoints():
 
 def test_checks_on_a_written_run(tmp_path):
     torch = pytest.importorskip("torch")
-    from maskrcnn_dist.checkpoint import save_checkpoint
+    from maskrcnn_dist.checkpoint import publish_best, save_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
@@ -141,6 +141,13 @@ def test_checks_on_a_written_run(tmp_path):
     assert checks.check_checkpoints(run, just_crashed=True) == [2]  # a killed writer's file, until the next save
     save_checkpoint({"model": {"w": torch.zeros(1)}, "step": 3}, run / "checkpoints", 3, keep=3)
     assert checks.check_checkpoints(run) == [2, 3]  # the next save removed the dead writer's file
+    publish_best(run / "checkpoints" / "checkpoint_00000003.pt")
+    assert checks.check_checkpoints(run) == [2, 3]  # best.pt is a checkpoint's, not a stray
+    (run / "checkpoints" / ".best.pt.tmp-7").write_bytes(b"half")
+    with pytest.raises(checks.Failed, match="partial checkpoint"):
+        checks.check_checkpoints(run)
+    assert checks.check_checkpoints(run, just_crashed=True) == [2, 3]
+    (run / "checkpoints" / ".best.pt.tmp-7").unlink()
     (run / "checkpoints" / "checkpoint_00000009.pt").write_bytes(b"torn")
     with pytest.raises(Exception, match="not a PyTorch file|cannot be read"):
         checks.check_checkpoints(run)
