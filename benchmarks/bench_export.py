@@ -67,7 +67,7 @@ def measure(root: Path, count: int, threads: int, repeats: int) -> tuple[list[st
     data = generate_synthetic_coco(root / "images", num_images=count, image_size=(600, 800), seed=1)
     paths = sorted(data.image_dir.iterdir())
     flags = {"weights": weights, "model": MODEL, **SIZE, "threads": threads}
-    tensors = [read_image(path) for path in paths]
+    tensors = [read_image(path)[0] for path in paths]
     sizes = ", ".join(f"{t.shape[2]}x{t.shape[1]}" for t in tensors)
     lines = [f"{MODEL}, random weights, min/max size 800/1333, images {sizes}, {threads} threads", ""]
     report: dict[str, Any] = {"model": MODEL, "images": count, "threads": threads, "formats": {}}

@@ -27,6 +27,8 @@ import torchvision
 
 from ...config import ExportConfig
 from ...data import read_image
+from ...data.check import CheckRules
+from ...data.orientation import Frame
 from ...errors import ConfigError, DatasetError, ParityError, UserError, one_line
 from ...model import build_model
 from ...run_dir import output_file_problem, tmp_name
@@ -73,16 +75,21 @@ def check_out(out: Path, fmt: ExportFormat, overwrite: bool) -> Path | None:
     return sidecar
 
 
-def parity_inputs(images: Sequence[Path], predictor: Predictor, data_path: Path | None, count: int) -> list[InputImage]:
+def parity_inputs(
+    images: Sequence[Path], predictor: Predictor, data_path: Path | None, count: int
+) -> tuple[list[InputImage], dict[int, Frame]]:
     """The first `count` of --images (files, folders), else of the val split of --data-path or of the
-    dataset the checkpoint was trained on; each one checked to open as an image."""
+    dataset the checkpoint was trained on; each one checked as predict checks it (it opens, is whole,
+    fits the model's resize), and the frame it is read in (the display frame: both models see the
+    same tensor, so the frame does not change the comparison)."""
+    rules = CheckRules.of(predictor.engine.cfg, mode="header")
     if images:
         try:
             chosen = collect_images(images)[:count]
-            check_readable(chosen, None)
+            frames = check_readable(chosen, None, rules)
         except UserError as exc:
             raise DatasetError(f"--images {exc}") from exc
-        return chosen
+        return chosen, frames
     root = data_path or predictor.saved_config.get("data", {}).get("data_path")
     if root is None:
         raise ConfigError(
@@ -90,7 +97,7 @@ def parity_inputs(images: Sequence[Path], predictor: Predictor, data_path: Path 
         )
     try:
         chosen = dataset_images(open_split(Path(root), "val"))[:count]
-        check_readable(chosen, None)
+        frames = check_readable(chosen, None, rules)
     except UserError as exc:
         raise ConfigError(
             f"export: the parity check needs images, and the val split of {root} cannot be read "
@@ -98,7 +105,7 @@ def parity_inputs(images: Sequence[Path], predictor: Predictor, data_path: Path 
         ) from exc
     if not chosen:
         raise ConfigError(f"export: the val split of {root} lists no images: give --images FILE")
-    return chosen
+    return chosen, frames
 
 
 def exportable_model(predictor: Predictor) -> torch.nn.Module:
@@ -146,8 +153,8 @@ def export_model(
     sidecar = check_out(out, fmt, options.overwrite)
     fmt.check_available()
     predictor = load_predictor({**flags, "device": "cpu", "amp": False}, command="export")
-    inputs = parity_inputs(images, predictor, flags.get("data-path"), options.parity_images)
-    tensors = [read_image(item.path) for item in inputs]
+    inputs, frames = parity_inputs(images, predictor, flags.get("data-path"), options.parity_images)
+    tensors = [read_image(item.path, frames[item.image_id])[0] for item in inputs]
     model = exportable_model(predictor)
     described = metadata(predictor, fmt)
     out.parent.mkdir(parents=True, exist_ok=True)  # once everything it needs has been found good
