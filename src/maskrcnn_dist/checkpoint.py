@@ -32,6 +32,32 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 
+class Checkpointer:
+    """A training run's checkpoint folder: written by the main process only (`enabled`), the newest
+    `keep` kept, one write per step unless asked `again` (a stop or a resume changes what it holds)."""
+
+    def __init__(self, directory: Path, keep: int, enabled: bool) -> None:
+        self.directory, self.keep, self.enabled = Path(directory), keep, enabled
+        self.written_step: int | None = None
+
+    def save(self, state: Callable[[], dict[str, Any]], step: int, again: bool = False) -> Path:
+        """Write `state()` as `step`'s checkpoint; every process gets its path."""
+        path = checkpoint_path(self.directory, step)
+        if not self.enabled or (not again and self.written_step == step):
+            return path
+        save_checkpoint(state(), self.directory, step, self.keep)
+        self.written_step = step
+        log.info("saved %s", path)
+        return path
+
+    def trial(self, state: dict[str, Any]) -> None:
+        """What a checkpoint write costs here, without a checkpoint to show for it (grace.py)."""
+        trial_write(state, self.directory)
+
+    def publish_best(self, checkpoint: Path) -> Path:
+        return publish_best(checkpoint)
+
+
 def checkpoint_path(directory: Path, step: int) -> Path:
     return Path(directory) / checkpoint_name(step)
 

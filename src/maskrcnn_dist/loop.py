@@ -1,43 +1,42 @@
-"""The training loop every engine shares.
+"""The training loop every engine shares, built as detectron2's `TrainerBase` is: a short loop and hooks.
 
-Like detectron2's train loop, `Trainer.fit` reads top to bottom: a batch, the engine's step, the
-position, the hooks. Everything around the step hangs off a few hook methods: metrics, validation
-loss, COCO evaluation with the best checkpoint and patience (best.py), and checkpoints. A stop request
-(stop.py) is honoured at each step boundary and inside validation and evaluation; the hooks it keeps
-from running are saved as pending in the checkpoint, and a resumed run runs them first.
+`Trainer.fit` reads top to bottom: a batch, the engine's step, the position, then the hooks. Everything
+around the step is a hook (hooks.py), chosen by the composition root (train.py): metrics, the grace
+check, validation, evaluation with the best checkpoint and patience, the periodic checkpoint. A hook
+keeps its own state in the checkpoint, under its `state_key`.
+
+After every step the loop asks each hook, once, whether its periodic work is due at this boundary
+(`is_due`): that list is the one place that says what runs here. A stop request (stop.py) is honoured at
+the boundary, before that work, and inside it (validation and evaluation check between batches): the
+names of the due hooks that did not run are saved as pending in the stop's checkpoint, and a resumed run
+runs them first.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from .best import BestTracker, agreed_value, restore_best_file
-from .categories import Categories
-from .checkpoint import (
-    checkpoint_file,
-    checkpoint_path,
-    load_checkpoint,
-    publish_best,
-    resolve_resume,
-    save_checkpoint,
-    trial_write,
-)
-from .config import TrainConfig, config_to_dict
-from .data import build_train_loader
-from .engines.base import Engine
+from .engines.base import Engine, Images, Targets
 from .errors import CheckpointError
-from .evaluation import evaluate, validation_loss
-from .grace import GraceCheck
-from .metrics import MetricsWriter
-from .run_dir import checkpoint_dir
 from .stop import Interrupted, Stopped, StopRequest
 
 log = logging.getLogger(__name__)
+
+#: The batches of one epoch from a batch on: (epoch, start_batch) -> (images, targets) pairs.
+LoaderFactory = Callable[[int, int], Iterable[tuple[Images, Targets]]]
+
+#: What a checkpoint holds besides the hooks' states; no hook may take one of these keys.
+CHECKPOINT_KEYS = frozenset(
+    {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
+    | {"engine", "config", "categories"}
+)
 
 
 @dataclass
@@ -49,77 +48,139 @@ class Position:
     batch: int = 0
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """The boundary after a step, where hooks decide whether their periodic work is due."""
+
+    step: int
+    epoch_end: bool  # this step ended an epoch, or training inside one
+    final: bool  # the last planned step
+
+
 @dataclass
-class TrainResult:
-    position: Position
-    val: dict[str, float] | None
-    eval: dict[str, float] | None
-    output_dir: Path
-    stopped_early: str | None = None  # the closing line of a --patience stop
+class StepResult:
+    """What the step just done gave: the loss terms (averaged over the data-parallel world), its
+    batch's image count on this process and its seconds."""
+
+    losses: dict[str, float]
+    images: int
+    seconds: float
+
+
+class Saver(Protocol):
+    """Writes the Trainer's checkpoints (checkpoint.Checkpointer)."""
+
+    def save(self, state: Callable[[], dict[str, Any]], step: int, again: bool = False) -> Path: ...
+
+
+class HookBase:
+    """Something the Trainer calls around its steps (detectron2's HookBase). Every method is optional.
+
+    - `before_train`: after a resume, before any pending work and the first step;
+    - `after_step`: after every step, before the boundary's periodic work (records, measurements);
+    - `is_due(at)` and `run(at)`: periodic work at a step boundary (validation, evaluation, a
+      checkpoint). A stop before or inside `run` (Interrupted) leaves it pending, by `name`, unless
+      `pending_after_stop` is False (the stop's own checkpoint does that work);
+    - `after_epoch`: at every epoch end, after the boundary's work;
+    - `after_train`: once the loop ends, whichever way;
+    - `state_dict` / `load_state_dict`: the hook's part of the checkpoint, under `state_key`.
+    """
+
+    name: ClassVar[str] = ""
+    pending_after_stop: ClassVar[bool] = True
+    trainer: Trainer
+
+    @property
+    def state_key(self) -> str:
+        return self.name
+
+    def before_train(self) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+    def is_due(self, at: Boundary) -> bool:
+        return False
+
+    def run(self, at: Boundary) -> None:
+        pass
+
+    def after_epoch(self) -> None:
+        pass
+
+    def after_train(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: Any, source: Path) -> None:
+        pass
 
 
 class Trainer:
-    """Epochs of engine steps, with validation, evaluation, checkpoints and metrics around them.
-
-    `iters_per_epoch` is the composition root's (train.py), the same number the engine's learning-rate
-    schedule was built with."""
+    """Epochs of engine steps with hooks around them. `iters_per_epoch` is the composition root's
+    (train.py), the same number the engine's learning-rate schedule was built with; `run_facts` are
+    what every checkpoint carries about the run (engine, config, categories)."""
 
     def __init__(
         self,
-        cfg: TrainConfig,
         engine: Engine,
-        train_set,
-        val_set,
+        loader: LoaderFactory,
         iters_per_epoch: int,
-        stop: StopRequest | None = None,
-        grace_s: float | None = None,
+        total_steps: int,
+        checkpointer: Saver,
+        stop: StopRequest,
+        run_facts: dict[str, Any],
+        hooks: Sequence[HookBase] = (),
     ) -> None:
-        """`stop`: the process's stop request (engine.stop, for the engine's agreement); `grace_s`: the
-        pod's termination grace period, checked once against a step and a checkpoint write (grace.py)."""
-        self.cfg = cfg
         self.engine = engine
-        self.train_set = train_set
-        self.val_set = val_set
+        self.loader = loader
         self.iters_per_epoch = iters_per_epoch
-        planned = cfg.epochs * self.iters_per_epoch
-        self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
-        self.checkpoint_dir = checkpoint_dir(cfg.output_dir)
+        self.total_steps = total_steps
+        self.checkpointer = checkpointer
+        self.stop = stop
+        self.run_facts = run_facts
         self.position = Position()
-        self.metrics = MetricsWriter(cfg.output_dir, engine.is_main, self.total_steps, cfg.print_freq)
-        self.last_eval: dict[str, float] | None = None
-        self.last_val: dict[str, float] | None = None
-        self.stop = stop or StopRequest()  # not installed: nothing asks
-        self.grace = GraceCheck(grace_s if engine.is_main else None)
-        # Hooks due at this position that a stop kept from running: saved with the checkpoint, run first on resume.
-        self.pending: list[str] = []
-        self.best = BestTracker(cfg.best_metric, cfg.patience)
-        self.stopped_early: str | None = None
-        self._saved_step: int | None = None  # the step of the last checkpoint written, while still current
-        self._new_best = False  # the evaluation at this step beat the best: publish its checkpoint
+        self.last_step: StepResult | None = None
+        self.pending: list[str] = []  # names of hooks a stop kept from running at this position
+        self.resumed_from: Path | None = None
+        self.stopped_early: str | None = None  # a hook's closing line when it ended training (--patience)
+        self.hooks: list[HookBase] = []
+        for hook in hooks:
+            self.register(hook)
+
+    def register(self, hook: HookBase) -> None:
+        taken = {h.name for h in self.hooks} | {h.state_key for h in self.hooks} | CHECKPOINT_KEYS
+        if hook.name in taken or hook.state_key in taken - {hook.name}:
+            raise ValueError(f"hook {type(hook).__name__}: name {hook.name!r} or key {hook.state_key!r} is taken")
+        hook.trainer = self
+        self.hooks.append(hook)
 
     # -- the loop ---------------------------------------------------------------------------
 
     def fit(self) -> Position:
-        self.resume()
-        # Steps after the checkpoint are trained again: their old records would appear twice.
-        if dropped := self.metrics.truncate_after(self.position.step):
-            log.info("%s: dropped %d record(s) after step %d", self.metrics.path, dropped, self.position.step)
-        self.run_pending()
-        if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
-            self.stop_now([])
-        while self.position.step < self.total_steps:
-            epoch = self.position.epoch
-            for images, targets in self._loader(epoch, start_batch=self.position.batch):
-                started = time.perf_counter()
-                losses = self.engine.train_step(self.position.step, images, targets)
-                self._advance()
-                self.after_step(losses, len(images), time.perf_counter() - started)
-                if self.position.step >= self.total_steps:
-                    break
-            self.after_epoch(epoch)
-            if self.best.exhausted and self.position.step < self.total_steps:
-                self.stop_early()
-                break
+        try:
+            for hook in self.hooks:
+                hook.before_train()
+            self.run_pending()
+            if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
+                self.stop_now([])
+            while self.position.step < self.total_steps and not self.stopped_early:
+                for images, targets in self.loader(self.position.epoch, self.position.batch):
+                    started = time.perf_counter()
+                    losses = self.engine.train_step(self.position.step, images, targets)
+                    self.last_step = StepResult(losses, len(images), time.perf_counter() - started)
+                    self._advance()
+                    self.after_step()
+                    if self.position.step >= self.total_steps or self.stopped_early:
+                        break
+        finally:
+            for hook in self.hooks:
+                hook.after_train()
+        if self.stopped_early and self.engine.is_main:
+            log.info("%s", self.stopped_early)
         return self.position
 
     def _advance(self) -> None:
@@ -129,143 +190,71 @@ class Trainer:
         if p.batch == self.iters_per_epoch:
             p.epoch, p.batch = p.epoch + 1, 0
 
-    def _loader(self, epoch: int, start_batch: int):
-        data = self.cfg.data
-        return build_train_loader(
-            self.train_set,
-            data.batch_size,
-            epoch=epoch,
-            seed=self.cfg.seed,
-            rank=self.engine.data_rank,
-            world_size=self.engine.data_world_size,
-            group_factor=data.aspect_ratio_group_factor,
-            num_workers=data.workers,
-            start_batch=start_batch,
-            pin_memory=self.engine.pin_memory,
-        )
+    def boundary(self) -> Boundary:
+        p = self.position
+        final = p.step >= self.total_steps
+        return Boundary(step=p.step, epoch_end=(p.batch == 0 and p.step > 0) or final, final=final)
 
-    # -- hooks --------------------------------------------------------------------------------
-
-    def after_step(self, losses: dict[str, float], batch_images: int, seconds: float) -> None:
-        step = self.position.step
-        record = {
-            **losses,
-            "loss": sum(losses.values()),
-            "lr": self.engine.lr(),
-            "images_per_s": batch_images * self.engine.data_world_size / max(seconds, 1e-9),
-            "epoch": self.position.epoch,
-            **self.engine.extra_metrics(),
-        }
-        self.metrics.write("train", step, record)
-        periodic = self.cfg.val_period and step % self.cfg.val_period == 0 and step < self.total_steps
-        due = ["validation"] if periodic else []
-        # What after_epoch runs next when this step ended the epoch: pending too if a stop comes first.
-        then = self.epoch_end_hooks() if self.position.batch == 0 or step >= self.total_steps else []
+    def after_step(self) -> None:
+        at = self.boundary()
+        for hook in self.hooks:
+            hook.after_step()
+        due = [hook for hook in self.hooks if hook.is_due(at)]
         if self.engine.stop_after_step():  # the step boundary: every process of the engine agrees here
-            self.stop_now(due + then)
-        self.grace.after_step(seconds, self.trial_save, last=step >= self.total_steps)
-        self.run_hooks(due, then)
-        if self.cfg.checkpoint_period and step % self.cfg.checkpoint_period == 0:
-            self.save()
+            self.stop_now(due)
+        self.run_hooks(due, at)
+        if at.epoch_end:
+            for hook in self.hooks:
+                hook.after_epoch()
 
-    def after_epoch(self, epoch: int) -> None:
-        """End of an epoch, or of training if it stops inside one: validate, evaluate, save."""
-        self.run_hooks(self.epoch_end_hooks())
-        self.save()
-
-    def epoch_end_hooks(self) -> list[str]:
-        if self.val_set is None:
-            return []
-        final = self.position.step >= self.total_steps
-        return ["validation", "evaluation"] if self.cfg.eval_every_epoch or final else ["validation"]
-
-    def run_hooks(self, hooks: list[str], then: list[str] | None = None) -> None:
-        """Run `hooks` in order; a stop agreed inside one saves it, the rest and `then` (the hooks due
-        after these at this step) as pending."""
-        for i, name in enumerate(hooks):
+    def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
+        """The boundary's periodic work in order; a stop agreed inside one leaves it and the rest pending."""
+        for i, hook in enumerate(due):
             try:
-                {"validation": self.run_validation, "evaluation": self.evaluate_and_judge}[name]()
+                hook.run(at)
             except Interrupted:
-                self.stop_now(hooks[i:] + (then or []), during=name)
+                self.stop_now(due[i:], during=hook.name)
 
     def run_pending(self) -> None:
         """On resume: the hooks a stop kept from running at the checkpoint's step, then the checkpoint
         again without them (so that a later resume does not run them twice)."""
-        if self.pending:
-            log.info("resume: running what the stop at step %d left pending: %s", self.position.step, self.pending)
-            hooks, self.pending = self.pending, []
-            self.run_hooks(hooks)
-            self.save(again=True)
-
-    def evaluate_and_judge(self) -> None:
-        """COCO evaluation, then best and patience (best.py), decided alike on every process; the
-        checkpoint saved next holds the verdict, and is published as best.pt when this is a new best."""
-        self.run_evaluation()
-        value = agreed_value(self.last_eval, self.best.metric, self.engine.all_reduce_sum)
-        self._new_best = self.best.update(value, self.position.step)
-        self._saved_step = None  # the tracker changed: a checkpoint of this step must be written again
-
-    def stop_early(self) -> None:
-        self.stopped_early = self.best.closing_line()
-        if self.engine.is_main:
-            log.info("%s", self.stopped_early)
+        if not self.pending:
+            return
+        log.info("resume: running what the stop at step %d left pending: %s", self.position.step, self.pending)
+        by_name = {hook.name: hook for hook in self.hooks}
+        if unknown := [name for name in self.pending if name not in by_name]:
+            log.warning("resume: %s left pending, but this run has no such hook: not run", ", ".join(unknown))
+        pending, self.pending = [by_name[name] for name in self.pending if name in by_name], []
+        self.run_hooks(pending, self.boundary())
+        self.save(again=True)
 
     # -- stopping -----------------------------------------------------------------------------
 
-    def stop_now(self, pending: list[str], during: str = "") -> None:
-        """Every process agreed to stop here: save this step with `pending`, then raise Stopped."""
+    def stop_now(self, due: list[HookBase], during: str = "") -> None:
+        """Every process agreed to stop here: save this step with the due hooks pending, then raise Stopped."""
         step = self.position.step
         log.info("%s: stopping at step %d%s", self.stop.reason, step, f" during {during}" if during else "")
-        self.pending = pending
+        self.pending = [hook.name for hook in due if hook.pending_after_stop]
         if step == 0:
             raise Stopped.before_any_step(self.stop, during)
         path = self.save(again=True)
         # Every process waits here for the main one's checkpoint: none leaves before it is written (a
         # supervisor such as torchrun's agent ends the group as soon as one process has exited).
         self.engine.all_reduce_sum(torch.zeros(1))
-        left = f" ({', '.join(pending)} pending: run on resume)" if pending else ""
+        left = f" ({', '.join(self.pending)} pending: run on resume)" if self.pending else ""
         self.stop.finish(f"checkpoint of step {step}{left}: {path}")
         raise Stopped(self.stop, during)
 
-    def trial_save(self) -> None:
-        """Write this step's checkpoint to a temporary file and remove it: what a stop would cost."""
-        trial_write(self.checkpoint_state(), self.checkpoint_dir)
-
-    # -- around the loop ----------------------------------------------------------------------
-
-    def run_validation(self) -> dict[str, float] | None:
-        if self.val_set is None:
-            return None
-        data = self.cfg.data
-        self.last_val = validation_loss(self.engine, self.val_set, data.val_batch_size, data.workers)
-        self.metrics.write("val", self.position.step, self.last_val)
-        return self.last_val
-
-    def run_evaluation(self) -> dict[str, float] | None:
-        data = self.cfg.data
-        self.last_eval = evaluate(self.engine, self.val_set, data.val_batch_size, data.workers)
-        if self.last_eval is not None:
-            self.metrics.write("eval", self.position.step, self.last_eval)
-        return self.last_eval
+    # -- checkpoints --------------------------------------------------------------------------
 
     def save(self, again: bool = False) -> Path:
         """This step's checkpoint (the main process writes it; every process gets its path). `again`:
         write it even when this step has one (a stop or a resume changes what is pending)."""
-        step = self.position.step
-        path = checkpoint_path(self.checkpoint_dir, step)
-        if not self.engine.is_main or (not again and self._saved_step == step):
-            return path  # already saved at this step (periodic save on the epoch's last step)
-        save_checkpoint(self.checkpoint_state(), self.checkpoint_dir, step, self.cfg.keep_checkpoints)
-        self._saved_step = step
-        log.info("saved %s", path)
-        if self._new_best:
-            log.info("new best %s %.4f: %s", self.best.metric, self.best.value, publish_best(path))
-            self.metrics.write("best", step, self.best.record())
-            self._new_best = False
-        return path
+        return self.checkpointer.save(self.checkpoint_state, self.position.step, again)
 
-    def checkpoint_state(self) -> dict:
+    def checkpoint_state(self) -> dict[str, Any]:
         p = self.position
+        hooks = {hook.state_key: state for hook in self.hooks if (state := hook.state_dict()) is not None}
         return {
             **self.engine.state_dict(),
             "step": p.step,
@@ -274,23 +263,13 @@ class Trainer:
             "pending_hooks": list(self.pending),
             "rng": torch.get_rng_state(),
             "engine": self.engine.name,
-            "config": config_to_dict(self.cfg),
-            # label -> (category id, name): predict labels its drawings without the dataset.
-            "categories": Categories.of_dataset(self.train_set).to_state(),
-            "best": self.best.to_state(),
+            **self.run_facts,
+            **hooks,
         }
 
-    def resume(self) -> None:
-        """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
-        --test-only, "best"), with the best so far, the patience count and the pending hooks the
-        checkpoint holds."""
-        source = resolve_resume(self.cfg.resume, self.cfg.output_dir)
-        if source is None:
-            if self.cfg.resume is not None:
-                log.info("resume auto: no checkpoint in %s yet, starting fresh", self.checkpoint_dir)
-            return
-        source = checkpoint_file(source)
-        state = load_checkpoint(source)
+    def restore(self, state: dict[str, Any], source: Path) -> None:
+        """Continue from a loaded checkpoint: the engine, the position, the RNG, the pending hooks and
+        every hook's state."""
         if state.get("engine") not in (None, self.engine.name):
             # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
             log.info(
@@ -306,11 +285,7 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
         self.pending = list(state.get("pending_hooks", []))
-        self._saved_step = self.position.step
-        self.best.restore(state.get("best"), source)
-        if self.engine.is_main and not self.cfg.test_only:
-            restore_best_file(self.best, source, self.position.step)
+        self.resumed_from = Path(source)
+        for hook in self.hooks:
+            hook.load_state_dict(state.get(hook.state_key), source)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", source, *vars(self.position).values())
-
-    def close(self) -> None:
-        self.metrics.close()

@@ -1,10 +1,10 @@
 """Metrics: JSON lines (the record other tools read), TensorBoard scalars, console progress, and sinks.
 
-Only the main process writes. A sink (`MetricsSink`) sees every record too: under Kubeflow Trainer
-with its status endpoint configured, `progress_post.ProgressPoster` turns them into the TrainJob's
-status; the loop knows nothing of it. On a terminal the console shows a one-line progress bar; elsewhere
-(pods, CI) plain log lines every `print_freq` steps, because a bar's carriage returns make
-`kubectl logs` unreadable.
+Only the main process writes. A sink (`MetricsSink`) sees every record too: under Kubeflow Trainer with
+its status endpoint configured, the composition root (train.py) adds `progress_post.ProgressPoster`,
+which turns them into the TrainJob's status; the loop and the hooks know nothing of it. On a terminal
+the console shows a one-line progress bar; elsewhere (pods, CI) plain log lines every `print_freq`
+steps, because a bar's carriage returns make `kubectl logs` unreadable.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from maskrcnn_launcher.contract import format_progress_bar, format_progress_line
 from maskrcnn_launcher.contract import parse_progress_line as parse_progress_line
 
 from .errors import UserError
-from .progress_post import poster_from_env
 from .run_dir import METRICS_FILE, TENSORBOARD_DIR
 
 
@@ -35,12 +34,6 @@ class MetricsSink(Protocol):
     def close(self) -> None: ...
 
 
-def sinks_from_env(total_steps: int, env: Mapping[str, str] | None = None) -> list[MetricsSink]:
-    """The sinks this process's environment asks for: the TrainJob's status poster under Kubeflow Trainer."""
-    poster = poster_from_env(os.environ if env is None else env, total_steps)
-    return [poster] if poster is not None else []
-
-
 class MetricsWriter:
     def __init__(
         self,
@@ -50,9 +43,9 @@ class MetricsWriter:
         print_freq: int,
         stream: TextIO | None = None,
         tensorboard: bool = True,
-        sinks: Sequence[MetricsSink] | None = None,
+        sinks: Sequence[MetricsSink] = (),
     ) -> None:
-        """`sinks`: None takes them from the environment (sinks_from_env), for the main process only."""
+        """`sinks`: what else sees every record (the composition root chooses them: train.py)."""
         self.enabled = enabled
         self.total_steps = total_steps
         self.print_freq = max(1, print_freq)
@@ -68,7 +61,7 @@ class MetricsWriter:
                 from torch.utils.tensorboard import SummaryWriter  # heavy import: only where used
 
                 self._tb = SummaryWriter(str(output_dir / TENSORBOARD_DIR))
-        self.sinks = list(sinks_from_env(total_steps) if sinks is None and enabled else sinks or [])
+        self.sinks = list(sinks) if enabled else []
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         """Record one event: kind is 'train', 'val' or 'eval'; values are floats or small lists."""

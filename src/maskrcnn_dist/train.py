@@ -21,23 +21,36 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
-from .best import check_best_metric
-from .checkpoint import resolve_resume
-from .config import TrainConfig
-from .data import CocoInstanceDataset, load_datasets, num_train_batches
+from .best import BestTracker, check_best_metric
+from .categories import Categories
+from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
+from .config import TrainConfig, config_to_dict
+from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_train_batches
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .grace import grace_seconds
-from .loop import Trainer, TrainResult
+from .hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
+from .loop import HookBase, Position, Trainer
+from .metrics import MetricsWriter
 from .process import setup_process
-from .run_dir import layout_problem, move_aside, output_folder_problem, previous_run, replaced_stamp, resume_problem
+from .progress_post import poster_from_env
+from .run_dir import (
+    checkpoint_dir,
+    layout_problem,
+    move_aside,
+    output_folder_problem,
+    previous_run,
+    replaced_stamp,
+    resume_problem,
+)
 from .stop import Interrupted, Stopped, StopRequest
 
 log = logging.getLogger(__name__)
@@ -203,20 +216,122 @@ def _run(
     iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
     engine = make_engine(train_set.num_classes, iters)
     engine.stop = stop
-    trainer = Trainer(cfg, engine, train_set, val_set, iters, stop, grace_s)
-    try:
+    if cfg.test_only and val_set is None:
+        raise DatasetError(f"--test-only: no val split under {cfg.data.data_path}")
+    total = total_steps(cfg, iters)
+    with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
+        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
         if cfg.test_only:
-            if val_set is None:
-                raise DatasetError(f"--test-only: no val split under {cfg.data.data_path}")
-            trainer.resume()
-            try:
-                trainer.run_evaluation()
-            except Interrupted:
-                stop.finish("evaluation only, nothing to save")
-                raise Stopped(stop, "evaluation") from None
+            evaluate_only(trainer, cfg, stop)
         else:
+            resume(trainer, cfg)
             trainer.fit()
-        return TrainResult(trainer.position, trainer.last_val, trainer.last_eval, cfg.output_dir, trainer.stopped_early)
-    finally:
-        trainer.close()
-        engine.close()
+        last = {hook.name: getattr(hook, "last", None) for hook in trainer.hooks}
+        return TrainResult(
+            trainer.position, last.get("validation"), last.get("evaluation"), cfg.output_dir, trainer.stopped_early
+        )
+
+
+@dataclass
+class TrainResult:
+    position: Position
+    val: dict[str, float] | None
+    eval: dict[str, float] | None
+    output_dir: Path
+    stopped_early: str | None = None  # the closing line of a --patience stop
+
+
+def total_steps(cfg: TrainConfig, iters_per_epoch: int) -> int:
+    planned = cfg.epochs * iters_per_epoch
+    return min(planned, cfg.max_steps) if cfg.max_steps else planned
+
+
+def run_metrics(cfg: TrainConfig, is_main: bool, total: int, env: Mapping[str, str] = os.environ) -> MetricsWriter:
+    """The run's metrics writer (it writes on the main process only), with its sinks: under Kubeflow
+    Trainer with its status endpoint configured, the TrainJob's progress poster."""
+    poster = poster_from_env(env, total) if is_main else None
+    return MetricsWriter(cfg.output_dir, is_main, total, cfg.print_freq, sinks=[poster] if poster else [])
+
+
+def build_trainer(
+    cfg: TrainConfig,
+    engine: Engine,
+    train_set: CocoInstanceDataset,
+    val_set: CocoInstanceDataset | None,
+    iters_per_epoch: int,
+    metrics: MetricsWriter,
+    stop: StopRequest | None = None,
+    grace_s: float | None = None,
+) -> Trainer:
+    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`."""
+    data = cfg.data
+
+    def loader(epoch: int, start_batch: int):
+        return build_train_loader(
+            train_set,
+            data.batch_size,
+            epoch=epoch,
+            seed=cfg.seed,
+            rank=engine.data_rank,
+            world_size=engine.data_world_size,
+            group_factor=data.aspect_ratio_group_factor,
+            num_workers=data.workers,
+            start_batch=start_batch,
+            pin_memory=engine.pin_memory,
+        )
+
+    run_facts = {
+        "config": config_to_dict(cfg),
+        # label -> (category id, name): predict labels its drawings without the dataset.
+        "categories": Categories.of_dataset(train_set).to_state(),
+    }
+    checkpointer = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
+    hooks = build_hooks(cfg, engine, val_set, metrics, grace_s)
+    total = total_steps(cfg, iters_per_epoch)
+    return Trainer(engine, loader, iters_per_epoch, total, checkpointer, stop or StopRequest(), run_facts, hooks)
+
+
+def build_hooks(
+    cfg: TrainConfig, engine: Engine, val_set: CocoInstanceDataset | None, metrics: MetricsWriter, grace_s: float | None
+) -> list[HookBase]:
+    """What runs around the steps, in order (hooks.py says why this order)."""
+    data = cfg.data
+    hooks: list[HookBase] = [MetricsHook(metrics)]
+    if engine.is_main:
+        hooks.append(GraceHook(grace_s))
+    hooks += [
+        ValidationHook(val_set, cfg.val_period, data.val_batch_size, data.workers, metrics),
+        EvaluationHook(
+            val_set,
+            cfg.eval_every_epoch,
+            data.val_batch_size,
+            data.workers,
+            metrics,
+            BestTracker(cfg.best_metric, cfg.patience),
+        ),
+        PeriodicCheckpointer(cfg.checkpoint_period),
+    ]
+    return hooks
+
+
+def resume(trainer: Trainer, cfg: TrainConfig) -> None:
+    """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
+    --test-only, "best"), with every hook's state and the pending hooks the checkpoint holds."""
+    source = resolve_resume(cfg.resume, cfg.output_dir)
+    if source is None:
+        if cfg.resume is not None:
+            log.info("resume auto: no checkpoint in %s yet, starting fresh", checkpoint_dir(cfg.output_dir))
+        return
+    source = checkpoint_file(source)
+    trainer.restore(load_checkpoint(source), source)
+
+
+def evaluate_only(trainer: Trainer, cfg: TrainConfig, stop: StopRequest) -> None:
+    """--test-only: COCO AP of the --resume checkpoint (or of the --weights model), recorded at its step."""
+    resume(trainer, cfg)
+    (evaluation,) = [hook for hook in trainer.hooks if isinstance(hook, EvaluationHook)]
+    try:
+        evaluation.evaluate(trainer.position.step)
+    except Interrupted:
+        stop.finish("evaluation only, nothing to save")
+        raise Stopped(stop, "evaluation") from None

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 import torch
 
-from maskrcnn_dist import loop
+from maskrcnn_dist import hooks
 from maskrcnn_dist.best import BestTracker, agreed_value, check_best_metric
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.data import load_datasets, write_train_val
 from maskrcnn_dist.engines.base import Engine
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import METRIC_KEYS
+from maskrcnn_dist.loop import Trainer
 from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.outputs import report
-from maskrcnn_dist.train import train
+from maskrcnn_dist.train import build_trainer, resume, run_metrics, total_steps, train
 
 from .conftest import fast_config
 
@@ -47,9 +49,9 @@ def scripted(monkeypatch: pytest.MonkeyPatch):
     def install(values: list[float]) -> Iterator[float]:
         remaining = iter(values)
         monkeypatch.setattr(
-            loop, "evaluate", lambda *args, **kwargs: {"segm_AP": next(remaining), "bbox_AP": 0.0, "images": 2.0}
+            hooks, "evaluate", lambda *args, **kwargs: {"segm_AP": next(remaining), "bbox_AP": 0.0, "images": 2.0}
         )
-        monkeypatch.setattr(loop, "validation_loss", lambda *args, **kwargs: {"loss": 1.0})
+        monkeypatch.setattr(hooks, "validation_loss", lambda *args, **kwargs: {"loss": 1.0})
         return remaining
 
     return install
@@ -83,15 +85,15 @@ class CountingEngine(Engine):
         return 0.01
 
 
-def fit(data: Path, out: Path, **flags: object) -> loop.Trainer:
+def fit(data: Path, out: Path, **flags: object) -> Trainer:
     """Train (resume first, if asked) with the counting engine; `scripted` decides the evaluations."""
     cfg = config(data, out, **flags)
     train_set, val_set = load_datasets(cfg)
-    trainer = loop.Trainer(cfg, CountingEngine(), train_set, val_set, STEPS_PER_EPOCH)
-    try:
+    engine = CountingEngine()
+    with closing(run_metrics(cfg, True, total_steps(cfg, STEPS_PER_EPOCH))) as metrics:
+        trainer = build_trainer(cfg, engine, train_set, val_set, STEPS_PER_EPOCH, metrics)
+        resume(trainer, cfg)
         trainer.fit()
-    finally:
-        trainer.close()
     return trainer
 
 

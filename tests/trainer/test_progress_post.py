@@ -20,8 +20,10 @@ import jsonschema
 import pytest
 from published_schemas import SCHEMAS, crd_schema
 
-from maskrcnn_dist.metrics import MetricsWriter, read_metrics
+from maskrcnn_dist.config import TrainConfig
+from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.progress_post import Endpoint, ProgressPoster, send_status
+from maskrcnn_dist.train import run_metrics
 
 from .status_server import Authority, Blackhole, make_authority, status_server
 
@@ -196,8 +198,8 @@ def test_only_the_process_that_writes_metrics_posts(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://localhost:1/status")
     monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_CA_CERT", str(tmp_path / "ca.crt"))
     monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_TOKEN", str(tmp_path / "token"))
-    rank0 = MetricsWriter(tmp_path / "r0", True, 10, 1, tensorboard=False)
-    other = MetricsWriter(tmp_path / "r1", False, 10, 1, tensorboard=False)
+    cfg = TrainConfig(output_dir=tmp_path)
+    rank0, other = run_metrics(cfg, True, 10), run_metrics(cfg, False, 10)
     assert [type(s).__name__ for s in rank0.sinks] == ["ProgressPoster"] and other.sinks == []
     rank0.close()
     other.close()

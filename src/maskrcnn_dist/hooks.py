@@ -1,0 +1,161 @@
+"""The hooks a training run is made of (detectron2's engine/hooks.py): each is one concern around the
+step, with its own state in the checkpoint. The composition root (train.py `build_hooks`) chooses them
+and their order; the loop (loop.py) calls them.
+
+Order matters at a boundary where several are due: validation, then evaluation (which judges the best
+and writes the best checkpoint), then the periodic checkpoint, which therefore holds every verdict of
+its step.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .best import BestTracker, agreed_value, restore_best_file
+from .evaluation import evaluate, validation_loss
+from .grace import GraceCheck
+from .loop import Boundary, HookBase
+from .metrics import MetricsWriter
+
+log = logging.getLogger(__name__)
+
+
+class MetricsHook(HookBase):
+    """One `train` record per step (the loss terms, lr, throughput, the engine's extras). On resume the
+    records of steps after the checkpoint go first: those steps are trained again."""
+
+    name = "metrics"
+
+    def __init__(self, writer: MetricsWriter) -> None:
+        self.writer = writer
+
+    def before_train(self) -> None:
+        step = self.trainer.position.step
+        if dropped := self.writer.truncate_after(step):
+            log.info("%s: dropped %d record(s) after step %d", self.writer.path, dropped, step)
+
+    def after_step(self) -> None:
+        engine, result = self.trainer.engine, self.trainer.last_step
+        assert result is not None  # after_step follows a step
+        record = {
+            **result.losses,
+            "loss": sum(result.losses.values()),
+            "lr": engine.lr(),
+            "images_per_s": result.images * engine.data_world_size / max(result.seconds, 1e-9),
+            "epoch": self.trainer.position.epoch,
+            **engine.extra_metrics(),
+        }
+        self.writer.write("train", self.trainer.position.step, record)
+
+
+class GraceHook(HookBase):
+    """The termination grace period against one step plus one checkpoint write, measured once (grace.py).
+    The main process only: it is the one that writes checkpoints."""
+
+    name = "grace"
+
+    def __init__(self, grace_s: float | None) -> None:
+        self.check = GraceCheck(grace_s)
+
+    def after_step(self) -> None:
+        trainer = self.trainer
+        assert trainer.last_step is not None
+
+        def trial_save() -> None:
+            trainer.checkpointer.trial(trainer.checkpoint_state())
+
+        self.check.after_step(trainer.last_step.seconds, trial_save, last=trainer.position.step >= trainer.total_steps)
+
+
+class ValidationHook(HookBase):
+    """The validation loss every `period` steps and at every epoch end: once at a step that is both."""
+
+    name = "validation"
+
+    def __init__(self, val_set, period: int, batch_size: int, workers: int, writer: MetricsWriter) -> None:
+        self.val_set, self.period = val_set, period
+        self.batch_size, self.workers = batch_size, workers
+        self.writer = writer
+        self.last: dict[str, float] | None = None
+
+    def is_due(self, at: Boundary) -> bool:
+        periodic = bool(self.period) and at.step % self.period == 0
+        return self.val_set is not None and (periodic or at.epoch_end)
+
+    def run(self, at: Boundary) -> None:
+        self.last = validation_loss(self.trainer.engine, self.val_set, self.batch_size, self.workers)
+        self.writer.write("val", at.step, self.last)
+
+
+class EvaluationHook(HookBase):
+    """COCO evaluation at every epoch end (`every_epoch`) or at the last step, with the best checkpoint and
+    patience (best.py): every process judges rank 0's value alike; a new best writes this step's
+    checkpoint, publishes it as checkpoints/best.pt and writes a `best` record; `patience` evaluations in
+    a row without one end training. Its state (the best so far) is the checkpoint's `best`."""
+
+    name = "evaluation"
+
+    def __init__(
+        self, val_set, every_epoch: bool, batch_size: int, workers: int, writer: MetricsWriter, best: BestTracker
+    ) -> None:
+        self.val_set, self.every_epoch = val_set, every_epoch
+        self.batch_size, self.workers = batch_size, workers
+        self.writer = writer
+        self.best = best
+        self.last: dict[str, float] | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "best"  # the key checkpoints have always kept the best under
+
+    def is_due(self, at: Boundary) -> bool:
+        return self.val_set is not None and at.epoch_end and (self.every_epoch or at.final)
+
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """COCO AP of the model as it is now, recorded at `step` (rank 0 holds it; the others get None)."""
+        self.last = evaluate(self.trainer.engine, self.val_set, self.batch_size, self.workers)
+        if self.last is not None:
+            self.writer.write("eval", step, self.last)
+        return self.last
+
+    def run(self, at: Boundary) -> None:
+        trainer = self.trainer
+        value = agreed_value(self.evaluate(at.step), self.best.metric, trainer.engine.all_reduce_sum)
+        if self.best.update(value, at.step):
+            path = trainer.save(again=True)  # holds this verdict; the periodic checkpoint after it is the same
+            if trainer.engine.is_main:
+                best = trainer.checkpointer.publish_best(path)
+                log.info("new best %s %.4f: %s", self.best.metric, self.best.value, best)
+                self.writer.write("best", at.step, self.best.record())
+        if self.best.exhausted and not at.final:
+            trainer.stopped_early = self.best.closing_line()
+
+    def before_train(self) -> None:
+        trainer = self.trainer
+        if trainer.resumed_from is not None and trainer.engine.is_main:
+            restore_best_file(self.best, trainer.resumed_from, trainer.position.step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.best.to_state()
+
+    def load_state_dict(self, state: Any, source: Path) -> None:
+        self.best.restore(state, source)
+
+
+class PeriodicCheckpointer(HookBase):
+    """A checkpoint every `period` steps (0: none) and at every epoch end. A stop writes its own
+    checkpoint of the step: this one is never left pending."""
+
+    name = "checkpoint"
+    pending_after_stop = False
+
+    def __init__(self, period: int) -> None:
+        self.period = period
+
+    def is_due(self, at: Boundary) -> bool:
+        return at.epoch_end or (bool(self.period) and at.step % self.period == 0)
+
+    def run(self, at: Boundary) -> None:
+        self.trainer.save()
