@@ -2,9 +2,9 @@
 step, with its own state in the checkpoint. The composition root (train.py `build_hooks`) chooses them
 and their order; the loop (loop.py) calls them.
 
-Order matters at a boundary where several are due: validation, then evaluation (which judges the best
-and writes the best checkpoint), then the periodic checkpoint, which therefore holds every verdict of
-its step.
+Order matters at a boundary where several are due, as in detectron2: the periodic checkpoint comes last,
+so that it holds what every hook before it did at its step (the evaluation's verdict on the best among
+them, which the evaluation hook then publishes as best.pt in its after_epoch).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ValidationHook(HookBase):
 class EvaluationHook(HookBase):
     """COCO evaluation at every epoch end (`every_epoch`) or at the last step, with the best checkpoint and
     patience (best.py): every process judges rank 0's value alike; a new best writes this step's
-    checkpoint, publishes it as checkpoints/best.pt and writes a `best` record; `patience` evaluations in
+    checkpoint is published as checkpoints/best.pt with a `best` record; `patience` evaluations in
     a row without one end training. Its state (the best so far) is the checkpoint's `best`."""
 
     name = "evaluation"
@@ -104,6 +104,7 @@ class EvaluationHook(HookBase):
         self.batch_size, self.workers = batch_size, workers
         self.writer = writer
         self.best = best
+        self.new_best = False  # this boundary's evaluation beat the best: publish once its checkpoint is written
         self.last: dict[str, float] | None = None
 
     @property
@@ -123,14 +124,22 @@ class EvaluationHook(HookBase):
     def run(self, at: Boundary) -> None:
         trainer = self.trainer
         value = agreed_value(self.evaluate(at.step), self.best.metric, trainer.engine.all_reduce_sum)
-        if self.best.update(value, at.step):
-            path = trainer.save(again=True)  # holds this verdict; the periodic checkpoint after it is the same
-            if trainer.engine.is_main:
-                best = trainer.checkpointer.publish_best(path)
-                log.info("new best %s %.4f: %s", self.best.metric, self.best.value, best)
-                self.writer.write("best", at.step, self.best.record())
+        self.new_best = self.best.update(value, at.step)
         if self.best.exhausted and not at.final:
             trainer.stopped_early = self.best.closing_line()
+
+    def after_epoch(self) -> None:
+        """After the boundary's work, so that this step's checkpoint (the periodic checkpoint's, written after
+        this hook ran) holds the verdict: publish it as best.pt."""
+        if not self.new_best:
+            return
+        self.new_best = False
+        trainer = self.trainer
+        path = trainer.save()  # written by the periodic checkpoint already, where there is one
+        if trainer.engine.is_main:
+            best = trainer.checkpointer.publish_best(path)
+            log.info("new best %s %.4f: %s", self.best.metric, self.best.value, best)
+            self.writer.write("best", trainer.position.step, self.best.record())
 
     def before_train(self) -> None:
         trainer = self.trainer

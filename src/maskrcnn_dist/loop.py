@@ -216,8 +216,8 @@ class Trainer:
                 self.stop_now(due[i:], during=hook.name)
 
     def run_pending(self) -> None:
-        """On resume: the hooks a stop kept from running at the checkpoint's step, then the checkpoint
-        again without them (so that a later resume does not run them twice)."""
+        """On resume, finish the boundary a stop interrupted: the hooks it kept from running, the checkpoint
+        again without them (so that a later resume does not run them twice), and the epoch's end."""
         if not self.pending:
             return
         log.info("resume: running what the stop at step %d left pending: %s", self.position.step, self.pending)
@@ -225,8 +225,12 @@ class Trainer:
         if unknown := [name for name in self.pending if name not in by_name]:
             log.warning("resume: %s left pending, but this run has no such hook: not run", ", ".join(unknown))
         pending, self.pending = [by_name[name] for name in self.pending if name in by_name], []
-        self.run_hooks(pending, self.boundary())
+        at = self.boundary()
+        self.run_hooks(pending, at)
         self.save(again=True)
+        if at.epoch_end:
+            for hook in self.hooks:
+                hook.after_epoch()
 
     # -- stopping -----------------------------------------------------------------------------
 

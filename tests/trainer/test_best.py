@@ -8,25 +8,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 
 import pytest
-import torch
 
 from maskrcnn_dist import hooks
 from maskrcnn_dist.best import BestTracker, agreed_value, check_best_metric
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.data import load_datasets, write_train_val
-from maskrcnn_dist.engines.base import Engine
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import METRIC_KEYS
 from maskrcnn_dist.loop import Trainer
 from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.outputs import report
-from maskrcnn_dist.train import build_trainer, resume, run_metrics, total_steps, train
+from maskrcnn_dist.train import train
 
 from .conftest import fast_config
+from .stand_ins import fit_counting
 
 STEPS_PER_EPOCH = 2  # 4 training images, batch 2
 
@@ -57,44 +55,11 @@ def scripted(monkeypatch: pytest.MonkeyPatch):
     return install
 
 
-class CountingEngine(Engine):
-    """The Trainer's engine with a model of one number, the steps it has taken."""
-
-    name = "local"
-
-    def __init__(self) -> None:
-        self.steps = torch.zeros(1)
-
-    def train_step(self, step, images, targets):
-        self.steps += 1
-        return {"loss_classifier": 1.0}
-
-    def predict(self, images):
-        raise AssertionError("evaluation is scripted")
-
-    def validation_losses(self, images, targets):
-        raise AssertionError("validation is scripted")
-
-    def state_dict(self):
-        return {"model": {"steps": self.steps.clone()}}
-
-    def load_state_dict(self, state):
-        self.steps = state["model"]["steps"].clone()
-
-    def lr(self):
-        return 0.01
-
-
 def fit(data: Path, out: Path, **flags: object) -> Trainer:
     """Train (resume first, if asked) with the counting engine; `scripted` decides the evaluations."""
     cfg = config(data, out, **flags)
     train_set, val_set = load_datasets(cfg)
-    engine = CountingEngine()
-    with closing(run_metrics(cfg, True, total_steps(cfg, STEPS_PER_EPOCH))) as metrics:
-        trainer = build_trainer(cfg, engine, train_set, val_set, STEPS_PER_EPOCH, metrics)
-        resume(trainer, cfg)
-        trainer.fit()
-    return trainer
+    return fit_counting(cfg, train_set, val_set, STEPS_PER_EPOCH)
 
 
 def records(out: Path, kind: str) -> list[dict]:

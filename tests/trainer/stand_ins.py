@@ -1,0 +1,54 @@
+"""Stand-ins for the trainer tests that drive the Trainer without a real model."""
+
+from __future__ import annotations
+
+from contextlib import closing
+
+import torch
+
+from maskrcnn_dist.config import TrainConfig
+from maskrcnn_dist.engines.base import Engine
+from maskrcnn_dist.loop import Trainer
+from maskrcnn_dist.stop import StopRequest
+from maskrcnn_dist.train import build_trainer, resume, run_metrics, total_steps
+
+
+class CountingEngine(Engine):
+    """The Trainer's engine with a model of one number, the steps it has taken."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.steps = torch.zeros(1)
+
+    def train_step(self, step, images, targets):
+        self.steps += 1
+        return {"loss_classifier": 1.0}
+
+    def predict(self, images):
+        raise AssertionError("evaluation is scripted")
+
+    def validation_losses(self, images, targets):
+        raise AssertionError("validation is scripted")
+
+    def state_dict(self):
+        return {"model": {"steps": self.steps.clone()}}
+
+    def load_state_dict(self, state):
+        self.steps = state["model"]["steps"].clone()
+
+    def lr(self):
+        return 0.01
+
+
+def fit_counting(
+    cfg: TrainConfig, train_set, val_set, iters_per_epoch: int, stop: StopRequest | None = None
+) -> Trainer:
+    """Train as train.py would (its hooks, resume first if asked), with the counting engine."""
+    engine = CountingEngine()
+    engine.stop = stop
+    with closing(run_metrics(cfg, True, total_steps(cfg, iters_per_epoch))) as metrics:
+        trainer = build_trainer(cfg, engine, train_set, val_set, iters_per_epoch, metrics, stop)
+        resume(trainer, cfg)
+        trainer.fit()
+    return trainer
