@@ -67,12 +67,15 @@ def test_the_pipeline_master_s_engine_and_session_get_the_process_s_request(monk
 
 def test_train_without_a_request_installs_nothing(monkeypatch, tmp_path) -> None:
     """A library caller that passes no request gets a plain one: no signal handler goes in."""
-    given: list[StopRequest] = []
-    monkeypatch.setattr(train_mod, "_train", lambda cfg, plan, stop: given.append(stop))
     before = signal.getsignal(signal.SIGTERM)
+    given: list[tuple[StopRequest, object]] = []
+    monkeypatch.setattr(
+        train_mod, "_train", lambda cfg, plan, stop: given.append((stop, signal.getsignal(signal.SIGTERM)))
+    )
     train_mod.train(fast_config(tmp_path, tmp_path / "out"))
-    assert isinstance(given[0], StopRequest) and not given[0].requested
-    assert signal.getsignal(signal.SIGTERM) == before
+    [(stop, while_training)] = given
+    assert isinstance(stop, StopRequest) and not stop.requested
+    assert while_training == before and signal.getsignal(signal.SIGTERM) == before
 
 
 # -- the pipeline's RPC handlers -----------------------------------------------------------------
