@@ -20,6 +20,8 @@ import time
 import traceback
 from pathlib import Path
 
+from maskrcnn_launcher.contract import signal_handlers
+
 from .checks import Failed
 from .cluster import DockerError, SpecError, clean_all, daemon_answers, image_exists
 from .scenarios import DDP_ONLY, ROOT, SCENARIOS, Result, Settings
@@ -73,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     names = _selected(args.only, args.skip, args.engines)
     if names is None:
         return 2
-    signal.signal(signal.SIGTERM, _on_term)
-    settings = Settings(helm=args.helm, image=args.image, out=args.out, kubelet_backoff=args.kubelet_backoff)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = _run_all(names, settings)
-    _print_summary(results)
+    with signal_handlers({signal.SIGTERM: _on_term}):
+        settings = Settings(helm=args.helm, image=args.image, out=args.out, kubelet_backoff=args.kubelet_backoff)
+        args.out.mkdir(parents=True, exist_ok=True)
+        results = _run_all(names, settings)
+        _print_summary(results)
     return 0 if results and all(r.ok for r in results) else 1
 
 

@@ -101,12 +101,8 @@ def _stop_while_waiting() -> Iterator[None]:
         os.write(2, f"{line}started, nothing to save; exit {EXIT_STOPPED}\n".encode())
         sys.exit(EXIT_STOPPED)
 
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with contract.signal_handlers(dict.fromkeys(contract.STOP_SIGNALS, stop)):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def launch(

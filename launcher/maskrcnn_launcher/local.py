@@ -27,13 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from maskrcnn_launcher.boundary import EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
+from maskrcnn_launcher.contract import STOP_SIGNALS, signal_handlers
 from maskrcnn_launcher.launch import EXEC_MARK
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
 from maskrcnn_launcher.topology import load_topology
-
-#: What asks the pods to stop (the trainer's stop.STOP_SIGNALS; the launcher does not import the trainer).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True)
@@ -91,60 +89,60 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
     # SIGTERM/SIGINT to this runner (Ctrl-C, `timeout`, a CI kill) go to the pods, and the loop below
     # waits for them: the handler only records the signal.
     received: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, _: received.append(signum)) for signum in STOP_SIGNALS}
-    procs = {
-        pod.name: subprocess.Popen(
-            pod.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        for pod in pods
-    }
-    trainer_started = {name: threading.Event() for name in procs}
-    errors: dict[str, str] = {}  # pod -> its last `error: ` line
-    pumps = [
-        threading.Thread(target=_pump, args=(name, proc, echo, trainer_started[name], errors), daemon=True)
-        for name, proc in procs.items()
-    ]
-    for pump in pumps:
-        pump.start()
-    first_failure: int | None = None
-    failed_pod: str | None = None
-    deadline: float | None = None
-    forwarded = 0
-    try:
-        while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
-            if len(received) > forwarded:
-                signum = received[forwarded]
-                forwarded += 1
-                if forwarded == 1:
-                    deadline = time.monotonic() + grace_s
-                echo(f"[local] {signal.Signals(signum).name}: passed on to every pod; they get {grace_s:g}s to stop")
-                _signal_all(procs.values(), signum)
-            failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, EXIT_OK)]
-            if failed and first_failure is None:
-                failed_pod, first_failure = failed[0]
-                grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
-                deadline = min(deadline or float("inf"), time.monotonic() + grace)
-                echo(f"[local] {failed_pod} exited with {first_failure}; others get {grace:g}s to stop")
-                waiting = [n for n, p in procs.items() if p.poll() is None and not trainer_started[n].is_set()]
-                if waiting:
-                    echo(f"[local] {', '.join(waiting)}: still waiting for peers, stopping now")
-                    _stop_all(procs[n] for n in waiting)
-            if deadline is not None and time.monotonic() > deadline:
-                echo("[local] grace period over: terminating the remaining pods")
-                break
-            time.sleep(0.2)
-    finally:
-        _stop_all(procs.values())
+    with signal_handlers(dict.fromkeys(STOP_SIGNALS, lambda signum, _: received.append(signum))):
+        procs = {
+            pod.name: subprocess.Popen(
+                pod.argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+            for pod in pods
+        }
+        trainer_started = {name: threading.Event() for name in procs}
+        errors: dict[str, str] = {}  # pod -> its last `error: ` line
+        pumps = [
+            threading.Thread(target=_pump, args=(name, proc, echo, trainer_started[name], errors), daemon=True)
+            for name, proc in procs.items()
+        ]
         for pump in pumps:
-            pump.join(timeout=5)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            pump.start()
+        first_failure: int | None = None
+        failed_pod: str | None = None
+        deadline: float | None = None
+        forwarded = 0
+        try:
+            while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
+                if len(received) > forwarded:
+                    signum = received[forwarded]
+                    forwarded += 1
+                    if forwarded == 1:
+                        deadline = time.monotonic() + grace_s
+                    echo(
+                        f"[local] {signal.Signals(signum).name}: passed on to every pod; they get {grace_s:g}s to stop"
+                    )
+                    _signal_all(procs.values(), signum)
+                failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, EXIT_OK)]
+                if failed and first_failure is None:
+                    failed_pod, first_failure = failed[0]
+                    grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
+                    deadline = min(deadline or float("inf"), time.monotonic() + grace)
+                    echo(f"[local] {failed_pod} exited with {first_failure}; others get {grace:g}s to stop")
+                    waiting = [n for n, p in procs.items() if p.poll() is None and not trainer_started[n].is_set()]
+                    if waiting:
+                        echo(f"[local] {', '.join(waiting)}: still waiting for peers, stopping now")
+                        _stop_all(procs[n] for n in waiting)
+                if deadline is not None and time.monotonic() > deadline:
+                    echo("[local] grace period over: terminating the remaining pods")
+                    break
+                time.sleep(0.2)
+        finally:
+            _stop_all(procs.values())
+            for pump in pumps:
+                pump.join(timeout=5)
     codes = {n: p.returncode for n, p in procs.items()}
     if set(codes.values()) == {EXIT_STOPPED}:
         echo(f"[local] every pod stopped on request, the checkpoint written; exit {EXIT_STOPPED}")

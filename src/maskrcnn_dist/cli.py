@@ -100,17 +100,16 @@ def main(verbose: bool) -> None:
 def _run_train(cfg: config_mod.TrainConfig):
     """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process
     only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
-    from .stop import Stopped, StopRequest, exit_stopped
+    from .stop import Stopped, exit_stopped, stop_on_signals
 
-    stop = StopRequest().install()
-    from .train import train as run_train
+    # This process's one stop request; a finished run gives the signals back (a test's CliRunner, a later command).
+    with stop_on_signals() as stop:
+        from .train import train as run_train
 
-    try:
-        return run_train(cfg, stop=stop)
-    except Stopped as stopped:
-        exit_stopped(stopped.closing_line())
-    finally:
-        stop.release()  # a finished run gives the signals back (a test's CliRunner, a later command)
+        try:
+            return run_train(cfg, stop=stop)
+        except Stopped as stopped:
+            exit_stopped(stopped.closing_line())
 
 
 @main.command()
@@ -303,18 +302,13 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
 def _run_passing_signals_on(argv: list[str]) -> int:
     """Run `argv` in a session of its own and pass each SIGTERM/SIGINT this process gets on to it once
     (a terminal's Ctrl-C reaches only this process: `maskrcnn-launch local` stops its pods itself)."""
-    import signal
     import subprocess
 
-    from .stop import STOP_SIGNALS
+    from maskrcnn_launcher.contract import STOP_SIGNALS, signal_handlers
 
     child = subprocess.Popen(argv, start_new_session=True)
-    previous = {signum: signal.signal(signum, lambda signum, _: child.send_signal(signum)) for signum in STOP_SIGNALS}
-    try:
+    with signal_handlers(dict.fromkeys(STOP_SIGNALS, lambda signum, _: child.send_signal(signum))):
         return child.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 @main.command()

@@ -19,9 +19,14 @@ FORWARDED_STOP (SIGUSR1) is the same request passed on by a supervisor (the torc
 torchrun.py). It never counts as a second signal, so a rank that gets a stop both ways (a signal sent
 to every process of the job, and the wrapper's forward) stops once.
 
-A process has one StopRequest, installed for these signals by the composition root (train.py). The
-only global state is the signal disposition itself, which is where an RPC call on a pipeline process
-finds it (`StopRequest.installed()`). Standard library only: the CLI may install one before torch loads.
+A process has one StopRequest, made and installed for these signals once, by its entry point, with
+`stop_on_signals()`: cli.py's train and eval (pipeline stage workers run train too) and demo's local
+run; the torchrun wrapper takes them itself and forwards them to its ranks (RankStopper). From there
+it is handed down: `train()` and the Trainer receive it, the engines at their construction, and on a
+pipeline process the runtime's session registers it for its peers' RPC calls for as long as the
+session runs (engines/pipeline/runtime.py). Which signals stop a process, and the one way to take
+them for a while (`signal_handlers`), are the launcher's contract (maskrcnn_launcher.contract).
+Standard library only: the CLI installs the handlers before torch loads.
 """
 
 from __future__ import annotations
@@ -31,15 +36,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
 
-from maskrcnn_launcher.contract import EXIT_STOPPED
-
-#: What asks a trainer process to stop: pod deletion and `docker stop` (SIGTERM), Ctrl-C (SIGINT).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-#: A stop request forwarded by a supervisor that got one of STOP_SIGNALS: never a second signal.
-FORWARDED_STOP = signal.SIGUSR1
+from maskrcnn_launcher.contract import EXIT_STOPPED, FORWARDED_STOP, STOP_SIGNALS, signal_handlers
 
 
 class StopRequest:
@@ -53,7 +54,6 @@ class StopRequest:
         self.saved = ""  # what it saved, for the closing line
         self._clock = clock
         self._direct_signals = 0  # STOP_SIGNALS received (a forward does not count)
-        self._previous: dict[int, Any] = {}
 
     @property
     def requested(self) -> bool:
@@ -74,30 +74,6 @@ class StopRequest:
 
     # -- signals ---------------------------------------------------------------------------------
 
-    def install(self) -> StopRequest:
-        """Take SIGTERM, SIGINT and FORWARDED_STOP (main thread only, as Python requires). The torchrun
-        wrapper starts its ranks with FORWARDED_STOP blocked, so that a forward sent while a rank still
-        starts up waits instead of killing it (SIGUSR1's default action): unblocked here, it arrives now."""
-        for signum in (*STOP_SIGNALS, FORWARDED_STOP):
-            self._previous[signum] = signal.signal(signum, self._on_signal)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {FORWARDED_STOP})
-        return self
-
-    def release(self) -> None:
-        """Give the signals back, unless a stop was requested: the process is then on its way out with
-        EXIT_STOPPED, and a late duplicate (a supervisor ending its children) must not kill it."""
-        if self.requested:
-            return
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-
-    @staticmethod
-    def installed() -> StopRequest | None:
-        """The StopRequest this process's SIGTERM handler belongs to, if any (for RPC calls from peers)."""
-        owner = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
-        return owner if isinstance(owner, StopRequest) else None
-
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Runs in the main thread between two bytecodes, wherever it was: no locks, no buffered
         # stream (a half-written log line would make the stream raise), only flags and os.write.
@@ -110,6 +86,21 @@ class StopRequest:
             if self._direct_signals > 1:
                 _die_by(signum, f"second {name}: exiting now, the step in progress lost, the newest checkpoint intact")
         self.request(name if signum != FORWARDED_STOP else f"{name} (a stop forwarded by torchrun)")
+
+
+@contextmanager
+def stop_on_signals(clock: Callable[[], float] = time.monotonic) -> Iterator[StopRequest]:
+    """This process's StopRequest, fed by SIGTERM, SIGINT and FORWARDED_STOP for the body (main thread
+    only, as Python requires): what a process's entry point does once. The torchrun wrapper starts its
+    ranks with FORWARDED_STOP blocked, so that a forward sent while a rank still starts up waits instead
+    of killing it (SIGUSR1's default action): unblocked here, it arrives now.
+
+    On leaving, the previous handlers are back, unless a stop was requested: the process is then on its
+    way out with EXIT_STOPPED, and a late duplicate (a supervisor ending its children) must not kill it."""
+    stop = StopRequest(clock)
+    with signal_handlers(dict.fromkeys((*STOP_SIGNALS, FORWARDED_STOP), stop._on_signal), keep=lambda: stop.requested):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {FORWARDED_STOP})
+        yield stop
 
 
 def _say(line: str) -> None:

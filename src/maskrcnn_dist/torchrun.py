@@ -31,13 +31,19 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
-from maskrcnn_launcher.contract import EXIT_RUNTIME, EXIT_STOPPED, EXIT_USER_ERROR
+from maskrcnn_launcher.contract import (
+    EXIT_RUNTIME,
+    EXIT_STOPPED,
+    EXIT_USER_ERROR,
+    FORWARDED_STOP,
+    STOP_SIGNALS,
+    signal_handlers,
+)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
-
-from .stop import FORWARDED_STOP, STOP_SIGNALS
 
 
 def pod_exit_status(worker_exit_codes: Iterable[int]) -> int:
@@ -85,15 +91,18 @@ class RankStopper:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rank-stopper", daemon=True)
 
-    def start(self) -> RankStopper:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, lambda signum, _frame: self.received.append(signum))
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._closed.set()
-        self._thread.join(timeout=5)
+    @contextmanager
+    def running(self) -> Iterator[RankStopper]:
+        """The signals taken and the thread watching for the body; after it, the signals stay taken once
+        one came (torchrun is then on its way out: a late one must not kill it), else they are given back."""
+        record = dict.fromkeys(STOP_SIGNALS, lambda signum, _frame: self.received.append(signum))
+        with signal_handlers(record, keep=lambda: bool(self.received)):
+            self._thread.start()
+            try:
+                yield self
+            finally:
+                self._closed.set()
+                self._thread.join(timeout=5)
 
     @property
     def exit_status(self) -> int | None:
@@ -139,25 +148,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.signals_to_handle = without_stop_signals(args.signals_to_handle)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(is_not_a_stop)
     # The ranks inherit this mask: a forward that comes before a rank has installed its handler (the
-    # first seconds, while it imports torch) stays pending until StopRequest.install() unblocks it.
+    # first seconds, while it imports torch) stays pending until stop.stop_on_signals() unblocks it.
     signal.pthread_sigmask(signal.SIG_BLOCK, {FORWARDED_STOP})
-    stopper = RankStopper().start()
-    try:
-        run(args)
-    except ChildFailedError as exc:
-        rank, first = exc.get_first_failure()
-        status = stopper.exit_status or pod_exit_status(failure.exitcode for failure in exc.failures.values())
-        if status == EXIT_STOPPED:
-            print(f"maskrcnn-dist torchrun: every rank stopped on request; exit {status}", file=sys.stderr, flush=True)
-            os._exit(status)  # at once: the interpreter's teardown would add seconds the grace period counts
-        print(
-            f"maskrcnn-dist torchrun: {len(exc.failures)} worker(s) failed, first rank {rank} with exit code "
-            f"{first.exitcode} (its error line is above); exit {status}",
-            file=sys.stderr,
-        )
-        return status
-    finally:
-        stopper.close()
+    with RankStopper().running() as stopper:
+        try:
+            run(args)
+        except ChildFailedError as exc:
+            rank, first = exc.get_first_failure()
+            status = stopper.exit_status or pod_exit_status(failure.exitcode for failure in exc.failures.values())
+            if status == EXIT_STOPPED:
+                print(
+                    f"maskrcnn-dist torchrun: every rank stopped on request; exit {status}", file=sys.stderr, flush=True
+                )
+                os._exit(status)  # at once: the interpreter's teardown would add seconds the grace period counts
+            print(
+                f"maskrcnn-dist torchrun: {len(exc.failures)} worker(s) failed, first rank {rank} with exit code "
+                f"{first.exitcode} (its error line is above); exit {status}",
+                file=sys.stderr,
+            )
+            return status
     return 0
 
 

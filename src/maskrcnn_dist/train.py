@@ -11,7 +11,8 @@
     open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
     build the engine and the Trainer with the same iterations per epoch, then fit or evaluate
 
-SIGTERM and SIGINT ask for a stop from the start (stop.py): the local engine stops after the phase it
+SIGTERM and SIGINT ask for a stop from the start (stop.py; the entry point installs the request, cli.py, and
+this hands it down): the local engine stops after the phase it
 is in; ddp and pipeline processes first form their group, so that they leave it together, and stop
 before the first step. Engines never import this module; the CLI calls nothing else to train.
 """
@@ -66,14 +67,9 @@ def train(cfg: TrainConfig, plan: PodPlan | None = None, stop: StopRequest | Non
     """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
     None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
     `plan`: the pipeline's pod plan (default: from the launcher's MASKRCNN_POD_PLAN). `stop`: the process's
-    stop request; by default one is installed here for SIGTERM and SIGINT until this returns."""
-    if stop is not None:
-        return _train(cfg, plan, stop)
-    stop = StopRequest().install()
-    try:
-        return _train(cfg, plan, stop)
-    finally:
-        stop.release()
+    stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
+    one that no signal feeds: nothing asks a library caller's run to stop."""
+    return _train(cfg, plan, stop if stop is not None else StopRequest())
 
 
 def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainResult | None:
@@ -100,7 +96,7 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
         stop_alone(cfg, stop, "data loading")
         check_data(cfg, datasets)
         stop_alone(cfg, stop, "the data check")
-    with _engine_session(cfg, plan) as (make_engine, data_world_size):
+    with _engine_session(cfg, plan, stop) as (make_engine, data_world_size):
         if cfg.engine == "ddp":
             from .engines.torch_engine import on_rank0
 
@@ -182,16 +178,17 @@ def guard_output_dir(cfg: TrainConfig) -> None:
 
 
 @contextmanager
-def _engine_session(cfg: TrainConfig, plan: PodPlan | None) -> Iterator[tuple[EngineFactory, int]]:
-    """The engine's process-level session, with its engine factory and how many processes share the data."""
+def _engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> Iterator[tuple[EngineFactory, int]]:
+    """The engine's process-level session, with its engine factory and how many processes share the data;
+    the engines it makes, and the pipeline master's session (for its workers' RPC calls), get `stop`."""
     if cfg.engine == "pipeline":
         from .engines.pipeline import PipelineEngine, master_session
 
         assert plan is not None
-        with master_session(cfg, plan):
+        with master_session(cfg, plan, stop):
             yield (
                 lambda num_classes, iters: PipelineEngine(
-                    cfg, plan.stages, num_classes, iters, transport=plan.transport
+                    cfg, plan.stages, num_classes, iters, transport=plan.transport, stop=stop
                 ),
                 1,  # the master reads every batch
             )
@@ -200,7 +197,10 @@ def _engine_session(cfg: TrainConfig, plan: PodPlan | None) -> Iterator[tuple[En
 
     distributed = cfg.engine == "ddp"
     with process_group(cfg) if distributed else contextlib.nullcontext(1) as world_size:
-        yield (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed)), world_size
+        yield (
+            (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed, stop=stop)),
+            world_size,
+        )
 
 
 def _run(
@@ -215,7 +215,6 @@ def _run(
     # One number for the engine's schedule and the Trainer's epochs.
     iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
     engine = make_engine(train_set.num_classes, iters)
-    engine.stop = stop
     if cfg.test_only and val_set is None:
         raise DatasetError(f"--test-only: no val split under {cfg.data.data_path}")
     total = total_steps(cfg, iters)

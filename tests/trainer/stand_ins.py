@@ -18,7 +18,8 @@ class CountingEngine(Engine):
 
     name = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, stop: StopRequest | None = None) -> None:
+        super().__init__(stop)
         self.steps = torch.zeros(1)
 
     def train_step(self, step, images, targets):
@@ -45,8 +46,7 @@ def fit_counting(
     cfg: TrainConfig, train_set, val_set, iters_per_epoch: int, stop: StopRequest | None = None
 ) -> Trainer:
     """Train as train.py would (its hooks, resume first if asked), with the counting engine."""
-    engine = CountingEngine()
-    engine.stop = stop
+    engine = CountingEngine(stop)
     with closing(run_metrics(cfg, True, total_steps(cfg, iters_per_epoch))) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters_per_epoch, metrics, stop)
         resume(trainer, cfg)

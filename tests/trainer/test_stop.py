@@ -11,13 +11,13 @@ import sys
 import time
 
 import pytest
-from maskrcnn_launcher.contract import EXIT_STOPPED, TERMINATION_GRACE_SECONDS
+from maskrcnn_launcher.contract import EXIT_STOPPED, FORWARDED_STOP, STOP_SIGNALS, TERMINATION_GRACE_SECONDS
 
 from maskrcnn_dist.data import eval_rounds
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import until_stopped
 from maskrcnn_dist.grace import GraceCheck, grace_problem, grace_seconds
-from maskrcnn_dist.stop import Interrupted, StopRequest, detach_pool_worker
+from maskrcnn_dist.stop import Interrupted, StopRequest, detach_pool_worker, stop_on_signals
 from maskrcnn_dist.torchrun import child_pids, pod_exit_status, without_stop_signals
 
 from .procs import REPO
@@ -26,19 +26,19 @@ from .procs import REPO
 # marks its checkpoint written; it exits 0 after 20 s if nothing ends it first.
 WAITER = """
 import sys, time
-from maskrcnn_dist.stop import StopRequest
+from maskrcnn_dist.stop import stop_on_signals
 if sys.argv[1] == "late":  # still starting up when the test signals it
     time.sleep(1)
-stop = StopRequest().install()
-print("ready", flush=True)
-deadline = time.monotonic() + 20
-while not stop.requested and time.monotonic() < deadline:
-    time.sleep(0.01)
-print("requested by", stop.reason, flush=True)
-if sys.argv[1] == "finish":
-    stop.finish("saved")
-while time.monotonic() < deadline:
-    time.sleep(0.01)
+with stop_on_signals() as stop:
+    print("ready", flush=True)
+    deadline = time.monotonic() + 20
+    while not stop.requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("requested by", stop.reason, flush=True)
+    if sys.argv[1] == "finish":
+        stop.finish("saved")
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
 """
 
 
@@ -144,29 +144,32 @@ def test_the_request_keeps_its_first_reason_and_time() -> None:
     assert (stop.reason, stop.seconds()) == ("SIGTERM", 2.5)
 
 
-def test_installed_is_found_through_the_signal_table_and_released_unless_asked() -> None:
-    previous = signal.getsignal(signal.SIGTERM)
-    stop = StopRequest().install()
+def test_the_request_takes_the_stop_signals_for_its_block_and_gives_them_back_unless_asked() -> None:
+    previous = {signum: signal.getsignal(signum) for signum in (*STOP_SIGNALS, FORWARDED_STOP)}
+    with stop_on_signals() as stop:
+        for signum in previous:
+            assert getattr(signal.getsignal(signum), "__self__", None) is stop
+    assert {signum: signal.getsignal(signum) for signum in previous} == previous
     try:
-        assert StopRequest.installed() is stop
+        with stop_on_signals() as asked:
+            asked.request("a test")
+        # On its way out with exit 75: a late duplicate must not kill it.
+        assert getattr(signal.getsignal(signal.SIGTERM), "__self__", None) is asked
     finally:
-        stop.release()
-    assert signal.getsignal(signal.SIGTERM) == previous and StopRequest.installed() is None
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def test_a_data_check_worker_leaves_the_group_and_still_ends_with_its_pool() -> None:
     """The fork copies the trainer's stop handler: the worker must drop it, or the pool's terminate()
     (a SIGTERM) would leave it running and the trainer waiting for it."""
-    stop = StopRequest().install()
-    try:
+    with stop_on_signals():
         with multiprocessing.get_context("fork").Pool(1, initializer=detach_pool_worker) as pool:
             assert pool.apply(os.getpgrp) != os.getpgrp()  # a SIGTERM to the trainer's group misses it
             assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
             worker = pool.apply(os.getpid)
         with pytest.raises(ProcessLookupError):  # ended by terminate() (a SIGTERM) and reaped
             os.kill(worker, 0)
-    finally:
-        stop.release()
 
 
 # -- the grace period --------------------------------------------------------------------------

@@ -22,8 +22,8 @@ ITERS = 6  # tiny_coco: 12 training images, 2 per step
 
 def fit(cfg, asked_in_validation: bool) -> Trainer:
     train_set, val_set = load_datasets(cfg)
-    engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=ITERS)
-    engine.stop = stop = StopRequest()
+    stop = StopRequest()
+    engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=ITERS, stop=stop)
     if asked_in_validation:
         validate = engine.validation_losses
 

@@ -139,6 +139,7 @@ from maskrcnn_launcher.contract.progress import (
     parse_progress_line,
     progress_values,
 )
+from maskrcnn_launcher.contract.signals import FORWARDED_STOP, STOP_SIGNALS, signal_handlers
 from maskrcnn_launcher.errors import PlanFormatError
 from maskrcnn_launcher.yamlfile import load_yaml
 
@@ -163,6 +164,7 @@ __all__ = [
     "Failure",
     "format_progress_bar",
     "format_progress_line",
+    "FORWARDED_STOP",
     "GLOO_SOCKET_IFNAME",
     "GuardedGroup",
     "HEADLESS_SERVICE",
@@ -219,8 +221,10 @@ __all__ = [
     "RESTART_ATTEMPT_LABEL",
     "ROLE",
     "ROLES",
+    "signal_handlers",
     "SOCKET_IFNAME_VARS",
     "StagePlacement",
+    "STOP_SIGNALS",
     "TERMINATION_GRACE_SECONDS",
     "TOPOLOGY",
     "TORCH_RUNTIME_VARS",

@@ -31,8 +31,11 @@ class Engine(abc.ABC):
     data_world_size: int = 1
     #: Page-locked batches speed host-to-GPU copies; only an engine that feeds a GPU from this process wants them.
     pin_memory: bool = False
-    #: This process's stop request (stop.py), handed over by the composition root; None: nothing asks.
+    #: This process's stop request (stop.py), given at construction; None: nothing asks.
     stop: StopRequest | None = None
+
+    def __init__(self, stop: StopRequest | None = None) -> None:
+        self.stop = stop
 
     @property
     def is_main(self) -> bool:

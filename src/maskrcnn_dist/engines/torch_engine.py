@@ -29,6 +29,7 @@ from ..model import build_model, side_effect_free_losses
 from ..optim import build_optimizer, build_scheduler
 from ..perf import autocast_context, grad_scaler
 from ..rng import StepSeeder
+from ..stop import StopRequest
 from .base import Engine, Images, Targets, check_finite, resolve_device, to_device
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,16 @@ class TorchEngine(Engine):
     """One model in this process; with `distributed=True`, one DDP replica of the process group that
     `process_group` opened."""
 
-    def __init__(self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, distributed: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        num_classes: int,
+        iters_per_epoch: int,
+        distributed: bool = False,
+        stop: StopRequest | None = None,
+    ) -> None:
+        """`stop`: this process's stop request (stop.py); None: nothing asks (predict, tests, benchmarks)."""
+        super().__init__(stop)
         self.cfg = cfg
         self.name = "ddp" if distributed else "local"
         self.device = resolve_device(cfg.device, local_rank())

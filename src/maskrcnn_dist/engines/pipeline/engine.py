@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ...config import TrainConfig
 from ...errors import PeerLostError, TrainingError
+from ...stop import StopRequest
 from ..base import Engine, Images, Targets, check_finite
 from .host import StageHost
 from .stages import MicroBatchState
@@ -73,8 +74,11 @@ class PipelineEngine(Engine):
         num_classes: int,
         iters_per_epoch: int,
         transport: str = "cpu",
+        stop: StopRequest | None = None,
     ) -> None:
-        """`stages`: the pod plan's placements, in pipeline order. RPC must be initialised, as "master"."""
+        """`stages`: the pod plan's placements, in pipeline order. RPC must be initialised, as "master".
+        `stop`: the master's stop request (stop.py), which its workers feed over RPC; None: nothing asks."""
+        super().__init__(stop)
         validate_placement([s.modules for s in stages])
         self.cfg = cfg
         self.timeout = cfg.peers.timeout

@@ -10,7 +10,10 @@ Failure rules (docs/architecture.md: any process that loses a peer exits non-zer
 
 Stop rules (stop.py): a worker that gets SIGTERM/SIGINT keeps serving and tells the master (`StopForwarder`,
 an ordinary RPC); the master stops at its next step boundary, writes the checkpoint, tells every worker
-that the session ends on a stop, and shuts RPC down gracefully; then every process exits 75.
+that the session ends on a stop, and shuts RPC down gracefully; then every process exits 75. Those RPC
+calls reach the process's stop request through `RPC_STOP`, where the one who owns the request registers
+it for the session's lifetime (`master_session`, `serve`); a call that finds none registered (the session
+over, or never begun) is dropped: no session, nothing to stop.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -53,6 +56,36 @@ def backend_options(cfg: TrainConfig, plan: PodPlan) -> rpc.TensorPipeRpcBackend
         for callee, mapping in plan.device_maps.items():
             options.set_device_map(callee, mapping)
     return options
+
+
+class RpcStop:
+    """The stop request that peers' RPC calls to this process reach (`_stop_requested` on the master,
+    `_session_stopped` on a worker): registered by whoever owns it, for as long as its session runs. An
+    RPC handler runs on one of RPC's threads and is named by its module-level function, so this is the
+    one place it can look; nothing else is kept here."""
+
+    def __init__(self) -> None:
+        self._request: StopRequest | None = None
+
+    @contextmanager
+    def registered(self, stop: StopRequest) -> Iterator[StopRequest]:
+        """`stop` reachable by peers for the body; a process runs one session at a time."""
+        if self._request is not None:
+            raise RuntimeError("a stop request is registered for RPC already: one session at a time")
+        self._request = stop
+        try:
+            yield stop
+        finally:
+            self._request = None
+
+    @property
+    def request(self) -> StopRequest | None:
+        """The registered request; None while no session runs here."""
+        return self._request
+
+
+#: This process's registration; the sessions below register their request here.
+RPC_STOP = RpcStop()
 
 
 def _store_client(plan: PodPlan, timeout: float) -> dist.TCPStore:
@@ -137,24 +170,27 @@ def join_rpc(cfg: TrainConfig, plan: PodPlan, name: str, rank: int) -> None:
 
 
 @contextmanager
-def master_session(cfg: TrainConfig, plan: PodPlan) -> Iterator[None]:
-    """RPC as "master" (rank 0) for the body; graceful exit tells the workers we are done first (and,
-    after a stop, that it was one: they exit 75 too)."""
-    join_rpc(cfg, plan, MASTER, 0)
-    try:
-        yield
-    except Stopped as stopped:
-        for name in dict.fromkeys(stage.rpc_name for stage in plan.stages):
-            try:
-                rpc.rpc_sync(name, _session_stopped, args=(stopped.request.saved,), timeout=cfg.peers.timeout)
-            except Exception as exc:  # a worker that is gone has nothing to be told
-                log.warning("could not tell %s that the session stopped: %s", name, exc)
+def master_session(cfg: TrainConfig, plan: PodPlan, stop: StopRequest | None = None) -> Iterator[None]:
+    """RPC as "master" (rank 0) for the body, `stop` (the engine's) registered for the workers' stop
+    requests from before RPC opens until it is shut (None: nothing registered, a worker's stop is
+    dropped); graceful exit tells the workers we are done first (and, after a stop, that it was one:
+    they exit 75 too)."""
+    with RPC_STOP.registered(stop) if stop is not None else nullcontext():
+        join_rpc(cfg, plan, MASTER, 0)
+        try:
+            yield
+        except Stopped as stopped:
+            for name in dict.fromkeys(stage.rpc_name for stage in plan.stages):
+                try:
+                    rpc.rpc_sync(name, _session_stopped, args=(stopped.request.saved,), timeout=cfg.peers.timeout)
+                except Exception as exc:  # a worker that is gone has nothing to be told
+                    log.warning("could not tell %s that the session stopped: %s", name, exc)
+            _end_session(cfg, plan)
+            raise
+        except BaseException:
+            _shutdown(graceful=False)  # the barrier would wait for a dead peer
+            raise
         _end_session(cfg, plan)
-        raise
-    except BaseException:
-        _shutdown(graceful=False)  # the barrier would wait for a dead peer
-        raise
-    _end_session(cfg, plan)
 
 
 def _end_session(cfg: TrainConfig, plan: PodPlan) -> None:
@@ -171,17 +207,20 @@ def _end_session(cfg: TrainConfig, plan: PodPlan) -> None:
         log.warning("not every worker said it left RPC: %s", exc)
 
 
-def serve(cfg: TrainConfig, plan: PodPlan, stop: StopRequest) -> None:
+def serve(cfg: TrainConfig, plan: PodPlan, stop: StopRequest | None = None) -> None:
     """A stage worker: join RPC, host whatever the master builds here, return when it is done; Stopped
     when the master ended the session on a stop. The composition root (train.py) has set up the process
-    (threads, denormal flushing) and installed `stop` first."""
-    join_rpc(cfg, plan, plan.rpc_name, plan.rank)
-    period = max(0.2, min(2.0, cfg.peers.timeout / 10))
-    watchdog = MasterWatchdog(plan, period, cfg.peers.timeout).start()
-    forwarder = StopForwarder(stop, plan.rpc_name, cfg.peers.timeout).start()
-    rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
-    forwarder.stop()
-    watchdog.stop()
+    (threads, denormal flushing); the entry point installed `stop`, registered here for the master's calls
+    from before this process joins RPC until it is out (None: a plain one, which only the master asks)."""
+    stop = stop if stop is not None else StopRequest()
+    with RPC_STOP.registered(stop):
+        join_rpc(cfg, plan, plan.rpc_name, plan.rank)
+        period = max(0.2, min(2.0, cfg.peers.timeout / 10))
+        watchdog = MasterWatchdog(plan, period, cfg.peers.timeout).start()
+        forwarder = StopForwarder(stop, plan.rpc_name, cfg.peers.timeout).start()
+        rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
+        forwarder.stop()
+        watchdog.stop()
     try:
         _store_client(plan, cfg.peers.timeout).set(LEFT_KEY + plan.rpc_name, "1")  # the master may go now
     except Exception as exc:  # the master is gone already
@@ -214,13 +253,18 @@ class StopForwarder(Poller):
 
 
 def _stop_requested(worker: str, reason: str) -> None:
-    """On the master, called by a worker: a stop was asked for there."""
-    if (stop := StopRequest.installed()) is not None:
-        stop.request(f"{reason} on {worker}")
+    """On the master, called by a worker: a stop was asked for there (dropped when no session runs here)."""
+    if (stop := RPC_STOP.request) is None:
+        log.debug("a stop from %s (%s) with no session here: dropped", worker, reason)
+        return
+    stop.request(f"{reason} on {worker}")
 
 
 def _session_stopped(saved: str) -> None:
-    """On a worker, called by the master after writing the stop's checkpoint: the session ends on a stop."""
-    if (stop := StopRequest.installed()) is not None:
-        stop.request("the master's stop")
-        stop.finish(f"the master's {saved}")
+    """On a worker, called by the master after writing the stop's checkpoint: the session ends on a stop
+    (dropped when no session runs here)."""
+    if (stop := RPC_STOP.request) is None:
+        log.debug("the master's stop (%s) with no session here: dropped", saved)
+        return
+    stop.request("the master's stop")
+    stop.finish(f"the master's {saved}")
