@@ -4,9 +4,10 @@ writable scratch folders (the root filesystem is read-only), the data volume as 
 and the user's extraVolumes and extraVolumeMounts (_validate_pod.tpl checks them against these).
 */}}
 
-{{/* Where the topology ConfigMap is mounted, and the file the launcher reads. */}}
+{{/* Where the topology ConfigMap is mounted. */}}
 {{- define "maskrcnn-dist.topologyDir" -}}/etc/maskrcnn{{- end -}}
 
+{{/* The topology file the launcher reads (MASKRCNN_TOPOLOGY), in the mounted folder. */}}
 {{- define "maskrcnn-dist.topologyPath" -}}{{ include "maskrcnn-dist.topologyDir" . }}/topology.yaml{{- end -}}
 
 {{/* How workers mount the volume: none | readOnly | readWrite (resolves `auto`). */}}
