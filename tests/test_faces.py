@@ -67,4 +67,5 @@ def test_the_face_binds_nothing_public_beyond_its_all(name: str) -> None:
         and not isinstance(value, types.ModuleType)  # its modules
         and value is not __future__.annotations  # `from __future__ import annotations` binds it
     }
-    assert bound - set(face.__all__) == set(), f"{name} binds public names it does not export"
+    unexported = sorted(bound - set(face.__all__))
+    assert not unexported, f"{name} binds public names its __all__ does not export: {unexported}"
