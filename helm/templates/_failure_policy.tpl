@@ -8,7 +8,7 @@ in docs/deploy-kubernetes.md, "What a JobSet counts"; change that page together 
 Each JobSet rule matches the Job controller's message of exactly one podFailurePolicy rule, by its
 index, anchored at both ends (tests/chart/test_failure_policy.py checks them against those messages).
 
-Argument: (dict "container" <the training container's name: _pod.tpl's maskrcnn-dist.trainerContainer>
+Argument: (dict "container" <the training container's name: _container.tpl's maskrcnn-dist.trainerContainer>
 "part" "podFailurePolicy"|"failurePolicyRules"). The exit codes are the launcher's boundary.py
 (EXIT_USER_ERROR, EXIT_STOPPED).
 */}}

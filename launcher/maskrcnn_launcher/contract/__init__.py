@@ -18,235 +18,44 @@ once, in a module of its own:
   `validate_placement`: the topology check and the trainer's stage split), the process-group backend
   (`process_group_backend`) and the pipeline edges' device maps (`edge_device_map`);
 - `progress.py`: the trainer's console progress line (`format_progress_line`, `parse_progress_line`:
-  the trainer writes it, `status` reads it back).
+  the trainer writes it, `status` reads it back);
+- `signals.py`: the signals that stop a trainer and the forwarded one (`STOP_SIGNALS`, `FORWARDED_STOP`),
+  and `signal_handlers`, the one way both packages take signals for a block and give them back.
 Every name is re-exported here: callers import from `maskrcnn_launcher.contract`, not from its modules.
 
 The exit codes and the error boundary every entry point runs in (boundary.py) are re-exported here:
 Kubernetes acts on a pod's exit code (a JobSet fails at once on a user error), so the trainer's
 processes must exit the way the launcher's do. So is the reader of the YAML files a user writes
-(yamlfile.py: a key given twice is an error), so a topology and a trainer `--config` are read alike.
+(yamlfile.py: a key given twice is an error), so a topology and a trainer `--config` are read alike;
+`shared.py` names these borrowed names.
+
+Each module declares its public names in its `__all__`, once; this face star-imports every module
+and composes `__all__` from theirs. A new module `x.py` with its `__all__` is added below as `x` in the
+module import, `from maskrcnn_launcher.contract.x import *` and `*x.__all__` (tests/test_faces.py fails
+while a module or a name is left out, or a private name is exported).
 
 Only the standard library (and click for the boundary, PyYAML for the YAML reader) is imported: the
 trainer imports this package next to torch, the launcher without it.
 """
 
+# ruff: noqa: F403 -- the face re-exports each module's `__all__` (the names are listed once, there).
 from __future__ import annotations
 
-from maskrcnn_launcher.boundary import (
-    DEBUG_ENV,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_RUNTIME,
-    EXIT_STOPPED,
-    EXIT_TERMINATED,
-    EXIT_UNREACHABLE,
-    EXIT_USER_ERROR,
-    Failure,
-    GuardedGroup,
-    one_line,
-    os_error_line,
-)
-from maskrcnn_launcher.contract.env import (
-    CLUSTER_DOMAIN,
-    COMPLETION_INDEX,
-    COMPLETION_INDEX_ANNOTATION,
-    DEFAULT_CLUSTER_DOMAIN,
-    DEFAULT_MASTER_PORT,
-    DEFAULT_WAIT_TIMEOUT_S,
-    EXPORTED_VARS,
-    GLOO_SOCKET_IFNAME,
-    HEADLESS_SERVICE,
-    HOSTNAME,
-    INDEX,
-    JOB_INDEX,
-    JOB_INDEX_LABEL,
-    JOBSET_FIELDS,
-    JOBSET_NAME,
-    JOBSET_NAME_LABEL,
-    JOBSET_POD_ENV_VARS,
-    LOCAL_RANK,
-    LOCAL_WORLD_SIZE,
-    MASTER_ADDR,
-    MASTER_PORT,
-    NCCL_SOCKET_IFNAME,
-    PET_MASTER_ADDR,
-    PET_MASTER_PORT,
-    PET_NNODES,
-    PET_NODE_RANK,
-    PET_NPROC_PER_NODE,
-    POD_ENV_VARS,
-    POD_IP,
-    POD_NAME,
-    POD_NAMESPACE,
-    POD_PLAN,
-    RANK,
-    READ_VARS,
-    REPLICATED_JOB,
-    REPLICATED_JOB_LABEL,
-    RESTART_ATTEMPT_LABEL,
-    ROLE,
-    SOCKET_IFNAME_VARS,
-    TERMINATION_GRACE_SECONDS,
-    TOPOLOGY,
-    TORCH_RUNTIME_VARS,
-    TP_SOCKET_IFNAME,
-    TRAINER_CMD,
-    TRAINER_MASTER_PORT,
-    TRAINER_NODE,
-    TRAINER_READ_VARS,
-    TRAINER_SERVER_CA_CERT,
-    TRAINER_SERVER_TOKEN,
-    TRAINER_SERVER_URL,
-    TRAINER_SERVER_VARS,
-    TRAINJOB_ANCESTOR_LABEL,
-    TRAINJOB_ANCESTOR_TRAINER,
-    TRAINJOB_POD_ENV_VARS,
-    USER_ENV_VARS,
-    WAIT_TIMEOUT,
-    WORLD_SIZE,
-)
-from maskrcnn_launcher.contract.hosts import (
-    REPLICATED_JOBS,
-    ROLES,
-    TRAINJOB_REPLICATED_JOB,
-    WORKLOADS,
-    host_name,
-    jobset_host_name,
-    jobset_role,
-    node_rank,
-    parse_jobset_host_name,
-    parse_pod_name,
-    parse_trainjob_master_addr,
-    pod_name,
-    trainjob_host_name,
-    trainjob_master_addr,
-    trainjob_role,
-)
-from maskrcnn_launcher.contract.placement import (
-    MODULES,
-    PARAMETERLESS_MODULES,
-    edge_device_map,
-    placement_problems,
-    process_group_backend,
-    validate_placement,
-)
-from maskrcnn_launcher.contract.pod_plan import PLAN_VERSION, PodPlan, StagePlacement, exported_env
-from maskrcnn_launcher.contract.progress import (
-    PROGRESS_BAR_WIDTH,
-    PROGRESS_KINDS,
-    format_progress_bar,
-    format_progress_line,
-    parse_progress_line,
-    progress_values,
-)
-from maskrcnn_launcher.contract.signals import FORWARDED_STOP, STOP_SIGNALS, signal_handlers
-from maskrcnn_launcher.errors import PlanFormatError
-from maskrcnn_launcher.yamlfile import load_yaml
+from maskrcnn_launcher.contract import env, hosts, placement, pod_plan, progress, shared, signals
+from maskrcnn_launcher.contract.env import *
+from maskrcnn_launcher.contract.hosts import *
+from maskrcnn_launcher.contract.placement import *
+from maskrcnn_launcher.contract.pod_plan import *
+from maskrcnn_launcher.contract.progress import *
+from maskrcnn_launcher.contract.shared import *
+from maskrcnn_launcher.contract.signals import *
 
 __all__ = [
-    "CLUSTER_DOMAIN",
-    "COMPLETION_INDEX",
-    "COMPLETION_INDEX_ANNOTATION",
-    "DEBUG_ENV",
-    "DEFAULT_CLUSTER_DOMAIN",
-    "DEFAULT_MASTER_PORT",
-    "DEFAULT_WAIT_TIMEOUT_S",
-    "edge_device_map",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_RUNTIME",
-    "EXIT_STOPPED",
-    "EXIT_TERMINATED",
-    "EXIT_UNREACHABLE",
-    "EXIT_USER_ERROR",
-    "exported_env",
-    "EXPORTED_VARS",
-    "Failure",
-    "format_progress_bar",
-    "format_progress_line",
-    "FORWARDED_STOP",
-    "GLOO_SOCKET_IFNAME",
-    "GuardedGroup",
-    "HEADLESS_SERVICE",
-    "host_name",
-    "HOSTNAME",
-    "INDEX",
-    "JOB_INDEX",
-    "JOB_INDEX_LABEL",
-    "JOBSET_FIELDS",
-    "jobset_host_name",
-    "JOBSET_NAME",
-    "JOBSET_NAME_LABEL",
-    "JOBSET_POD_ENV_VARS",
-    "jobset_role",
-    "load_yaml",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "MODULES",
-    "NCCL_SOCKET_IFNAME",
-    "node_rank",
-    "one_line",
-    "os_error_line",
-    "PARAMETERLESS_MODULES",
-    "parse_jobset_host_name",
-    "parse_pod_name",
-    "parse_progress_line",
-    "parse_trainjob_master_addr",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "PET_NNODES",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "placement_problems",
-    "PLAN_VERSION",
-    "PlanFormatError",
-    "POD_ENV_VARS",
-    "POD_IP",
-    "pod_name",
-    "POD_NAME",
-    "POD_NAMESPACE",
-    "POD_PLAN",
-    "PodPlan",
-    "process_group_backend",
-    "PROGRESS_BAR_WIDTH",
-    "PROGRESS_KINDS",
-    "progress_values",
-    "RANK",
-    "READ_VARS",
-    "REPLICATED_JOB",
-    "REPLICATED_JOB_LABEL",
-    "REPLICATED_JOBS",
-    "RESTART_ATTEMPT_LABEL",
-    "ROLE",
-    "ROLES",
-    "signal_handlers",
-    "SOCKET_IFNAME_VARS",
-    "StagePlacement",
-    "STOP_SIGNALS",
-    "TERMINATION_GRACE_SECONDS",
-    "TOPOLOGY",
-    "TORCH_RUNTIME_VARS",
-    "TP_SOCKET_IFNAME",
-    "TRAINER_CMD",
-    "TRAINER_MASTER_PORT",
-    "TRAINER_NODE",
-    "TRAINER_SERVER_CA_CERT",
-    "TRAINER_SERVER_TOKEN",
-    "TRAINER_SERVER_URL",
-    "TRAINER_SERVER_VARS",
-    "TRAINJOB_ANCESTOR_LABEL",
-    "TRAINJOB_ANCESTOR_TRAINER",
-    "trainjob_host_name",
-    "trainjob_master_addr",
-    "TRAINJOB_POD_ENV_VARS",
-    "TRAINJOB_REPLICATED_JOB",
-    "trainjob_role",
-    "TRAINER_READ_VARS",
-    "USER_ENV_VARS",
-    "validate_placement",
-    "WAIT_TIMEOUT",
-    "WORKLOADS",
-    "WORLD_SIZE",
+    *env.__all__,
+    *hosts.__all__,
+    *placement.__all__,
+    *pod_plan.__all__,
+    *progress.__all__,
+    *shared.__all__,
+    *signals.__all__,
 ]

@@ -8,6 +8,24 @@ from __future__ import annotations
 
 import re
 
+__all__ = [
+    "REPLICATED_JOBS",
+    "ROLES",
+    "TRAINJOB_REPLICATED_JOB",
+    "WORKLOADS",
+    "host_name",
+    "jobset_host_name",
+    "jobset_role",
+    "node_rank",
+    "parse_jobset_host_name",
+    "parse_pod_name",
+    "parse_trainjob_master_addr",
+    "pod_name",
+    "trainjob_host_name",
+    "trainjob_master_addr",
+    "trainjob_role",
+]
+
 ROLES = ("master", "worker")
 
 # DNS-1123 label prefix, then the StatefulSet suffix. The prefix match is greedy, so a release

@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+__all__ = [
+    "MODULES",
+    "PARAMETERLESS_MODULES",
+    "edge_device_map",
+    "placement_problems",
+    "process_group_backend",
+    "validate_placement",
+]
+
 # ---------------------------------------------------------------------------------------------
 # Module placement: the topology check and the trainer's stage split apply the same rule.
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from maskrcnn_launcher.contract.env import (
 )
 from maskrcnn_launcher.errors import PlanFormatError
 
+__all__ = ["PLAN_VERSION", "PodPlan", "StagePlacement", "exported_env"]
+
 #: Version of the `MASKRCNN_POD_PLAN` record; a launcher and a trainer that disagree fail at start-up
 #: with a clear message instead of misreading each other. 2: the launcher-only fields left the record.
 PLAN_VERSION = 2

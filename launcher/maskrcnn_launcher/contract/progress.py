@@ -6,6 +6,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+__all__ = [
+    "PROGRESS_BAR_WIDTH",
+    "PROGRESS_KINDS",
+    "format_progress_bar",
+    "format_progress_line",
+    "parse_progress_line",
+    "progress_values",
+]
+
 # Plain `<kind> step <step>/<total> <name> <value> ...`, or the terminal bar `[###...] <step>/<total> ...`
 # (a bar is always a train step). Searched, not anchored: log collectors may prefix the line.
 PROGRESS_KINDS = ("train", "val", "eval")

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+__all__ = ["FORWARDED_STOP", "STOP_SIGNALS", "signal_handlers"]
+
 #: What asks a trainer process to stop: pod deletion and `docker stop` (SIGTERM), Ctrl-C (SIGINT).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: A stop request forwarded by a supervisor that got one of STOP_SIGNALS (the torchrun wrapper to its

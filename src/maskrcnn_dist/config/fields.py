@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = ["INT64_MAX", "Bounds", "FieldSpec", "field_specs", "option"]
+
 
 def option(
     default: Any,

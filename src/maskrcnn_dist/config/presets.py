@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+__all__ = ["demo_flags", "small_cpu_run", "small_stop_run"]
+
 
 def small_cpu_run(image_size: int, **flags: Any) -> dict[str, Any]:
     """The small model on small images on CPU, flag-name -> value, plus `flags` (underscores or dashes).

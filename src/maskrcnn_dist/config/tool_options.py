@@ -11,6 +11,26 @@ from ..errors import ConfigError
 from .fields import FieldSpec, field_specs, option
 from .train_config import apply_overrides
 
+__all__ = [
+    "EXPORT_BY_FLAG",
+    "EXPORT_FIELDS",
+    "EXPORT_FORMATS",
+    "EXPORT_TRAIN_FLAGS",
+    "GALLERY_MAX",
+    "PREDICT_BY_FLAG",
+    "PREDICT_FIELDS",
+    "PREDICT_TRAIN_FLAGS",
+    "PROFILE_BY_FLAG",
+    "PROFILE_FIELDS",
+    "PROFILE_TRAIN_FLAGS",
+    "ExportConfig",
+    "PredictConfig",
+    "ProfileConfig",
+    "build_export_config",
+    "build_predict_config",
+    "build_profile_config",
+]
+
 T = TypeVar("T")
 
 

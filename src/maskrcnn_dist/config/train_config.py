@@ -21,6 +21,31 @@ from maskrcnn_launcher.contract import load_yaml
 from ..errors import ConfigError
 from .fields import INT64_MAX, FieldSpec, field_specs, option
 
+__all__ = [
+    "AMP_DTYPES",
+    "BACKBONE_NORMS",
+    "BY_FLAG",
+    "CHECK_MODES",
+    "DEVICES",
+    "ENGINES",
+    "EXIF_ORIENTATIONS",
+    "FIELDS",
+    "MODEL_NAMES",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PeersConfig",
+    "PipelineConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "build_config",
+    "config_to_dict",
+    "fp16_on_cpu_problem",
+    "load_yaml_config",
+    "saved_model_flags",
+    "to_argv",
+]
+
 MODEL_NAMES = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "maskrcnn_resnet18_fpn")
 ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes

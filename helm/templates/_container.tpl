@@ -1,0 +1,126 @@
+{{/*
+The training container's parts that are not the pod's: its image and name, what it runs (the launcher,
+then the trainer's arguments) and its environment (the launcher's contract). _pod.tpl puts them
+together; every template here but image and trainerContainer takes the pod template's argument,
+(dict "root" $ "role" "master"|"worker" "workload" "statefulset"|"jobset"|"trainjob").
+*/}}
+
+{{/* The image the pods run: repository@digest when a digest is set, else repository:tag (default appVersion). */}}
+{{- define "maskrcnn-dist.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The training container's name: the JobSet's podFailurePolicy rules name it (_failure_policy.tpl).
+Kubeflow Trainer fills the container named `node` of a TrainJob's pods. Argument: the workload.
+*/}}
+{{- define "maskrcnn-dist.trainerContainer" -}}{{ ternary "node" "trainer" (eq . "trainjob") }}{{- end -}}
+
+{{/* The trainer's arguments (trainer.args, each rendered with tpl), as YAML list items. */}}
+{{- define "maskrcnn-dist.trainerArgs" -}}
+{{- range $i, $arg := .Values.trainer.args }}
+{{- if $i }}{{ "\n" }}{{ end }}- {{ tpl (toString $arg) $ | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The container's `command` (a TrainJob's node only) and `args`: the launcher's `launch --topology ... --`,
+then the trainer's arguments. YAML keys of the container, to be indented under it.
+*/}}
+{{- define "maskrcnn-dist.trainerCommand" -}}
+{{- if eq .workload "trainjob" -}}
+# Kubeflow Trainer replaces `args` with the TrainJob's spec.trainer.args, so the launcher is the
+# command (under dumb-init, as the image's entrypoint runs it) and a TrainJob's args are the
+# trainer's. The launcher reads the node from PET_* (Trainer's torch plugin sets them), checks
+# them against the topology, waits for node 0, then execs the trainer under torchrun.
+command:
+  - dumb-init
+  - --
+  - maskrcnn-launch
+  - launch
+  - --topology
+  - $(MASKRCNN_TOPOLOGY)
+  - --
+args:
+{{- else -}}
+# The image's entrypoint (dumb-init -> maskrcnn-launch) gets these arguments; the launcher
+# turns the topology and the pod identity below into rank, world size and MASTER_ADDR/PORT,
+# waits for the master, then execs the trainer with everything after `--`.
+args:
+  - launch
+  - --topology
+  - $(MASKRCNN_TOPOLOGY)
+  - --
+{{- end }}
+  {{- with (include "maskrcnn-dist.trainerArgs" .root) }}
+  {{- . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/*
+The container's `env`: the pod's identity as the launcher's environment contract names it
+(maskrcnn_launcher.contract: the StatefulSets' and JobSet's pods, or a TrainJob's node, whose identity
+is Trainer's PET_*), then the user's extraEnv. A YAML key of the container, to be indented under it.
+*/}}
+{{- define "maskrcnn-dist.trainerEnv" -}}
+{{- $root := .root -}}
+{{- if eq .workload "trainjob" -}}
+# Exactly the variables maskrcnn_launcher.contract.TRAINJOB_POD_ENV_VARS and TRAINER_READ_VARS name
+# (the node comes from Trainer's PET_*; a chart test checks it), then the user's extraEnv.
+{{- else -}}
+# Exactly the variables maskrcnn_launcher.contract.POD_ENV_VARS and TRAINER_READ_VARS name (a
+# chart test checks it), then the user's extraEnv.
+{{- end }}
+env:
+  - name: MASKRCNN_TOPOLOGY
+    value: {{ include "maskrcnn-dist.topologyPath" $root | quote }}
+  - name: POD_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
+  - name: POD_NAMESPACE
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.namespace
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.podIP
+  {{- if ne .workload "trainjob" }}
+  - name: MASKRCNN_HEADLESS_SERVICE
+    value: {{ include "maskrcnn-dist.headlessService" $root | quote }}
+  - name: MASKRCNN_CLUSTER_DOMAIN
+    value: {{ $root.Values.network.clusterDomain | quote }}
+  {{- end }}
+  # The pod's terminationGracePeriodSeconds, one value: the trainer's budget for stopping at a
+  # step boundary with a checkpoint after SIGTERM (contract.TERMINATION_GRACE_SECONDS).
+  - name: MASKRCNN_TERMINATION_GRACE_SECONDS
+    value: {{ $root.Values.terminationGracePeriodSeconds | quote }}
+  {{- if eq .workload "jobset" }}
+  # JobSet pods (contract.JOBSET_POD_ENV_VARS): the JobSet and Job controllers' labels and
+  # annotations name the replicated job and the index; the host name is the launcher's fallback.
+  - name: MASKRCNN_JOBSET_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.labels['jobset.sigs.k8s.io/jobset-name']
+  - name: MASKRCNN_REPLICATED_JOB
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']
+  - name: MASKRCNN_JOB_INDEX
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.labels['jobset.sigs.k8s.io/job-index']
+  - name: MASKRCNN_COMPLETION_INDEX
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']
+  {{- end }}
+  {{- with $root.Values.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
