@@ -103,7 +103,7 @@ def measure(
     metrics_file: Path, cfg: BenchConfig, engine: str, processes: int, threads: int, wall_s: float
 ) -> EngineResult:
     """Throughput over the window after the warm-up, from the train records' time stamps."""
-    from maskrcnn_dist.metrics import read_metrics
+    from maskrcnn_dist.training.metrics import read_metrics
 
     records = sorted((r for r in read_metrics(metrics_file) if r["kind"] == "train"), key=lambda r: r["step"])
     # A resumed or repeated run would append to the file: keep the last record of each step.

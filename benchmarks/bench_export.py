@@ -32,7 +32,7 @@ import torch
 
 from maskrcnn_dist.config import ExportConfig, ModelConfig
 from maskrcnn_dist.data import generate_synthetic_coco, read_image
-from maskrcnn_dist.model import build_model
+from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.outputs.export import FORMATS, export_model
 from maskrcnn_dist.outputs.export.command import exportable_model
 from maskrcnn_dist.outputs.export.parity import table_lines

@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, to_argv
-from maskrcnn_dist.process import setup_process
+from maskrcnn_dist.lifetime.process import setup_process
 from maskrcnn_dist.profile.candidates import Candidate
 from maskrcnn_dist.profile.command import real_batches
 from maskrcnn_dist.profile.cost_model import Setting, predict
@@ -62,7 +62,7 @@ def topology_file(path: Path, stages: tuple[tuple[str, ...], ...], image_size: t
 def stage_busy(metrics_file: Path, stages: int) -> list[float]:
     """Each stage's CPU seconds per step (the pipeline engine's stageN/busy_s), mean over the steps
     after the warm-up step."""
-    from maskrcnn_dist.metrics import read_metrics
+    from maskrcnn_dist.training.metrics import read_metrics
 
     records = [r for r in read_metrics(metrics_file) if r["kind"] == "train" and r["step"] > 1]
     return [round(sum(r[f"stage{i}/busy_s"] for r in records) / max(1, len(records)), 3) for i in range(1, stages + 1)]
@@ -70,7 +70,7 @@ def stage_busy(metrics_file: Path, stages: int) -> list[float]:
 
 def link_bytes(metrics_file: Path, key: str) -> int:
     """The engine's own byte count for one link, mean per step after the warm-up step."""
-    from maskrcnn_dist.metrics import read_metrics
+    from maskrcnn_dist.training.metrics import read_metrics
 
     values = [r[key] for r in read_metrics(metrics_file) if r["kind"] == "train" and r["step"] > 1]
     return round(sum(values) / max(1, len(values)))

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torchvision.ops import MultiScaleRoIAlign
 
-from maskrcnn_dist.roi_align import SparseMultiScaleRoIAlign
+from maskrcnn_dist.modeling.roi_align import SparseMultiScaleRoIAlign
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)

@@ -34,8 +34,8 @@ from maskrcnn_launcher.contract import RANK, TERMINATION_GRACE_SECONDS
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.config import small_stop_run, to_argv
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.torchrun import child_pids
+from maskrcnn_dist.training.metrics import read_metrics
 
 ENGINES = ("local", "ddp", "pipeline")
 

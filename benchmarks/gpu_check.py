@@ -197,7 +197,7 @@ def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def train_losses(metrics_file: Path) -> dict[int, float]:
-    from maskrcnn_dist.metrics import read_metrics
+    from maskrcnn_dist.training.metrics import read_metrics
 
     return {r["step"]: float(r["loss"]) for r in read_metrics(metrics_file) if r["kind"] == "train"}
 
@@ -230,7 +230,7 @@ def final_checkpoint(output_dir: Path) -> dict[str, Any]:
 def check_local(env: Env, precision: str) -> dict[str, Any]:
     """A loss curve at CURVE_LR; fp32 keeps its curve and weights for the amp checks and eval_amp."""
     from maskrcnn_dist.checkpoint import save_checkpoint
-    from maskrcnn_dist.perf import AMP_CURVE_TOLERANCE
+    from maskrcnn_dist.modeling.perf import AMP_CURVE_TOLERANCE
 
     work = Path(env.work)
     amp = {"fp32": {}, "fp16": {"amp": True, "amp-dtype": "float16"}, "bf16": {"amp": True, "amp-dtype": "bfloat16"}}
@@ -481,7 +481,7 @@ def reference_model(cfg, num_classes: int):
 
     from torchvision.models.detection import maskrcnn_resnet50_fpn
 
-    from maskrcnn_dist.model import build_model
+    from maskrcnn_dist.modeling.model import build_model
 
     if cfg.model.name == "maskrcnn_resnet50_fpn":
         return maskrcnn_resnet50_fpn(
@@ -583,7 +583,7 @@ def run_child(name: str, plan: Path) -> int:
     try:
         import torch
 
-        from maskrcnn_dist.perf import set_flush_denormal
+        from maskrcnn_dist.modeling.perf import set_flush_denormal
 
         # What process.setup_process does for every run (--flush-denormal is on by default), before any
         # computation: without it the CPU steps of a fresh model are 3-6x slower.

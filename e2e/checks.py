@@ -11,10 +11,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.run_dir import BEST_CHECKPOINT, METRICS_FILE, checkpoint_dir
 from maskrcnn_dist.run_dir import CHECKPOINT_NAME as CHECKPOINT
 from maskrcnn_dist.run_dir import CHECKPOINT_TMP_NAME as TMP
+from maskrcnn_dist.training.metrics import read_metrics
 
 # Anything a checkpoint writer could leave behind: the atomic writer's temporary file (TMP) of a
 # checkpoint or of best.pt, or any other partial name that mentions a checkpoint or a .pt file.

@@ -95,39 +95,48 @@ def test_no_import_cycle(package: Path) -> None:
     assert cycles(import_graph(package)) == []
 
 
-def test_engines_never_import_the_loop_the_composition_root_the_tools_or_the_cli() -> None:
-    upward = {
-        "maskrcnn_dist.train",
-        "maskrcnn_dist.cli",
-        "maskrcnn_dist.loop",
-        "maskrcnn_dist.outputs",
-        "maskrcnn_dist.profile",
-    }
+def test_engines_never_import_the_run_the_composition_root_the_tools_or_the_cli() -> None:
+    upward = ("train", "cli", "training", "outputs", "profile")
     graph = import_graph(TRAINER)
-    offenders = {m: sorted(graph[m] & upward) for m in graph if m.startswith("maskrcnn_dist.engines")}
+    offenders = {
+        m: sorted(i for i in graph[m] if any(_within(i, f"maskrcnn_dist.{up}") for up in upward))
+        for m in graph
+        if _within(m, "maskrcnn_dist.engines")
+    }
     assert {m: up for m, up in offenders.items() if up} == {}
 
 
+#: The floors above the engines; everything else of the trainer sits under them.
+ABOVE_ENGINES = (
+    "engines",
+    "training",  # the run: the loop, its hooks and what they keep
+    "train",
+    "cli",
+    "torchrun",
+    "outputs",  # predict and the report's gallery run the local engine, beside the loop
+    "profile",  # profile runs pipeline stages, beside the loop
+)
+
+
+def above_engines(module: str, package: str) -> bool:
+    return any(_within(module, f"{package}.{floor}") for floor in ABOVE_ENGINES)
+
+
 def test_lower_layers_never_import_engines_or_above() -> None:
-    """model, data, evaluation, checkpoints, metrics, config, process and errors sit under the engines."""
-    above = (
-        "maskrcnn_dist.engines",
-        "maskrcnn_dist.loop",
-        "maskrcnn_dist.train",
-        "maskrcnn_dist.cli",
-        "maskrcnn_dist.outputs",  # predict and the report's gallery run the local engine, beside the loop
-        "maskrcnn_dist.profile",  # profile runs pipeline stages, beside the loop
-    )
+    """modeling/, lifetime/, data/, config/, evaluation, checkpoints, errors and the run folder's names sit
+    under the engines."""
     graph = import_graph(TRAINER)
-    lower = [m for m in graph if not m.startswith(above) and m != "maskrcnn_dist"]
-    offenders = {m: sorted(i for i in graph[m] if i.startswith(above)) for m in lower}
+    lower = [m for m in graph if not above_engines(m, "maskrcnn_dist") and m != "maskrcnn_dist"]
+    assert "maskrcnn_dist.modeling.model" in lower and "maskrcnn_dist.training.loop" not in lower
+    assert "maskrcnn_dist.training" not in lower and "maskrcnn_dist.train" not in lower
+    offenders = {m: sorted(i for i in graph[m] if above_engines(i, "maskrcnn_dist")) for m in lower}
     assert {m: i for m, i in offenders.items() if i} == {}
 
 
 #: The tools: commands beside the loop that run a model or measure one, never train it.
 TOOLS = ("outputs", "profile")
-#: The training path, which no tool imports: the composition root and the loop.
-TRAINING_PATH = ("train", "loop")
+#: The training path, which no tool imports: the composition root and the run (training/).
+TRAINING_PATH = ("train", "training")
 #: What the engines share; every other module of engines/ (a module or a package) is one engine.
 ENGINES_SHARE = ("base",)
 
@@ -138,9 +147,9 @@ def _within(module: str, package: str) -> bool:
 
 def tools_importing_the_training_path(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:
     """tool module -> the modules of the training path it imports (only offenders)."""
-    path = {f"{package}.{name}" for name in TRAINING_PATH}
     tools = [m for m in graph if any(_within(m, f"{package}.{tool}") for tool in TOOLS)]
-    return {m: sorted(graph[m] & path) for m in tools if graph[m] & path}
+    found = {m: sorted(i for i in graph[m] if any(_within(i, f"{package}.{p}") for p in TRAINING_PATH)) for m in tools}
+    return {m: imported for m, imported in found.items() if imported}
 
 
 def engine_of(module: str, package: str) -> str | None:
@@ -240,16 +249,18 @@ def test_the_tools_rule_finds_a_tool_importing_the_training_path(tmp_path: Path)
         tmp_path,
         {
             "train.py": "",
-            "loop.py": "",
-            "process.py": "",
+            "training/loop.py": "",
+            "training_data.py": "",  # not the training room: a name that starts the same
+            "lifetime/process.py": "",
             "outputs/predict.py": "from ..train import setup_process\n",
-            "outputs/draw.py": "from ..process import setup_process\n",  # allowed
-            "profile/command.py": "def run():\n    from .. import loop\n",  # lazy, still counted
+            # allowed: a lower room, and a module whose name only starts like the training room's
+            "outputs/draw.py": "from ..lifetime.process import setup_process\nfrom .. import training_data\n",
+            "profile/command.py": "def run():\n    from ..training import loop\n",  # lazy, still counted
         },
     )
     assert tools_importing_the_training_path(import_graph(package), "pkg") == {
         "pkg.outputs.predict": ["pkg.train"],
-        "pkg.profile.command": ["pkg.loop"],
+        "pkg.profile.command": ["pkg.training", "pkg.training.loop"],
     }
 
 

@@ -100,7 +100,7 @@ def main(verbose: bool) -> None:
 def _run_train(cfg: config_mod.TrainConfig):
     """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process
     only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
-    from .stop import Stopped, exit_stopped, stop_on_signals
+    from .lifetime.stop import Stopped, exit_stopped, stop_on_signals
 
     # This process's one stop request; a finished run gives the signals back (a test's CliRunner, a later command).
     with stop_on_signals() as stop:

@@ -22,7 +22,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from .data import build_eval_loader, eval_rounds
-from .stop import Interrupted
+from .lifetime.stop import Interrupted
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
-from .best import BestTracker, check_best_metric
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
 from .config import TrainConfig, config_to_dict
@@ -37,12 +36,8 @@ from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_tr
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
-from .grace import grace_seconds
-from .hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
-from .loop import HookBase, Position, Trainer
-from .metrics import MetricsWriter
-from .process import setup_process
-from .progress_post import poster_from_env
+from .lifetime.process import setup_process
+from .lifetime.stop import Interrupted, Stopped, StopRequest
 from .run_dir import (
     checkpoint_dir,
     layout_problem,
@@ -52,7 +47,12 @@ from .run_dir import (
     replaced_stamp,
     resume_problem,
 )
-from .stop import Interrupted, Stopped, StopRequest
+from .training.best import BestTracker, check_best_metric
+from .training.grace import grace_seconds
+from .training.hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
+from .training.loop import HookBase, Position, Trainer
+from .training.metrics import MetricsWriter
+from .training.progress_post import poster_from_env
 
 log = logging.getLogger(__name__)
 

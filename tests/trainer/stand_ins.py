@@ -8,9 +8,9 @@ import torch
 
 from maskrcnn_dist.config import TrainConfig
 from maskrcnn_dist.engines.base import Engine
-from maskrcnn_dist.loop import Trainer
-from maskrcnn_dist.stop import StopRequest
+from maskrcnn_dist.lifetime.stop import StopRequest
 from maskrcnn_dist.train import build_trainer, resume, run_metrics, total_steps
+from maskrcnn_dist.training.loop import Trainer
 
 
 class CountingEngine(Engine):

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from maskrcnn_dist import hooks
-from maskrcnn_dist.best import BestTracker, agreed_value, check_best_metric
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.data import load_datasets, write_train_val
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import METRIC_KEYS
-from maskrcnn_dist.loop import Trainer
-from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.outputs import report
 from maskrcnn_dist.train import train
+from maskrcnn_dist.training import hooks
+from maskrcnn_dist.training.best import BestTracker, agreed_value, check_best_metric
+from maskrcnn_dist.training.loop import Trainer
+from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config
 from .stand_ins import fit_counting

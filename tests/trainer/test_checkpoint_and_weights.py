@@ -10,8 +10,8 @@ import torch
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from maskrcnn_dist.config import ModelConfig, OptimConfig
 from maskrcnn_dist.errors import CheckpointError, WeightsError
-from maskrcnn_dist.model import build_model
-from maskrcnn_dist.optim import lr_factor
+from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.optim import lr_factor
 
 SMALL = ModelConfig(name="maskrcnn_resnet18_fpn", min_size=64, max_size=64)
 

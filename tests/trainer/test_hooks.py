@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from maskrcnn_dist import hooks, train
+from maskrcnn_dist import train
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets, write_train_val
-from maskrcnn_dist.loop import Boundary, HookBase
-from maskrcnn_dist.stop import Stopped, StopRequest
+from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
+from maskrcnn_dist.training import hooks
+from maskrcnn_dist.training.loop import Boundary, HookBase
 
 from .conftest import fast_config
 from .stand_ins import fit_counting

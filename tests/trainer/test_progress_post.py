@@ -21,14 +21,14 @@ import pytest
 from published_schemas import SCHEMAS, crd_schema
 
 from maskrcnn_dist.config import TrainConfig
-from maskrcnn_dist.metrics import read_metrics
-from maskrcnn_dist.progress_post import Endpoint, ProgressPoster, send_status
 from maskrcnn_dist.train import run_metrics
+from maskrcnn_dist.training.metrics import read_metrics
+from maskrcnn_dist.training.progress_post import Endpoint, ProgressPoster, send_status
 
 from .status_server import Authority, Blackhole, make_authority, status_server
 
 TRAINJOB_CRD = SCHEMAS / "trainer.kubeflow.org_trainjobs-v2.3.0.yaml"
-LOGGER = "maskrcnn_dist.progress_post"
+LOGGER = "maskrcnn_dist.training.progress_post"
 
 
 class FakeClock:

@@ -11,9 +11,9 @@ import torch
 from torchvision.ops import MultiScaleRoIAlign, roi_align
 
 from maskrcnn_dist.config import ModelConfig
-from maskrcnn_dist.model import build_model
-from maskrcnn_dist.perf import set_flush_denormal
-from maskrcnn_dist.roi_align import (
+from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.perf import set_flush_denormal
+from maskrcnn_dist.modeling.roi_align import (
     SparseMultiScaleRoIAlign,
     sampling_matrix,
     sparse_roi_align,

@@ -16,9 +16,9 @@ from maskrcnn_launcher.contract import EXIT_STOPPED, FORWARDED_STOP, STOP_SIGNAL
 from maskrcnn_dist.data import eval_rounds
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import until_stopped
-from maskrcnn_dist.grace import GraceCheck, grace_problem, grace_seconds
-from maskrcnn_dist.stop import Interrupted, StopRequest, detach_pool_worker, stop_on_signals
+from maskrcnn_dist.lifetime.stop import Interrupted, StopRequest, detach_pool_worker, stop_on_signals
 from maskrcnn_dist.torchrun import child_pids, pod_exit_status, without_stop_signals
+from maskrcnn_dist.training.grace import GraceCheck, grace_problem, grace_seconds
 
 from .procs import REPO
 
@@ -26,7 +26,7 @@ from .procs import REPO
 # marks its checkpoint written; it exits 0 after 20 s if nothing ends it first.
 WAITER = """
 import sys, time
-from maskrcnn_dist.stop import stop_on_signals
+from maskrcnn_dist.lifetime.stop import stop_on_signals
 if sys.argv[1] == "late":  # still starting up when the test signals it
     time.sleep(1)
 with stop_on_signals() as stop:
@@ -194,7 +194,7 @@ def test_grace_seconds_from_the_environment() -> None:
 
 
 def test_the_grace_check_measures_once_on_the_second_step(caplog) -> None:
-    caplog.set_level("INFO", logger="maskrcnn_dist.grace")
+    caplog.set_level("INFO", logger="maskrcnn_dist.training.grace")
     saves: list[int] = []
     check = GraceCheck(5.0)
     for step in range(1, 5):

@@ -14,7 +14,7 @@ from maskrcnn_launcher.contract import PodPlan, StagePlacement
 from maskrcnn_dist.engines import pipeline, torch_engine
 from maskrcnn_dist.engines.pipeline import runtime
 from maskrcnn_dist.engines.torch_engine import TorchEngine
-from maskrcnn_dist.stop import Stopped, StopRequest, stop_on_signals
+from maskrcnn_dist.lifetime.stop import Stopped, StopRequest, stop_on_signals
 
 from .conftest import fast_config
 

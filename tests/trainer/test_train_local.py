@@ -13,9 +13,9 @@ from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import TrainingError
-from maskrcnn_dist.metrics import read_metrics
 from maskrcnn_dist.outputs.report import draw_report
 from maskrcnn_dist.train import build_trainer, run_metrics, total_steps, train
+from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config
 

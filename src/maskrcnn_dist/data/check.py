@@ -32,7 +32,7 @@ from typing import Protocol, TextIO
 
 from ..config import CHECK_MODES, TrainConfig
 from ..errors import DatasetError, one_line
-from ..stop import detach_pool_worker
+from ..lifetime.stop import detach_pool_worker
 from .image_file import ImageFault, open_checked
 from .orientation import AS_STORED, Frame, FrameMismatch, frame_of, frame_size
 from .resize import degenerate_size_reason

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ..stop import leave_process_group
+from ..lifetime.stop import leave_process_group
 
 Batch = tuple[list[torch.Tensor], list[dict[str, Any]]]
 

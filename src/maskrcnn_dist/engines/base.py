@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, TrainingError
-from ..stop import StopRequest
+from ..lifetime.stop import StopRequest
 
 Images = list[torch.Tensor]
 Targets = list[dict[str, torch.Tensor]]

@@ -25,11 +25,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig, fp16_on_cpu_problem
 from ..errors import ConfigError, UserError
-from ..model import build_model, side_effect_free_losses
-from ..optim import build_optimizer, build_scheduler
-from ..perf import autocast_context, grad_scaler
-from ..rng import StepSeeder
-from ..stop import StopRequest
+from ..lifetime.stop import StopRequest
+from ..modeling.model import build_model, side_effect_free_losses
+from ..modeling.optim import build_optimizer, build_scheduler
+from ..modeling.perf import autocast_context, grad_scaler
+from ..modeling.rng import StepSeeder
 from .base import Engine, Images, Targets, check_finite, resolve_device, to_device
 
 log = logging.getLogger(__name__)

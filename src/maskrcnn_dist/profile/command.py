@@ -15,7 +15,7 @@ from ..data.coco import CocoInstanceDataset
 from ..data.layout import find_split
 from ..engines.base import resolve_device
 from ..errors import UserError
-from ..process import setup_process
+from ..lifetime.process import setup_process
 from ..run_dir import output_file_problem
 from .candidates import Candidate, candidates
 from .cost_model import Prediction, Setting, predict

@@ -23,9 +23,9 @@ from ..config import TrainConfig
 from ..engines.base import resolve_device
 from ..engines.pipeline.stages import MicroBatchState, StageModule, build_stages
 from ..engines.pipeline.transport import gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes
-from ..model import build_model
-from ..optim import build_optimizer
-from ..perf import autocast_context
+from ..modeling.model import build_model
+from ..modeling.optim import build_optimizer
+from ..modeling.perf import autocast_context
 
 #: Background + the synthetic set's classes: the class count changes only the heads' last layers.
 NUM_CLASSES = 4

@@ -18,7 +18,7 @@ from maskrcnn_launcher import contract
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.metrics import read_metrics
+from maskrcnn_dist.training.metrics import read_metrics
 
 from ..procs import run_job, torchrun
 

@@ -9,7 +9,7 @@ import torch
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.metrics import read_metrics
+from maskrcnn_dist.training.metrics import read_metrics
 
 from ..procs import run_job, torchrun, torchrun_command
 

@@ -49,7 +49,7 @@ def stop_after(job: Job, out: Path, kind: str, step: int, send) -> int:
 
 def stop_lines(job: Job) -> dict[str, int]:
     """How many times each rank took the stop ("stopping at step" lines, one per rank when it stops once)."""
-    found = re.findall(r"\[rank (\d)\] INFO maskrcnn_dist.loop: .*: stopping at step", job.stderr + job.stdout)
+    found = re.findall(r"\[rank (\d)\] INFO maskrcnn_dist.training.loop: .*: stopping at step", job.stderr + job.stdout)
     return {rank: found.count(rank) for rank in sorted(set(found))}
 
 

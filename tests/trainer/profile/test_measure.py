@@ -8,7 +8,7 @@ import torch
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState, build_stages
 from maskrcnn_dist.engines.pipeline.transport import gradient_bytes, to_wire, wire_bytes
-from maskrcnn_dist.model import build_model
+from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.profile.measure import NUM_CLASSES, measure, synthetic_batch
 
 

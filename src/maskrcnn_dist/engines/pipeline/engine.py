@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ...config import TrainConfig
 from ...errors import PeerLostError, TrainingError
-from ...stop import StopRequest
+from ...lifetime.stop import StopRequest
 from ..base import Engine, Images, Targets, check_finite
 from .host import StageHost
 from .stages import MicroBatchState

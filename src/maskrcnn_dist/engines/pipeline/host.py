@@ -30,10 +30,10 @@ from torch import nn
 from torch.distributed.rpc import PyRRef
 
 from ...config import TrainConfig
-from ...model import build_model, side_effect_free_losses
-from ...optim import build_optimizer, build_scheduler
-from ...perf import autocast_context
-from ...rng import StepSeeder
+from ...modeling.model import build_model, side_effect_free_losses
+from ...modeling.optim import build_optimizer, build_scheduler
+from ...modeling.perf import autocast_context
+from ...modeling.rng import StepSeeder
 from .stages import MicroBatchState, StageModule, build_stages
 from .state import checksum
 from .transport import from_wire, gradient_bytes, sends_device_tensors, to_wire, wire_bytes

@@ -31,7 +31,7 @@ import torch.distributed.rpc as rpc
 from maskrcnn_launcher.contract import PodPlan
 
 from ...config import TrainConfig
-from ...stop import Stopped, StopRequest
+from ...lifetime.stop import Stopped, StopRequest
 from .engine import MASTER
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from ...data import read_image
 from ...data.check import CheckRules
 from ...data.orientation import Frame
 from ...errors import ConfigError, DatasetError, ParityError, UserError, one_line
-from ...model import build_model
+from ...modeling.model import build_model
 from ...run_dir import output_file_problem, tmp_name
 from ..predict import InputImage, Predictor, check_readable, collect_images, dataset_images, load_predictor, open_split
 from .formats import FORMATS, ExportError, ExportFormat, quiet

@@ -147,7 +147,7 @@ def test_train_pipeline_trains_evaluates_and_checkpoints(tmp_path, free_port) ->
     assert _records(out / "metrics.jsonl", "eval"), "evaluation through the pipeline wrote no record"
     # The checkpoint has torchvision's key names: it loads into a plain model.
     from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
-    from maskrcnn_dist.model import build_model
+    from maskrcnn_dist.modeling.model import build_model
 
     from .pipeline_toy import small_config
 

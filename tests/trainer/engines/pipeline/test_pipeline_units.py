@@ -23,7 +23,7 @@ from maskrcnn_dist.engines.pipeline.transport import (
     to_wire,
     wire_bytes,
 )
-from maskrcnn_dist.optim import build_optimizer
+from maskrcnn_dist.modeling.optim import build_optimizer
 
 
 def test_split_batch_is_contiguous_and_balanced() -> None:

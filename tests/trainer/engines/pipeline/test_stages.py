@@ -9,8 +9,8 @@ import torch
 from maskrcnn_launcher.contract import MODULES, validate_placement
 
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState, StageModule, build_stages
-from maskrcnn_dist.model import build_model
-from maskrcnn_dist.rng import StepSeeder
+from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.rng import StepSeeder
 
 from .pipeline_toy import NUM_CLASSES, make_batch, small_config
 

@@ -13,7 +13,7 @@ import pytest
 from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 
 from maskrcnn_dist.checkpoint import load_checkpoint
-from maskrcnn_dist.metrics import read_metrics
+from maskrcnn_dist.training.metrics import read_metrics
 
 from ...stop_procs import Job, assert_stop_step, assert_stopped_cleanly, rank_pids, small_args, train_losses
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol, TextIO
 from maskrcnn_launcher.contract import format_progress_bar, format_progress_line
 from maskrcnn_launcher.contract import parse_progress_line as parse_progress_line
 
-from .errors import UserError
-from .run_dir import METRICS_FILE, TENSORBOARD_DIR
+from ..errors import UserError
+from ..run_dir import METRICS_FILE, TENSORBOARD_DIR
 
 
 class MetricsSink(Protocol):

@@ -14,9 +14,9 @@ from torchvision.models.detection import MaskRCNN, maskrcnn_resnet50_fpn, maskrc
 from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
 from torchvision.ops import misc as misc_nn_ops
 
-from .checkpoint import read_torch_file
-from .config import ModelConfig
-from .errors import WeightsError
+from ..checkpoint import read_torch_file
+from ..config import ModelConfig
+from ..errors import WeightsError
 from .exact_resize import use_exact_resize
 from .perf import keep_head_outputs_fp32, to_channels_last
 from .roi_align import use_sparse_roi_align

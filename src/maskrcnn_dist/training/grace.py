@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 

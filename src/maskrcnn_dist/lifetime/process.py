@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import TrainConfig
-from .perf import set_flush_denormal
+from ..config import TrainConfig
+from ..modeling.perf import set_flush_denormal
 
 
 def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from .checkpoint import publish_best, read_torch_file
-from .errors import CheckpointError, ConfigError
-from .evaluation import METRIC_KEYS
-from .run_dir import BEST_CHECKPOINT, CHECKPOINT_DIR
+from ..checkpoint import publish_best, read_torch_file
+from ..errors import CheckpointError, ConfigError
+from ..evaluation import METRIC_KEYS
+from ..run_dir import BEST_CHECKPOINT, CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..evaluation import evaluate, validation_loss
 from .best import BestTracker, agreed_value, restore_best_file
-from .evaluation import evaluate, validation_loss
 from .grace import GraceCheck
 from .loop import Boundary, HookBase
 from .metrics import MetricsWriter

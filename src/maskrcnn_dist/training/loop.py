@@ -23,9 +23,9 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from .engines.base import Engine, Images, Targets
-from .errors import CheckpointError
-from .stop import Interrupted, Stopped, StopRequest
+from ..engines.base import Engine, Images, Targets
+from ..errors import CheckpointError
+from ..lifetime.stop import Interrupted, Stopped, StopRequest
 
 log = logging.getLogger(__name__)
 

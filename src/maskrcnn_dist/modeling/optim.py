@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .config import OptimConfig
+from ..config import OptimConfig
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.SGD:

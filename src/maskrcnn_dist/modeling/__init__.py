@@ -1,0 +1,12 @@
+"""The model and what computes it: torchvision's Mask R-CNN built from the configuration, and the
+numerics every engine shares.
+
+- `model.py`: `build_model` (torchvision's builders, weights, frozen layers) and reading state dicts;
+- `roi_align.py`: the RoIAlign that replaces torchvision's on CPU (same numbers, faster backward);
+- `exact_resize.py`: the model's resize in float64, for exported models;
+- `perf.py`: mixed precision, memory format and denormal floats, in one place;
+- `rng.py`: per-step seeding of the model's random parts (a resumed or pipelined run draws the same);
+- `optim.py`: the optimizer and the learning-rate schedule.
+
+Nothing here knows of engines, the loop or the process's lifetime.
+"""
