@@ -50,9 +50,10 @@ from .run_dir import (
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
 from .training.hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
-from .training.loop import HookBase, Position, Trainer
+from .training.loop import HookBase, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
+from .training.state import Position
 
 log = logging.getLogger(__name__)
 

@@ -24,28 +24,14 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from ..engines.base import Engine, Images, Targets
-from ..errors import CheckpointError
 from ..lifetime.stop import Interrupted, Stopped, StopRequest
+from . import state
+from .state import Position
 
 log = logging.getLogger(__name__)
 
 #: The batches of one epoch from a batch on: (epoch, start_batch) -> (images, targets) pairs.
 LoaderFactory = Callable[[int, int], Iterable[tuple[Images, Targets]]]
-
-#: What a checkpoint holds besides the hooks' states; no hook may take one of these keys.
-CHECKPOINT_KEYS = frozenset(
-    {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
-    | {"engine", "config", "categories"}
-)
-
-
-@dataclass
-class Position:
-    """Where training stands: `step` optimizer steps done; the next batch is `batch` of `epoch`."""
-
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,9 +138,8 @@ class Trainer:
             self.register(hook)
 
     def register(self, hook: HookBase) -> None:
-        taken = {h.name for h in self.hooks} | {h.state_key for h in self.hooks} | CHECKPOINT_KEYS
-        if hook.name in taken or hook.state_key in taken - {hook.name}:
-            raise ValueError(f"hook {type(hook).__name__}: name {hook.name!r} or key {hook.state_key!r} is taken")
+        if problem := state.key_problem(self.hooks, hook):
+            raise ValueError(problem)
         hook.trainer = self
         self.hooks.append(hook)
 
@@ -257,39 +242,12 @@ class Trainer:
         return self.checkpointer.save(self.checkpoint_state, self.position.step, again)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        p = self.position
-        hooks = {hook.state_key: state for hook in self.hooks if (state := hook.state_dict()) is not None}
-        return {
-            **self.engine.state_dict(),
-            "step": p.step,
-            "epoch": p.epoch,
-            "batch": p.batch,
-            "pending_hooks": list(self.pending),
-            "rng": torch.get_rng_state(),
-            "engine": self.engine.name,
-            **self.run_facts,
-            **hooks,
-        }
+        return state.capture(self.engine, self.position, self.pending, self.hooks, self.run_facts)
 
-    def restore(self, state: dict[str, Any], source: Path) -> None:
+    def restore(self, saved: dict[str, Any], source: Path) -> None:
         """Continue from a loaded checkpoint: the engine, the position, the RNG, the pending hooks and
         every hook's state."""
-        if state.get("engine") not in (None, self.engine.name):
-            # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
-            log.info(
-                "checkpoint %s was written by the %s engine; continuing with %s",
-                source,
-                state["engine"],
-                self.engine.name,
-            )
-        try:
-            self.engine.load_state_dict(state)
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {source} does not fit this model/engine: {exc}") from exc
-        torch.set_rng_state(state["rng"])
-        self.position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
-        self.pending = list(state.get("pending_hooks", []))
+        self.position, self.pending = state.restore(self.engine, saved, source)
         self.resumed_from = Path(source)
-        for hook in self.hooks:
-            hook.load_state_dict(state.get(hook.state_key), source)
+        state.restore_hooks(self.hooks, saved, source)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", source, *vars(self.position).values())

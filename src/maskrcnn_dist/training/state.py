@@ -1,0 +1,91 @@
+"""The run's part of a checkpoint: where training stands, what a stop left pending, the RNG, the engine's
+state and every hook's, beside the facts of the run (engine, config, categories).
+
+A hook's state goes under its own key (`HookWithState.state_key`), so a checkpoint stays one flat dict of
+plain types and tensors that `weights_only=True` loads; `CHECKPOINT_KEYS` are the keys no hook may take.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ..engines.base import Engine
+from ..errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_KEYS = frozenset(
+    {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
+    | {"engine", "config", "categories"}
+)
+
+
+@dataclass
+class Position:
+    """Where training stands: `step` optimizer steps done; the next batch is `batch` of `epoch`."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+class HookWithState(Protocol):
+    name: str
+
+    @property
+    def state_key(self) -> str: ...
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: Any, source: Path) -> None: ...
+
+
+def key_problem(hooks: Sequence[HookWithState], new: HookWithState) -> str | None:
+    """Why `new` cannot join `hooks`: its name or state key is another's, or a checkpoint key."""
+    taken = {h.name for h in hooks} | {h.state_key for h in hooks} | CHECKPOINT_KEYS
+    if new.name in taken or new.state_key in taken - {new.name}:
+        return f"hook {type(new).__name__}: name {new.name!r} or key {new.state_key!r} is taken"
+    return None
+
+
+def capture(
+    engine: Engine, position: Position, pending: list[str], hooks: Sequence[HookWithState], facts: dict[str, Any]
+) -> dict[str, Any]:
+    hook_states = {hook.state_key: state for hook in hooks if (state := hook.state_dict()) is not None}
+    return {
+        **engine.state_dict(),
+        "step": position.step,
+        "epoch": position.epoch,
+        "batch": position.batch,
+        "pending_hooks": list(pending),
+        "rng": torch.get_rng_state(),
+        "engine": engine.name,
+        **facts,
+        **hook_states,
+    }
+
+
+def restore(engine: Engine, state: dict[str, Any], source: Path) -> tuple[Position, list[str]]:
+    """Load `state` into the engine and the RNG; returns the position and the pending hooks. The hooks
+    load theirs once the position is set (they may read it): `restore_hooks`."""
+    if state.get("engine") not in (None, engine.name):
+        # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
+        log.info("checkpoint %s was written by the %s engine; continuing with %s", source, state["engine"], engine.name)
+    try:
+        engine.load_state_dict(state)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {source} does not fit this model/engine: {exc}") from exc
+    torch.set_rng_state(state["rng"])
+    position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
+    return position, list(state.get("pending_hooks", []))
+
+
+def restore_hooks(hooks: Sequence[HookWithState], state: dict[str, Any], source: Path) -> None:
+    for hook in hooks:
+        hook.load_state_dict(state.get(hook.state_key), source)
