@@ -60,6 +60,10 @@ def process_group(cfg: TrainConfig) -> Iterator[int]:
     log.info("ddp rank %d of %d on %s (%s)", dist.get_rank(), dist.get_world_size(), device, backend)
     try:
         yield dist.get_world_size()
+        # A run that ended well: every rank leaves together, once rank 0 has written its last checkpoint.
+        # A rank that tore its group down while rank 0 still wrote was seen to abort in gloo's teardown
+        # ("terminate called without an active exception", exit -6) and fail the whole run.
+        dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
