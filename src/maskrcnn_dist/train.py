@@ -11,10 +11,10 @@
     open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
     build the engine and the Trainer with the same iterations per epoch, then fit or evaluate
 
-SIGTERM and SIGINT ask for a stop from the start (stop.py; the entry point installs the request, cli.py, and
-this hands it down): the local engine stops after the phase it
-is in; ddp and pipeline processes first form their group, so that they leave it together, and stop
-before the first step. Engines never import this module; the CLI calls nothing else to train.
+SIGTERM and SIGINT ask for a stop from the start (stop.py: the entry point, cli.py, installs the request and
+this hands it down): the local engine stops after the phase it is in; ddp and pipeline processes first
+form their group, so that they leave it together, and stop before the first step. Engines never import
+this module; the CLI calls nothing else to train.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
@@ -58,6 +59,8 @@ from .training.state import Position
 log = logging.getLogger(__name__)
 
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
+# One of the hooks build_hooks registers.
+H = TypeVar("H", bound=HookBase)
 # (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
 EngineFactory = Callable[[int, int], Engine]
 # Runs the data check where it must run once and hands every process its reports.
@@ -226,10 +229,8 @@ def _run(
         else:
             resume(trainer, cfg)
             trainer.fit()
-        last = {hook.name: getattr(hook, "last", None) for hook in trainer.hooks}
-        return TrainResult(
-            trainer.position, last.get("validation"), last.get("evaluation"), cfg.output_dir, trainer.stopped_early
-        )
+        validation, evaluation = hook_of(trainer, ValidationHook), hook_of(trainer, EvaluationHook)
+        return TrainResult(trainer.position, validation.last, evaluation.last, cfg.output_dir, trainer.stopped_early)
 
 
 @dataclass
@@ -314,6 +315,12 @@ def build_hooks(
     return hooks
 
 
+def hook_of(trainer: Trainer, kind: type[H]) -> H:
+    """The one hook of `kind` that build_hooks registered."""
+    (hook,) = [hook for hook in trainer.hooks if isinstance(hook, kind)]
+    return hook
+
+
 def resume(trainer: Trainer, cfg: TrainConfig) -> None:
     """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
     --test-only, "best"), with every hook's state and the pending hooks the checkpoint holds."""
@@ -329,9 +336,8 @@ def resume(trainer: Trainer, cfg: TrainConfig) -> None:
 def evaluate_only(trainer: Trainer, cfg: TrainConfig, stop: StopRequest) -> None:
     """--test-only: COCO AP of the --resume checkpoint (or of the --weights model), recorded at its step."""
     resume(trainer, cfg)
-    (evaluation,) = [hook for hook in trainer.hooks if isinstance(hook, EvaluationHook)]
     try:
-        evaluation.evaluate(trainer.position.step)
+        hook_of(trainer, EvaluationHook).evaluate(trainer.position.step)
     except Interrupted:
         stop.finish("evaluation only, nothing to save")
         raise Stopped(stop, "evaluation") from None

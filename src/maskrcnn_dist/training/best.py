@@ -1,7 +1,7 @@
 """The best checkpoint and early stopping: what each evaluation of a training run decides.
 
 Every evaluation gives one value of `--best-metric` (a COCO AP: higher is better). A strictly higher
-value than the best so far is a new best: the Trainer writes the step's checkpoint and makes it
+value than the best so far is a new best: the evaluation hook (hooks.py) makes the step's checkpoint
 checkpoints/best.pt (checkpoint.publish_best) with a `best` record in metrics.jsonl. An evaluation that
 does not beat the best counts towards `--patience`; N of them in a row end training. The first
 evaluation of a run is always a new best.

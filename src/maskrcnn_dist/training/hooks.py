@@ -91,9 +91,9 @@ class ValidationHook(HookBase):
 
 class EvaluationHook(HookBase):
     """COCO evaluation at every epoch end (`every_epoch`) or at the last step, with the best checkpoint and
-    patience (best.py): every process judges rank 0's value alike; a new best writes this step's
-    checkpoint is published as checkpoints/best.pt with a `best` record; `patience` evaluations in
-    a row without one end training. Its state (the best so far) is the checkpoint's `best`."""
+    patience (best.py): every process judges rank 0's value alike; a new best's checkpoint (this step's) is
+    published as checkpoints/best.pt with a `best` record; `patience` evaluations in a row without one
+    end training. Its state (the best so far) is the checkpoint's `best`."""
 
     name = "evaluation"
 

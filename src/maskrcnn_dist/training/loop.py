@@ -54,9 +54,14 @@ class StepResult:
 
 
 class Saver(Protocol):
-    """Writes the Trainer's checkpoints (checkpoint.Checkpointer)."""
+    """Writes the Trainer's checkpoints (checkpoint.Checkpointer); the hooks use its trial write (the grace
+    check) and its best.pt (the evaluation)."""
 
     def save(self, state: Callable[[], dict[str, Any]], step: int, again: bool = False) -> Path: ...
+
+    def trial(self, state: dict[str, Any]) -> None: ...
+
+    def publish_best(self, checkpoint: Path) -> Path: ...
 
 
 class HookBase:
