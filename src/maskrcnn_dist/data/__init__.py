@@ -14,6 +14,7 @@ from maskrcnn_dist.data.loader import (
     num_train_batches,
     rank_indices,
 )
+from maskrcnn_dist.data.sources import DataSources, SplitSource
 from maskrcnn_dist.data.synthetic import (
     SyntheticCoco,
     SyntheticSplits,
@@ -23,6 +24,8 @@ from maskrcnn_dist.data.synthetic import (
 
 __all__ = [
     "LAYOUTS",
+    "DataSources",
+    "SplitSource",
     "ensure_synthetic",
     "find_split",
     "load_datasets",

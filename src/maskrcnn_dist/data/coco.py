@@ -31,6 +31,7 @@ from maskrcnn_dist.data.check import ImageEntry
 from maskrcnn_dist.data.image_file import read_image
 from maskrcnn_dist.data.masks import decode_masks
 from maskrcnn_dist.data.orientation import Frame
+from maskrcnn_dist.data.sources import SplitSource
 from maskrcnn_dist.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,11 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         """Leave these images out of training and evaluation (they failed the data check)."""
         self._samples = [s for s in self._samples if s.image_id not in image_ids]
         self.image_ids = [s.image_id for s in self._samples]
+
+    @property
+    def source(self) -> SplitSource:
+        """Where this split's data is (what a checkpoint records of it)."""
+        return SplitSource(self.annotation_file, self.image_dir)
 
     def __len__(self) -> int:
         return len(self._samples)

@@ -14,6 +14,7 @@ from ..errors import ConfigError, DatasetError
 from ..run_dir import output_folder_problem
 from .check import CheckReport, CheckRules, check_datasets
 from .coco import CocoInstanceDataset
+from .sources import SplitSource
 from .synthetic import write_train_val
 
 log = logging.getLogger(__name__)
@@ -26,13 +27,13 @@ LAYOUTS = (
 )
 
 
-def find_split(data_path: Path, split: str) -> tuple[Path, Path]:
-    """(image_dir, annotation_file) of `split` under `data_path`, or an error listing what was tried."""
+def find_split(data_path: Path, split: str) -> SplitSource:
+    """Where `split` is under `data_path`, or an error listing what was tried."""
     tried = []
     for ann_pattern, img_pattern in LAYOUTS:
         ann, images = data_path / ann_pattern.format(split=split), data_path / img_pattern.format(split=split)
         if ann.is_file() and images.is_dir():
-            return images, ann
+            return SplitSource(ann, images)
         tried.append(f"{ann} + {images}/")
     raise DatasetError(f"--data-path {data_path}: no {split} split found; looked for " + "; ".join(tried))
 
@@ -84,19 +85,21 @@ def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDa
         cfg.data.data_path = ensure_synthetic(cfg)
     if cfg.data.data_path is None:
         raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
-    train_images, train_ann = find_split(cfg.data.data_path, "train")
+    train = find_split(cfg.data.data_path, "train")
+    train_ann = train.annotations
     orientation = cfg.data.exif_orientation
     train_set = CocoInstanceDataset(
-        train_images, train_ann, train=True, flip_seed=cfg.seed, check_files=False, exif_orientation=orientation
+        train.images, train_ann, train=True, flip_seed=cfg.seed, check_files=False, exif_orientation=orientation
     )
     if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
         raise empty_train_split(train_ann)
     try:
-        val_images, val_ann = find_split(cfg.data.data_path, "val")
+        val = find_split(cfg.data.data_path, "val")
     except DatasetError:
         log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
         return train_set, None
-    val_set = CocoInstanceDataset(val_images, val_ann, train=False, check_files=False, exif_orientation=orientation)
+    val_ann = val.annotations
+    val_set = CocoInstanceDataset(val.images, val_ann, train=False, check_files=False, exif_orientation=orientation)
     if not len(val_set):
         log.warning("%s lists no images: no validation loss or COCO AP", val_ann)
         return train_set, None
@@ -122,9 +125,11 @@ def check_split(data_path: Path, splits: Sequence[str], rules: CheckRules) -> li
                 raise
             log.warning("no val split under %s: training would run without validation loss or COCO AP", data_path)
     datasets = {
-        split: CocoInstanceDataset(*where, check_files=False, exif_orientation=rules.exif_orientation)
+        split: CocoInstanceDataset(
+            where.images, where.annotations, check_files=False, exif_orientation=rules.exif_orientation
+        )
         for split, where in located.items()
     }
     if "train" in datasets and not len(datasets["train"]):
-        raise empty_train_split(located["train"][1])
+        raise empty_train_split(located["train"].annotations)
     return check_datasets(list(datasets.values()), rules)

@@ -235,8 +235,8 @@ def refuse_earlier_outputs(out: Path, earlier: list[str], overwrite: bool) -> No
 
 
 def open_split(data_path: Path, split: str, exif_orientation: str = "auto") -> CocoInstanceDataset:
-    image_dir, annotation_file = find_split(Path(data_path), split)
-    return CocoInstanceDataset(image_dir, annotation_file, train=False, exif_orientation=exif_orientation)
+    source = find_split(Path(data_path), split)
+    return CocoInstanceDataset(source.images, source.annotations, train=False, exif_orientation=exif_orientation)
 
 
 def _batches(

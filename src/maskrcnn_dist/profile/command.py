@@ -144,8 +144,8 @@ def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
     """Up to `count` micro-batches of the train split under --data-path, in file order, the class
     count the model needs for it, and a line saying what they hold."""
     path = cfg.data.data_path
-    image_dir, annotations = find_split(path, "train")
-    dataset = CocoInstanceDataset(image_dir, annotations, train=False)
+    train = find_split(path, "train")
+    dataset = CocoInstanceDataset(train.images, train.annotations, train=False)
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
     if len(dataset) < micro:
         raise UserError(f"--data-path {path}: {len(dataset)} training image(s), fewer than a micro-batch of {micro}")
