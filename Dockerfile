@@ -1,46 +1,48 @@
 # One image for GPU and CPU nodes: the launcher + the trainer; the entrypoint is the launcher.
 #
-# Built with the classic builder (no BuildKit here: no RUN --mount, no heredocs) and without network:
-# everything is installed from ./wheelhouse, which `make wheelhouse` fills on the host (cp311 manylinux
-# wheels of every dependency plus the two local packages). `make image` builds it.
+# Built with the classic builder (no BuildKit here: no RUN --mount, no heredocs) and without network
+# beyond one loopback address: `make image` (docker/build-image.sh) serves ./wheelhouse read-only from a
+# throwaway container and runs this build in that container's network namespace, at WHEELS_URL. The
+# wheelhouse holds cp311 manylinux wheels of every dependency plus the two local packages (`make
+# wheelhouse`). Nothing is COPYed from it, so it never becomes a layer: one stage, and the ~6 GB
+# environment is written once.
 #
 # BASE_IMAGE: any Debian bookworm with Python 3.11 at `python3` and the venv module. The default is the
 # official slim image; machines that cannot pull use `make base-image` (debootstrap, same Python ABI).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
-
-# ---------------------------------------------------------------------------------------------------
-# builder: a virtual environment in /opt/venv, filled from the wheelhouse only (--no-index).
-# The wheelhouse (~2.6 GB) stays in this stage; only the installed environment is copied on.
-FROM ${BASE_IMAGE} AS builder
-# The classic builder keeps this stage as an untagged ~9 GB image; `make image` prunes it by this label.
-LABEL maskrcnn-dist.stage=builder
-
-COPY wheelhouse/ /wheelhouse/
-# The package names are not version-pinned (DL3013) on purpose: the wheelhouse is the pin. It holds
-# exactly the versions pyproject.toml resolved to when `make wheelhouse` ran, and --no-index stops pip
-# from looking anywhere else. pip itself is removed afterwards: nothing installs at run time.
-# hadolint ignore=DL3013
-RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheelhouse \
-        maskrcnn-dist maskrcnn-launcher dumb-init \
-    && /opt/venv/bin/pip uninstall --yes pip \
-    && /opt/venv/bin/maskrcnn-launch --help > /dev/null
-
-# ---------------------------------------------------------------------------------------------------
-# runtime: the base image + the environment + an unprivileged user. No compilers, no wheelhouse.
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="maskrcnn-dist" \
       org.opencontainers.image.description="Mask R-CNN training across machines: launcher + trainer (GPU and CPU)" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# A fixed numeric UID/GID so Kubernetes' runAsNonRoot can verify it and the chart's fsGroup matches.
+# Two layers, because a layer is written twice while the builder commits it: the CUDA libraries torch
+# depends on (~4 GB installed; CUDA_WHEELS, file names that build-image.sh picks from the wheelhouse)
+# first, then everything else, which pip finds already satisfied for those. That halves the disk the
+# build needs at its peak. The package names are not version-pinned (DL3013) on purpose: the wheelhouse
+# is the pin. It holds exactly the versions pyproject.toml resolved to when `make wheelhouse` ran, and
+# --no-index stops pip from looking anywhere else. pip itself is removed afterwards: nothing installs
+# at run time.
+ARG WHEELS_URL
+ARG CUDA_WHEELS
+RUN test -n "${WHEELS_URL}" || { echo "WHEELS_URL is not set: build with make image (docker/build-image.sh)" >&2; exit 1; } \
+    && python3 -m venv /opt/venv \
+    && for wheel in ${CUDA_WHEELS}; do echo "${WHEELS_URL}${wheel}"; done > /tmp/cuda-wheels.txt \
+    && if [ -s /tmp/cuda-wheels.txt ]; then \
+        /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps --requirement /tmp/cuda-wheels.txt; fi \
+    && rm /tmp/cuda-wheels.txt
+# hadolint ignore=DL3013
+RUN /opt/venv/bin/pip install --no-cache-dir --no-index --find-links "${WHEELS_URL}" \
+        maskrcnn-dist maskrcnn-launcher dumb-init \
+    && /opt/venv/bin/pip uninstall --yes pip \
+    && /opt/venv/bin/maskrcnn-launch --help > /dev/null
+
+# An unprivileged user, with a fixed numeric UID/GID so Kubernetes' runAsNonRoot can verify it and the chart's fsGroup matches.
 ARG APP_UID=10001
 ARG APP_GID=10001
 RUN groupadd --gid "${APP_GID}" maskrcnn \
     && useradd --uid "${APP_UID}" --gid "${APP_GID}" --create-home --home-dir /home/maskrcnn \
         --shell /usr/sbin/nologin maskrcnn
 
-COPY --from=builder /opt/venv /opt/venv
 COPY docker/entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # PYTHONUNBUFFERED: logs reach `kubectl logs` / `docker logs` as they are written, not at exit.

@@ -71,10 +71,11 @@ base-image: ## local Debian base image (debootstrap; root) for machines that can
 	fi
 
 # The classic builder (no BuildKit) is what this project's machines have; the Dockerfile needs no
-# BuildKit feature. The local base image is built first when it is the one asked for.
+# BuildKit feature, and the wheelhouse reaches the build over loopback (docker/build-image.sh says why).
+# The local base image is built first when it is the one asked for. The base must be present or
+# pullable: the wheel server runs in it.
 image: $(WHEEL_STAMP) $(if $(filter $(LOCAL_BASE_IMAGE),$(BASE_IMAGE)),base-image) ## build maskrcnn-dist:0.1.0 from the wheelhouse (no pull: BASE_IMAGE=maskrcnn-dist-base:bookworm)
-	DOCKER_BUILDKIT=0 $(DOCKER) build --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
-	$(DOCKER) image prune --force --filter label=maskrcnn-dist.stage=builder
+	DOCKER=$(DOCKER) docker/build-image.sh $(WHEELHOUSE) $(IMAGE) $(BASE_IMAGE)
 
 # k8s/ is the chart rendered with its default values; tests/chart checks it stays in sync.
 manifests: $(STAMP) helm ## render the chart's defaults into k8s/ (plain manifests for kubectl apply -k k8s/)

@@ -25,11 +25,24 @@ def test_dockerfile_contract() -> None:
     text = (ROOT / "Dockerfile").read_text()
     instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text
-    assert "--no-index --find-links /wheelhouse" in text, "install from the wheelhouse only"
+    assert '--no-index --find-links "${WHEELS_URL}"' in text, "install from the wheelhouse only"
+    assert sum(i.startswith("FROM") for i in instructions) == 1, "one stage: the environment is written once"
+    assert "COPY wheelhouse" not in text, "the wheelhouse is served to the build, never a layer"
     assert not [i for i in instructions if i.startswith("RUN --mount")], "the classic builder has no BuildKit mounts"
     assert 'ENTRYPOINT ["dumb-init", "--"' in text, "a proper PID 1 forwards SIGTERM"
     assert "USER ${APP_UID}:${APP_GID}" in text and "ARG APP_UID=10001" in text
     chart_uid = yaml.safe_load((CHART / "values.yaml").read_text())["podSecurityContext"]["runAsUser"]
     assert chart_uid == 10001, "the chart's runAsUser is the image's user"
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
-    assert "*" in ignored and "!wheelhouse/*.whl" in ignored, "small context, wheelhouse included"
+    assert "*" in ignored and not [line for line in ignored if "wheelhouse" in line and line.startswith("!")], (
+        "small context: the wheelhouse is served to the build, not sent"
+    )
+
+
+def test_build_script_refuses_a_wrong_call_before_touching_docker() -> None:
+    script = ROOT / "docker" / "build-image.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    proc = subprocess.run(
+        [str(script), "wheelhouse"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "DOCKER": "false"}
+    )
+    assert proc.returncode == 2 and "usage:" in proc.stderr
