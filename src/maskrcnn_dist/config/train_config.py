@@ -272,6 +272,11 @@ class TrainConfig:
                 "and starts from a run's best model with --weights RUN/checkpoints/best.pt",
             ),
             (
+                not (self.data.synthetic_images and _split_flags_given(self.data)),
+                "--synthetic-images generates the data: leave out --train-annotations, --train-images, "
+                "--val-annotations and --val-images",
+            ),
+            (
                 self.patience is None or self.eval_every_epoch or self.test_only,
                 "--patience counts evaluations, and --no-eval-every-epoch leaves only the one at the end: "
                 "add --eval-every-epoch",
@@ -293,6 +298,11 @@ class TrainConfig:
             f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
             "every micro-batch needs at least one image"
         )
+
+
+def _split_flags_given(data: DataConfig) -> bool:
+    names = ("train_annotations", "train_images", "val_annotations", "val_images")
+    return any(getattr(data, name) is not None for name in names)
 
 
 def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:

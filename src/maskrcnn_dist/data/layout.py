@@ -18,7 +18,7 @@ from .check import CheckReport, CheckRules, check_datasets
 from .classes import ClassPlan, settle_classes
 from .coco import CocoInstanceDataset
 from .detect import detect
-from .resolve import resolve_sources
+from .resolve import carve_val, resolve_sources
 from .sources import DataSources, SplitSource
 from .synthetic import write_train_val
 
@@ -44,7 +44,9 @@ def run_sources(cfg: TrainConfig) -> DataSources:
     `cfg.data.data_path` set to it (the checkpoint's config records where)."""
     if cfg.data.synthetic_images:
         cfg.data.data_path = ensure_synthetic(cfg)
-        return synthetic_sources(cfg.data.data_path)
+        sources = synthetic_sources(cfg.data.data_path)
+        # The set has a val split: carve_val refuses --val-fraction with it, as for any dataset.
+        return carve_val(sources, cfg.data.val_fraction, cfg.seed) if cfg.data.val_fraction is not None else sources
     return resolve_sources(cfg.data, cfg.seed)
 
 

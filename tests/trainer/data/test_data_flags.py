@@ -12,6 +12,7 @@ from maskrcnn_dist.config import build_config, config_to_dict, saved_data_flags,
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.data.resolve import carve_val, resolve_sources
 from maskrcnn_dist.data.sources import DataSources, SplitSource
+from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.train import train
 
 from .exports import cvat_project, cvat_task, write_split
@@ -59,8 +60,9 @@ def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Pat
     # A run records its flags and seed: the checkpoint's config carves the same split again.
     cfg = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3, "seed": 7})
     train(cfg)
-    _, val_set = load_datasets(cfg)
+    train_set, val_set = load_datasets(cfg)
     assert val_set.source == rank0.splits["val"]
+    assert tuple(val_set.image_ids) == rank0.splits["val"].image_ids and len(train_set) == 7
     saved = load_checkpoint(cfg.output_dir / "checkpoints")["config"]
     again = build_config(None, saved_data_flags(saved))
     assert resolve_sources(again.data, again.seed).splits == rank0.splits
@@ -129,3 +131,8 @@ def test_check_data_shows_what_it_found(console, tmp_path: Path) -> None:
     assert result.code == 0, result.stderr
     assert "dataset: flags" in result.stdout and "train: " in result.stdout and "3 images" in result.stdout
     assert "'car' (id 1): 2 instances" in result.stdout and "'road' (id 2): 0 instances, 1 crowd" in result.stdout
+
+
+def test_split_flags_with_a_generated_set_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--synthetic-images generates the data"):
+        build_config(None, {"synthetic-images": 4, "train-annotations": "a.json", "train-images": "images"})
