@@ -32,7 +32,7 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
-from .config import TrainConfig, config_to_dict
+from .config import TrainConfig, apply_overrides, config_to_dict, saved_data_flags
 from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_train_batches
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .data.resolve import names_data, resolve_sources
@@ -92,6 +92,7 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
     setup_process(cfg)
     grace_s = grace_seconds()
     check_input_files(cfg)
+    read_data_of_checkpoint(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
     sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
@@ -163,6 +164,18 @@ def check_input_files(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flag} {path}: no such file")
     if str(cfg.resume) == "best":
         resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
+
+
+def read_data_of_checkpoint(cfg: TrainConfig) -> None:
+    """`eval --resume CKPT` with no data flags evaluates on the data the checkpoint was trained with: its
+    flags and seed, so a val split --val-fraction carved is the same images."""
+    if not cfg.test_only or cfg.resume is None or names_data(cfg.data) or cfg.data.synthetic_images:
+        return
+    path = resolve_resume(cfg.resume, cfg.output_dir, must_exist=True)
+    saved = load_checkpoint(path).get("config") or {}
+    if flags := saved_data_flags(saved):
+        apply_overrides(cfg, flags, f"checkpoint {path}")
+        log.info("eval: the data checkpoint %s was trained with: %s", path, flags)
 
 
 def guard_output_dir(cfg: TrainConfig) -> None:

@@ -66,6 +66,9 @@ def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Pat
     saved = load_checkpoint(cfg.output_dir / "checkpoints")["config"]
     again = build_config(None, saved_data_flags(saved))
     assert resolve_sources(again.data, again.seed).splits == rank0.splits
+    # eval with the checkpoint alone evaluates on the images it validated on
+    evaluated = one_step(None, cfg.output_dir, **{"test-only": True, "resume": cfg.output_dir / "checkpoints"})
+    assert train(evaluated).eval["images"] == 3 and evaluated.data.val_fraction == 0.3
 
 
 def _argv(*words: str) -> list[str]:
