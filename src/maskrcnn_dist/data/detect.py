@@ -87,8 +87,9 @@ def coco_file_names(path: Path) -> list[str] | None:
     `path` is not one."""
     try:
         if path.stat().st_size <= MAX_PARSED:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return _instance_names(data)
+            text = path.read_text(encoding="utf-8")
+            # Not parsed unless it can be one: a labelme folder holds a JSON file per image.
+            return _instance_names(json.loads(text)) if '"images"' in text else None
         with open(path, encoding="utf-8", errors="replace") as f:
             head = f.read(PEEK)
     except (OSError, ValueError):
@@ -112,7 +113,7 @@ def _instance_names(data: object) -> list[str] | None:
     return [n for n in names if isinstance(n, str) and n]  # empty: a file listing no images (refused later)
 
 
-def image_folder(names: list[str], folders_with: dict[str, set[Path]], split: str | None) -> Path | None:
+def image_folder(names: list[str], folders_with: dict[str, set[Path]], split: str | None, root: Path) -> Path | None:
     """The folder where most of `names` are found by the file_name rule (ties: named like the split,
     then the fewest prefixes dropped, then the shallowest); None when none is found anywhere."""
     candidates: set[Path] = set()
@@ -123,6 +124,7 @@ def image_folder(names: list[str], folders_with: dict[str, set[Path]], split: st
                 inner = parts[k:-1]
                 if folder.parts[len(folder.parts) - len(inner) :] == inner:
                     candidates.add(folder.parents[len(inner) - 1] if inner else folder)
+    candidates = {c for c in candidates if c.is_relative_to(root)}
 
     def rank(folder: Path) -> tuple[int, bool, int, int]:
         drops = [stripped(folder, name) for name in names]
@@ -149,7 +151,7 @@ def find_files(root: Path) -> tuple[list[Found], list[Path]]:
             others.append(path)
             continue
         split = split_of(path.relative_to(root))
-        images = image_folder(names, index, split) if names else path.parent  # no image to place it by
+        images = image_folder(names, index, split, root) if names else path.parent  # no image to place it by
         found.append(Found(path, split, images, names[0] if names else ""))
     return found, others
 
