@@ -101,7 +101,8 @@ def settle_classes(splits: Sequence[Any], crowd_as_instances: bool) -> ClassPlan
         log.warning(
             "%s: category %s has no annotation and is %s: left out of the model's classes",
             where,
-            *(plan.label(cid), why),
+            plan.label(cid),
+            why,
         )
     if plan.empty:
         log.warning(
