@@ -20,11 +20,37 @@ Kubeflow Trainer fills the container named `node` of a TrainJob's pods. Argument
 */}}
 {{- define "maskrcnn-dist.trainerContainer" -}}{{ ternary "node" "trainer" (eq . "trainjob") }}{{- end -}}
 
-{{/* The trainer's arguments (trainer.args, each rendered with tpl), as YAML list items. */}}
+{{/* The trainer's arguments: trainer.data's flags, then trainer.args (each rendered with tpl), as YAML list items. */}}
 {{- define "maskrcnn-dist.trainerArgs" -}}
-{{- range $i, $arg := .Values.trainer.args }}
+{{- range $i, $arg := concat (include "maskrcnn-dist.dataArgs" . | fromYamlArray) .Values.trainer.args }}
 {{- if $i }}{{ "\n" }}{{ end }}- {{ tpl (toString $arg) $ | quote }}
 {{- end -}}
+{{- end -}}
+
+{{/* trainer.data key -> the trainer flag it sets (the split flags of `maskrcnn-dist train --help`). */}}
+{{- define "maskrcnn-dist.dataFlags" -}}
+path: --data-path
+trainAnnotations: --train-annotations
+trainImages: --train-images
+valAnnotations: --val-annotations
+valImages: --val-images
+valFraction: --val-fraction
+crowdAsInstances: --crowd-as-instances
+{{- end -}}
+
+{{/* trainer.data as trainer flags, a YAML list (in the order of dataFlags' keys, sorted). */}}
+{{- define "maskrcnn-dist.dataArgs" -}}
+{{- $data := .Values.trainer.data | default dict -}}
+{{- $args := list -}}
+{{- range $key, $flag := include "maskrcnn-dist.dataFlags" . | fromYaml -}}
+{{- $value := ternary (index $data $key) nil (hasKey $data $key) -}}
+{{- if eq $key "crowdAsInstances" -}}
+{{- if $value }}{{ $args = append $args $flag }}{{ end -}}
+{{- else if not (kindIs "invalid" $value) -}}
+{{- $args = concat $args (list $flag (toString $value)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $args -}}
 {{- end -}}
 
 {{/*

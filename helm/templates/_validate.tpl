@@ -23,6 +23,24 @@ renders StatefulSets or not). The first check that fails is the one reported.
 {{- include "maskrcnn-dist.validateVolumes" . -}}
 {{- include "maskrcnn-dist.validateEstimate" . -}}
 {{- include "maskrcnn-dist.validateKubeflow" . -}}
+{{- include "maskrcnn-dist.validateData" . -}}
+{{- end -}}
+
+{{/*
+The data: trainer.data's flags and the same flags in trainer.args would both reach the trainer, and
+which one wins would be a guess (or, --data-path beside a split flag, the trainer's refusal in a pod).
+*/}}
+{{- define "maskrcnn-dist.validateData" -}}
+{{- $flags := values (include "maskrcnn-dist.dataFlags" . | fromYaml) -}}
+{{- $given := include "maskrcnn-dist.dataArgs" . | fromYamlArray -}}
+{{- if $given -}}
+{{- range .Values.trainer.args -}}
+{{- $arg := toString . -}}
+{{- if has (regexReplaceAll "=.*$" $arg "") $flags -}}
+{{- fail (printf "trainer.data and trainer.args both name the data (%s in trainer.args): give it in one place, e.g. remove %s from trainer.args (the default trainer.args hold --data-path /data/coco)" $arg (regexReplaceAll "=.*$" $arg "")) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

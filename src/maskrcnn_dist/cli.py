@@ -178,25 +178,31 @@ def synth_data(
     click.echo(f"train: {splits.train.annotation_file}\nval:   {splits.val.annotation_file}")
 
 
+CHECK_DATA_FLAGS = (*config_mod.DATA_SOURCE_FLAGS, "seed", "check-data", "exif-orientation", "min-size", "max-size")
+
+
 @main.command("check-data")
-@field_options(
-    tuple(config_mod.BY_FLAG[flag] for flag in ("data-path", "check-data", "exif-orientation", "min-size", "max-size"))
-)
+@field_options(tuple(config_mod.BY_FLAG[flag] for flag in CHECK_DATA_FLAGS))
 @click.option(
     "--split", type=click.Choice(["train", "val", "both"]), default="both", show_default=True, help="splits to check"
 )
 def check_data(split: str, **kwargs: Any) -> None:
-    """Check every image of a COCO set as training does at start (--check-data, default header; the frame
-    --exif-orientation reads it in; its size after the model's --min-size/--max-size resize): prints each
-    bad file and a summary per split; exit 2 when any image is bad."""
-    from .data.check import CheckRules, raise_if_bad
+    """Show what a dataset holds (the layout found or the flags, per split the files and images, the
+    classes with instance and crowd counts, placeholders left out) and check every image as training
+    does at start (--check-data, default header; the frame --exif-orientation reads it in; its size after
+    the model's --min-size/--max-size resize): prints each bad file and a summary per split; exit 2 when
+    any image is bad."""
+    from .data.check import raise_if_bad
     from .data.layout import check_split
 
     cfg = config_mod.build_config(None, _collect(kwargs))
-    if cfg.data.data_path is None:
-        raise click.UsageError("--data-path is required")
     splits = ("train", "val") if split == "both" else (split,)
-    reports = check_split(cfg.data.data_path, splits, CheckRules.of(cfg))
+    opened, reports = check_split(cfg, splits)
+    click.echo(f"dataset: {opened.sources.layout}")
+    for name, dataset in opened.datasets.items():
+        click.echo(f"{name}: {dataset.source.describe()}, {len(dataset)} images")
+    for line in opened.classes.lines(cfg.data.crowd_as_instances):
+        click.echo(line)
     for report in reports:
         for bad in report.bad:
             click.echo(f"bad: {bad}")

@@ -32,9 +32,10 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
-from .config import TrainConfig, config_to_dict
+from .config import TrainConfig, apply_overrides, config_to_dict, saved_data_flags
 from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_train_batches
 from .data.check import CheckReport, CheckRules, check_datasets, settle
+from .data.resolve import names_data, resolve_sources
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
@@ -91,11 +92,18 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
     setup_process(cfg)
     grace_s = grace_seconds()
     check_input_files(cfg)
+    read_data_of_checkpoint(cfg)
+    # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
+    # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
+    sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
     if is_main_process(cfg):
         guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
-    datasets = load_datasets(cfg)
+    datasets = load_datasets(cfg, sources)
     if cfg.patience is not None and datasets[1] is None and not cfg.test_only:
-        raise ConfigError(f"--patience counts evaluations, and --data-path {cfg.data.data_path} has no val split")
+        raise ConfigError(
+            f"--patience counts evaluations, and {cfg.data.data_path or 'the dataset'} has no val split "
+            "(--val-fraction carves one)"
+        )
     if cfg.engine != "ddp":
         stop_alone(cfg, stop, "data loading")
         check_data(cfg, datasets)
@@ -156,6 +164,18 @@ def check_input_files(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flag} {path}: no such file")
     if str(cfg.resume) == "best":
         resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
+
+
+def read_data_of_checkpoint(cfg: TrainConfig) -> None:
+    """`eval --resume CKPT` with no data flags evaluates on the data the checkpoint was trained with: its
+    flags and seed, so a val split --val-fraction carved is the same images."""
+    if not cfg.test_only or cfg.resume is None or names_data(cfg.data) or cfg.data.synthetic_images:
+        return
+    path = resolve_resume(cfg.resume, cfg.output_dir, must_exist=True)
+    saved = load_checkpoint(path).get("config") or {}
+    if flags := saved_data_flags(saved):
+        apply_overrides(cfg, flags, f"checkpoint {path}")
+        log.info("eval: the data checkpoint %s was trained with: %s", path, flags)
 
 
 def guard_output_dir(cfg: TrainConfig) -> None:
@@ -220,7 +240,9 @@ def _run(
     iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
     engine = make_engine(train_set.num_classes, iters)
     if cfg.test_only and val_set is None:
-        raise DatasetError(f"--test-only: no val split under {cfg.data.data_path}")
+        raise DatasetError(
+            "--test-only: the dataset has no val split (--val-annotations, or --val-fraction as trained)"
+        )
     total = total_steps(cfg, iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)

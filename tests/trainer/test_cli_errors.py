@@ -184,7 +184,7 @@ TRAIN_CASES = [
         ["--synthetic-images", "4", "--data-path", "{used-run}"],
         ["--synthetic-images", "used-run holds other files", "--data-path"],
     ),
-    ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no train split found"]),
+    ("data-path-missing", ["--data-path", "{tmp}/no-coco"], ["--data-path", "no-coco: no such folder"]),
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
     (

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from .fields import FieldSpec, field_specs, option
-from .train_config import apply_overrides
+from .train_config import DATA_SOURCE_FLAGS, apply_overrides
 
 __all__ = [
     "EXPORT_BY_FLAG",
@@ -44,7 +44,7 @@ class PredictConfig:
     score_threshold: float = option(
         0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0, maximum=1.0
     )
-    split: str = option("val", "with --data-path: the split whose images to predict")
+    split: str = option("val", "with --data-path (or the split flags): the split whose images to predict")
     batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1, maximum=4096)
     # Never silently, as for train's --output-dir: earlier predictions in --out are refused or moved aside.
     overwrite: bool = option(
@@ -62,7 +62,8 @@ PREDICT_TRAIN_FLAGS = (
     "resume",
     "weights",
     "output-dir",  # the run whose checkpoints `--resume auto|best` names
-    "data-path",
+    *DATA_SOURCE_FLAGS,
+    "seed",  # the carve of --val-fraction (default: the checkpoint's)
     "exif-orientation",
     "model",
     "min-size",
@@ -92,7 +93,17 @@ class ExportConfig:
 
 
 #: Train flags that `export` shares: what builds and loads the model, and where the parity images are.
-EXPORT_TRAIN_FLAGS = ("resume", "weights", "output-dir", "data-path", "model", "min-size", "max-size", "threads")
+EXPORT_TRAIN_FLAGS = (
+    "resume",
+    "weights",
+    "output-dir",
+    *DATA_SOURCE_FLAGS,
+    "seed",
+    "model",
+    "min-size",
+    "max-size",
+    "threads",
+)
 
 
 @dataclass
@@ -115,7 +126,7 @@ class ProfileConfig:
 
 #: Train flags that `profile` shares: what builds the model and how a step runs.
 PROFILE_TRAIN_FLAGS = (
-    "data-path",
+    *DATA_SOURCE_FLAGS,
     "model",
     "min-size",
     "max-size",

@@ -27,6 +27,7 @@ __all__ = [
     "BY_FLAG",
     "CHECK_MODES",
     "DEVICES",
+    "DATA_SOURCE_FLAGS",
     "ENGINES",
     "EXIF_ORIENTATIONS",
     "FIELDS",
@@ -42,6 +43,7 @@ __all__ = [
     "config_to_dict",
     "fp16_on_cpu_problem",
     "load_yaml_config",
+    "saved_data_flags",
     "saved_model_flags",
     "to_argv",
 ]
@@ -61,9 +63,25 @@ EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what
 
 @dataclass
 class DataConfig:
-    # Layouts tried under it are data/layout.py's LAYOUTS: ours (what synth-data writes), then COCO 2017's.
+    # data/detect.py finds the splits under it: any COCO instances JSON (the common annotation tools'
+    # exports), split names from file and folder names, the image folder where its file_names are.
     data_path: Path | None = option(
-        None, "COCO root: {train,val}/annotations.json + images/, or annotations/instances_*2017.json"
+        None,
+        "dataset folder as an annotation tool exported it (COCO, Roboflow, CVAT, Label Studio, ...): "
+        "the splits and image folders are found in it",
+    )
+    # The universal form (detectron2's json_file + image_root): no layout to guess.
+    train_annotations: Path | None = option(None, "COCO instances JSON of the train split (with --train-images)")
+    train_images: Path | None = option(None, "folder the train split's file_names are relative to")
+    val_annotations: Path | None = option(None, "COCO instances JSON of the val split (with --val-images)")
+    val_images: Path | None = option(None, "folder the val split's file_names are relative to")
+    # Exports with no val split (CVAT task, Label Studio): carved by --seed, the same on every rank and resume.
+    val_fraction: float | None = option(
+        None, "no val split: carve this fraction of the train images into one, chosen by --seed", above=0, below=1
+    )
+    # CVAT exports brush masks as RLE with iscrowd 1; torchvision's reference never trains crowd regions.
+    crowd_as_instances: bool = option(
+        False, "train (and evaluate) crowd annotations (iscrowd 1, e.g. CVAT's brush masks) as instances"
     )
     synthetic_images: int = option(
         0,
@@ -254,6 +272,11 @@ class TrainConfig:
                 "and starts from a run's best model with --weights RUN/checkpoints/best.pt",
             ),
             (
+                not (self.data.synthetic_images and _split_flags_given(self.data)),
+                "--synthetic-images generates the data: leave out --train-annotations, --train-images, "
+                "--val-annotations and --val-images",
+            ),
+            (
                 self.patience is None or self.eval_every_epoch or self.test_only,
                 "--patience counts evaluations, and --no-eval-every-epoch leaves only the one at the end: "
                 "add --eval-every-epoch",
@@ -277,6 +300,11 @@ class TrainConfig:
         )
 
 
+def _split_flags_given(data: DataConfig) -> bool:
+    names = ("train_annotations", "train_images", "val_annotations", "val_images")
+    return any(getattr(data, name) is not None for name in names)
+
+
 def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:
     """Why fp16 autocast cannot run on a CPU (checked at parse time for --device cpu, and by the engine
     once --device auto has resolved to the CPU), or None."""
@@ -292,6 +320,16 @@ def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:
 FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(TrainConfig))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
+#: Where a dataset is: every command that reads a split takes these (data/resolve.py resolves them).
+DATA_SOURCE_FLAGS = (
+    "data-path",
+    "train-annotations",
+    "train-images",
+    "val-annotations",
+    "val-images",
+    "val-fraction",
+    "crowd-as-instances",
+)
 
 # ----------------------------------------------------------------------------------------------
 # Building a config.
@@ -367,6 +405,22 @@ def saved_model_flags(saved: dict[str, Any]) -> dict[str, Any]:
         backbone_norm=model.get("backbone_norm", "auto"),
     )
     flags["backbone-norm"] = as_trained.resolved_backbone_norm()
+    return flags
+
+
+def saved_data_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """Where a checkpoint's run found its data (DATA_SOURCE_FLAGS and the seed that carved a val split),
+    as flag-name -> value from its config (config_to_dict's form); empty when it records none."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    if not isinstance(data, dict):
+        return {}
+    flags = {
+        s.flag: data[s.name]
+        for s in FIELDS
+        if s.section == "data" and s.flag in DATA_SOURCE_FLAGS and data.get(s.name) not in (None, False)
+    }
+    if flags and isinstance(saved.get("seed"), int):
+        flags["seed"] = saved["seed"]
     return flags
 
 

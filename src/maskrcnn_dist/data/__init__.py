@@ -2,7 +2,7 @@
 
 from maskrcnn_dist.data.coco import CocoInstanceDataset, flip_decision, hflip
 from maskrcnn_dist.data.image_file import read_image
-from maskrcnn_dist.data.layout import LAYOUTS, ensure_synthetic, find_split, load_datasets
+from maskrcnn_dist.data.layout import ensure_synthetic, find_split, load_datasets
 from maskrcnn_dist.data.loader import (
     aspect_ratio_groups,
     build_eval_loader,
@@ -23,7 +23,6 @@ from maskrcnn_dist.data.synthetic import (
 )
 
 __all__ = [
-    "LAYOUTS",
     "DataSources",
     "SplitSource",
     "ensure_synthetic",

@@ -254,14 +254,18 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
     return DatasetError(" | ".join(parts) + f" ({hint})")
 
 
-def check_datasets(datasets: Sequence[CheckedDataset], rules: CheckRules) -> list[CheckReport]:
-    """Check every image of each split (with a progress bar or log lines), one report per split; one
+def check_datasets(
+    datasets: Sequence[CheckedDataset], rules: CheckRules, *, announce: bool = True
+) -> list[CheckReport]:
+    """Check every image of each split (with a progress bar or log lines), one report per split, each
+    summary logged when `announce` (check-data prints them itself: logged too, each showed twice); one
     warning per split counts the images read as stored though a viewer shows them turned."""
     reports = []
     for dataset in datasets:
         source = str(dataset.annotation_file)
         report = check_images(dataset.image_entries(), rules, source=source, progress=Progress(f"checking {source}"))
-        log.info("%s", report.summary())
+        if announce:
+            log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:
             log.warning(
                 "%s: %d of %d images have an EXIF orientation that turns them (5-8) but are annotated in "

@@ -11,7 +11,8 @@ import contextlib
 import hashlib
 import io
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from maskrcnn_dist.data.annotations import (
     validate_images,
 )
 from maskrcnn_dist.data.check import ImageEntry
+from maskrcnn_dist.data.file_names import resolve_image
 from maskrcnn_dist.data.image_file import read_image
 from maskrcnn_dist.data.masks import decode_masks
 from maskrcnn_dist.data.orientation import Frame
@@ -60,7 +62,10 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     Category ids are mapped to contiguous labels 1..K sorted by id; label 0 is the background.
     `check_files=False` leaves missing image files to the caller's check (data/check.py), which can
     drop them (--skip-bad-images) rather than stop. `exif_orientation` (--exif-orientation) decides the
-    frame of an image the check has not decided (orientation.decide_frame).
+    frame of an image the check has not decided (orientation.decide_frame). `image_ids`: keep only
+    these images of the file (a split carved from it, --val-fraction). `crowd_as_instances`
+    (--crowd-as-instances): crowd annotations are instances, in the targets and in COCOeval's ground
+    truth. Images are found by the file_name rule (data/file_names.py).
     """
 
     def __init__(
@@ -72,6 +77,8 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         flip_seed: int | None = None,
         check_files: bool = True,
         exif_orientation: str = "auto",
+        image_ids: Collection[int] | None = None,
+        crowd_as_instances: bool = False,
     ) -> None:
         self.image_dir = Path(image_dir)
         self.annotation_file = Path(annotation_file)
@@ -86,6 +93,20 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         images = validate_images(data["images"], where)
         categories = validate_categories(data["categories"], where)
         kept, dropped = validate_annotations(data["annotations"], images, categories, where)
+        self.kept_ids = None if image_ids is None else tuple(sorted(image_ids))
+        if self.kept_ids is not None:
+            if unknown := sorted(set(self.kept_ids) - set(images)):
+                raise DatasetError(f"{where}: the split keeps image ids the file does not list, e.g. {unknown[:5]}")
+            images = {iid: images[iid] for iid in self.kept_ids}
+            data = {**data, "images": list(images.values())}
+            kept = [ann for ann in kept if ann["image_id"] in images]
+        # Per category: instances and crowd regions (data/classes.py judges placeholders and crowd-only classes).
+        self.instance_counts = Counter(a["category_id"] for a in kept if not a["iscrowd"])
+        self.crowd_counts = Counter(a["category_id"] for a in kept if a["iscrowd"])
+        self.crowd_as_instances = crowd_as_instances
+        if crowd_as_instances:
+            for ann in kept:
+                ann["iscrowd"] = 0
         if dropped:
             log.warning(
                 "%s: dropped %d annotation(s) with a degenerate box (zero or negative width or height "
@@ -96,12 +117,8 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
             )
         self.num_dropped_annotations = len(dropped)
 
-        category_ids = sorted(categories)
-        self._label_of_category = {cid: label for label, cid in enumerate(category_ids, start=1)}
-        # Index = label; label 0 is the background and corresponds to no COCO category (-1).
-        self.label_to_category_id: list[int] = [-1, *category_ids]
-        self.category_names: list[str] = ["__background__", *(categories[c]["name"] for c in category_ids)]
-        self.num_classes = len(category_ids) + 1
+        self.categories = categories  # id -> the file's record, every one (placeholders too)
+        self.keep_classes(categories)
 
         # The COCO object (ground truth for COCOeval) holds the same annotations as the targets'
         # source, crowd regions included, degenerate boxes excluded.
@@ -113,18 +130,32 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         if check_files:
             _check_files_exist(self._samples, self.image_dir, where)
 
+    def keep_classes(self, category_ids: Iterable[int]) -> None:
+        """The model's classes: these categories, labels 1..K by id (data/classes.py leaves out the
+        placeholders, which have no annotation)."""
+        ids = sorted(category_ids)
+        counted = self.instance_counts + self.crowd_counts
+        if used := sorted(set(counted) - set(ids)):
+            raise DatasetError(f"{self.annotation_file}: category ids {used} have annotations and cannot be left out")
+        self._label_of_category = {cid: label for label, cid in enumerate(ids, start=1)}
+        # Index = label; label 0 is the background and corresponds to no COCO category (-1).
+        self.label_to_category_id: list[int] = [-1, *ids]
+        self.category_names: list[str] = ["__background__", *(self.categories[c]["name"] for c in ids)]
+        self.num_classes = len(ids) + 1
+
     def _build_samples(self, images: dict[int, dict], annotations: list[dict]) -> list[_Sample]:
         per_image: dict[int, list[dict]] = {iid: [] for iid in images}
         for ann in annotations:
             # Crowd regions (iscrowd=1) never become targets, as in torchvision's detection reference:
             # in training they are not instances to learn; in evaluation COCOeval reads them from the
-            # JSON itself (self.coco) to ignore detections that fall on them.
+            # JSON itself (self.coco) to ignore detections that fall on them. (--crowd-as-instances
+            # turned them into instances above.)
             if not ann["iscrowd"]:
                 per_image[ann["image_id"]].append(ann)
         return [
             _Sample(
                 image_id=iid,
-                path=self.image_dir / images[iid]["file_name"],
+                path=resolve_image(self.image_dir, images[iid]["file_name"])[0],
                 width=images[iid]["width"],
                 height=images[iid]["height"],
                 annotations=tuple(per_image[iid]),
@@ -155,7 +186,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     @property
     def source(self) -> SplitSource:
         """Where this split's data is (what a checkpoint records of it)."""
-        return SplitSource(self.annotation_file, self.image_dir)
+        return SplitSource(self.annotation_file, self.image_dir, self.kept_ids)
 
     def __len__(self) -> int:
         return len(self._samples)

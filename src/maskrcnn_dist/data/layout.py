@@ -1,4 +1,5 @@
-"""Where a dataset's files are: the split layouts under --data-path, and the generated synthetic set."""
+"""Opening a run's splits: the sources its flags resolve to (data/resolve.py), the generated synthetic
+set, and the classes judged over all the splits at once (data/classes.py)."""
 
 from __future__ import annotations
 
@@ -7,35 +8,99 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
 from ..run_dir import output_folder_problem
 from .check import CheckReport, CheckRules, check_datasets
+from .classes import ClassPlan, settle_classes
 from .coco import CocoInstanceDataset
-from .sources import SplitSource
+from .detect import detect
+from .resolve import carve_val, resolve_sources
+from .sources import DataSources, SplitSource
 from .synthetic import write_train_val
 
 log = logging.getLogger(__name__)
 
-# Dataset layouts under --data-path, tried in order: ours (what synth-data writes), then COCO 2017's.
-LAYOUTS = (
-    ("{split}/annotations.json", "{split}/images"),
-    ("annotations/instances_{split}2017.json", "{split}2017"),
-    ("annotations/instances_{split}.json", "{split}"),
-)
-
 
 def find_split(data_path: Path, split: str) -> SplitSource:
-    """Where `split` is under `data_path`, or an error listing what was tried."""
-    tried = []
-    for ann_pattern, img_pattern in LAYOUTS:
-        ann, images = data_path / ann_pattern.format(split=split), data_path / img_pattern.format(split=split)
-        if ann.is_file() and images.is_dir():
-            return SplitSource(ann, images)
-        tried.append(f"{ann} + {images}/")
-    raise DatasetError(f"--data-path {data_path}: no {split} split found; looked for " + "; ".join(tried))
+    """Where `split` is under `data_path` (data/detect.py), or an error saying what is there."""
+    if (found := detect(data_path).get(split)) is None:
+        raise DatasetError(f"--data-path {data_path}: no {split} split found")
+    return found
+
+
+def synthetic_sources(root: Path) -> DataSources:
+    """The splits of a set synth-data (or --synthetic-images) wrote."""
+    return DataSources(
+        "synthetic", {s: SplitSource(root / s / "annotations.json", root / s / "images") for s in ("train", "val")}
+    )
+
+
+def run_sources(cfg: TrainConfig) -> DataSources:
+    """The splits the run's flags name; with --synthetic-images the set is generated first and
+    `cfg.data.data_path` set to it (the checkpoint's config records where)."""
+    if cfg.data.synthetic_images:
+        cfg.data.data_path = ensure_synthetic(cfg)
+        sources = synthetic_sources(cfg.data.data_path)
+        # The set has a val split: carve_val refuses --val-fraction with it, as for any dataset.
+        return carve_val(sources, cfg.data.val_fraction, cfg.seed) if cfg.data.val_fraction is not None else sources
+    return resolve_sources(cfg.data, cfg.seed)
+
+
+@dataclass
+class OpenSplits:
+    """The splits of a dataset, opened, and the classes planned over them."""
+
+    sources: DataSources
+    datasets: dict[str, CocoInstanceDataset]
+    classes: ClassPlan
+
+
+def open_splits(sources: DataSources, cfg: TrainConfig, *, train_split: str | None = "train") -> OpenSplits:
+    """Open every split of `sources` (the one named `train_split` with the training flips), give them the
+    same classes (data/classes.py), and refuse splits whose categories differ. A val split listing no
+    images is left out with a warning (no validation loss or AP)."""
+    datasets: dict[str, CocoInstanceDataset] = {}
+    for name, source in sources.splits.items():
+        dataset = CocoInstanceDataset(
+            source.images,
+            source.annotations,
+            train=name == train_split,
+            flip_seed=cfg.seed,
+            check_files=False,
+            exif_orientation=cfg.data.exif_orientation,
+            image_ids=source.image_ids,
+            crowd_as_instances=cfg.data.crowd_as_instances,
+        )
+        if name == "val" and not len(dataset):
+            log.warning("%s lists no images: no validation loss or COCO AP", source.annotations)
+            continue
+        datasets[name] = dataset
+    first, *others = datasets.values()
+    for other in others:
+        if _category_names(other) != _category_names(first):
+            raise DatasetError(
+                f"{other.annotation_file}: categories differ from {first.annotation_file}; "
+                "both splits need the same categories"
+            )
+    plan = settle_classes(list(datasets.values()), cfg.data.crowd_as_instances)
+    return OpenSplits(sources, datasets, plan)
+
+
+def open_split(cfg: TrainConfig, split: str) -> CocoInstanceDataset:
+    """One split (no flips) of the dataset cfg's data flags name, its classes judged over every split:
+    what predict, report --gallery, export's parity images and profile read."""
+    opened = open_splits(resolve_sources(cfg.data, cfg.seed), cfg, train_split=None)
+    if split not in opened.datasets:
+        raise DatasetError(f"{opened.sources.layout}: no {split} split")
+    return opened.datasets[split]
+
+
+def _category_names(dataset: CocoInstanceDataset) -> dict[int, str]:
+    return {cid: c["name"] for cid, c in dataset.categories.items()}
 
 
 def ensure_synthetic(cfg: TrainConfig) -> Path:
@@ -77,34 +142,20 @@ def ensure_synthetic(cfg: TrainConfig) -> Path:
     return root
 
 
-def load_datasets(cfg: TrainConfig) -> tuple[CocoInstanceDataset, CocoInstanceDataset | None]:
-    """The train split and, when there is one, the val split. With --synthetic-images the set is
-    generated first and `cfg.data.data_path` is set to it (the checkpoint's config records where).
-    The image files are not opened here: train.py has them checked once (data/check.py)."""
-    if cfg.data.synthetic_images:
-        cfg.data.data_path = ensure_synthetic(cfg)
-    if cfg.data.data_path is None:
-        raise ConfigError("--data-path is required (or --synthetic-images N to generate a synthetic set)")
-    train = find_split(cfg.data.data_path, "train")
-    train_ann = train.annotations
-    orientation = cfg.data.exif_orientation
-    train_set = CocoInstanceDataset(
-        train.images, train_ann, train=True, flip_seed=cfg.seed, check_files=False, exif_orientation=orientation
-    )
+def load_datasets(
+    cfg: TrainConfig, sources: DataSources | None = None
+) -> tuple[CocoInstanceDataset, CocoInstanceDataset | None]:
+    """The train split and, when there is one, the val split (`sources`: as resolved already, else from
+    the flags). The image files are not opened here: train.py has them checked once (data/check.py)."""
+    sources = sources or run_sources(cfg)
+    if sources.get("train") is None:
+        raise DatasetError(f"{sources.layout}: no train split")
+    opened = open_splits(sources, cfg)
+    train_set, val_set = opened.datasets["train"], opened.datasets.get("val")
     if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
-        raise empty_train_split(train_ann)
-    try:
-        val = find_split(cfg.data.data_path, "val")
-    except DatasetError:
-        log.warning("no val split under %s: no validation loss or COCO AP", cfg.data.data_path)
-        return train_set, None
-    val_ann = val.annotations
-    val_set = CocoInstanceDataset(val.images, val_ann, train=False, check_files=False, exif_orientation=orientation)
-    if not len(val_set):
-        log.warning("%s lists no images: no validation loss or COCO AP", val_ann)
-        return train_set, None
-    if val_set.label_to_category_id != train_set.label_to_category_id:
-        raise DatasetError(f"{val_ann}: categories differ from {train_ann}; both splits need the same categories")
+        raise empty_train_split(train_set.annotation_file)
+    if val_set is None and "val" not in sources.splits:
+        log.warning("no val split (%s): no validation loss or COCO AP; --val-fraction F carves one", sources.layout)
     return train_set, val_set
 
 
@@ -112,24 +163,17 @@ def empty_train_split(annotation_file: Path) -> DatasetError:
     return DatasetError(f"{annotation_file}: the train split lists no images")
 
 
-def check_split(data_path: Path, splits: Sequence[str], rules: CheckRules) -> list[CheckReport]:
-    """`maskrcnn-dist check-data`: check every image of the named splits under a --data-path, judged as
-    training judges them: a train split listing no images is refused; with both splits asked for, a
-    missing val split is skipped with a warning (training runs without AP then), not an error."""
-    located = {}
-    for split in splits:
-        try:
-            located[split] = find_split(data_path, split)
-        except DatasetError:
-            if split != "val" or len(splits) == 1:
-                raise
-            log.warning("no val split under %s: training would run without validation loss or COCO AP", data_path)
-    datasets = {
-        split: CocoInstanceDataset(
-            where.images, where.annotations, check_files=False, exif_orientation=rules.exif_orientation
-        )
-        for split, where in located.items()
-    }
-    if "train" in datasets and not len(datasets["train"]):
-        raise empty_train_split(located["train"].annotations)
-    return check_datasets(list(datasets.values()), rules)
+def check_split(cfg: TrainConfig, splits: Sequence[str]) -> tuple[OpenSplits, list[CheckReport]]:
+    """`maskrcnn-dist check-data`: check every image of the named splits, judged as training judges
+    them: a train split listing no images is refused; with both splits asked for, a missing val split
+    is skipped with a warning (training runs without AP then), not an error."""
+    sources = run_sources(cfg)
+    if len(splits) == 1 and sources.get(splits[0]) is None:
+        raise DatasetError(f"{sources.layout}: no {splits[0]} split found")
+    if "val" in splits and sources.get("val") is None:
+        log.warning("no val split (%s): training would run without validation loss or COCO AP", sources.layout)
+    opened = open_splits(sources, cfg, train_split=None)
+    if "train" in splits and "train" in opened.datasets and not len(opened.datasets["train"]):
+        raise empty_train_split(opened.datasets["train"].annotation_file)
+    chosen = [opened.datasets[s] for s in splits if s in opened.datasets]
+    return opened, check_datasets(chosen, CheckRules.of(cfg), announce=False)

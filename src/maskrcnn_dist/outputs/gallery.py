@@ -17,12 +17,12 @@ import torch
 from torch.utils.data import Subset
 
 from ..config import GALLERY_MAX
-from ..data import build_eval_loader
+from ..data import build_eval_loader, layout
 from ..data.check import CheckRules
 from ..data.orientation import to_display
 from ..errors import ConfigError
 from .draw import draw_detections, to_uint8
-from .predict import check_readable, dataset_images, draw_prediction, legible_scale, load_predictor, open_split
+from .predict import check_readable, data_config, dataset_images, draw_prediction, legible_scale, load_predictor
 from .report import pyplot, save_figure
 
 GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images on CPU
@@ -70,13 +70,14 @@ def draw_gallery(
     check_gallery_request(resume, count)
     predictor = load_predictor({"resume": resume, "device": device})
     trained_with = predictor.saved_config.get("data", {})
-    data_path = data_path or trained_with.get("data_path")
-    if data_path is None:
-        raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
     # Checked and read as training read them: the checkpoint's --exif-orientation, its model's sizes.
     orientation = trained_with.get("exif_orientation", "auto")
+    flags = {"data-path": data_path} if data_path is not None else {}
+    split_cfg = data_config(flags, predictor, orientation, default_to_checkpoint=True)
+    if split_cfg is None:
+        raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
     rules = replace(CheckRules.of(predictor.engine.cfg, mode="header"), exif_orientation=orientation)
-    dataset = open_split(Path(data_path), split, rules.exif_orientation)
+    dataset = layout.open_split(split_cfg, split)
     categories = predictor.categories_for(dataset)
     shown = dataset_images(dataset)[:count]
     frames = check_readable(shown, dataset, rules)
@@ -96,7 +97,7 @@ def draw_gallery(
             predicted = draw_prediction(image, detection, categories, score_threshold)
             rows.append((int(target["image_id"]), to_display(predicted, frame), to_display(truth, frame)))
     if not rows:
-        raise ConfigError(f"report --gallery: the {split} split under {data_path} holds no images")
+        raise ConfigError(f"report --gallery: the {split} split ({dataset.source.describe()}) holds no images")
 
     after = f" after {predictor.step} steps" if predictor.step is not None else ""
     heading = f"{predictor.source}{after}: the first {len(rows)} {split} images"

@@ -29,8 +29,8 @@ from PIL import Image
 
 from ..categories import Categories
 from ..checkpoint import load_checkpoint, resolve_resume
-from ..config import PredictConfig, TrainConfig, build_config, saved_model_flags
-from ..data import CocoInstanceDataset, build_eval_loader, find_split, read_image
+from ..config import DATA_SOURCE_FLAGS, PredictConfig, TrainConfig, build_config, saved_data_flags, saved_model_flags
+from ..data import CocoInstanceDataset, build_eval_loader, layout, read_image
 from ..data.check import CheckRules, ImageEntry, bad_images_error, check_images
 from ..data.orientation import Frame, to_display
 from ..engines.torch_engine import TorchEngine
@@ -235,8 +235,25 @@ def refuse_earlier_outputs(out: Path, earlier: list[str], overwrite: bool) -> No
 
 
 def open_split(data_path: Path, split: str, exif_orientation: str = "auto") -> CocoInstanceDataset:
-    source = find_split(Path(data_path), split)
-    return CocoInstanceDataset(source.images, source.annotations, train=False, exif_orientation=exif_orientation)
+    """`split` of the dataset under `data_path` (layout.open_split for other data flags)."""
+    return layout.open_split(build_config(None, {"data-path": data_path, "exif-orientation": exif_orientation}), split)
+
+
+def data_config(
+    flags: dict[str, Any], predictor: Predictor, exif_orientation: str, *, default_to_checkpoint: bool
+) -> TrainConfig | None:
+    """A config naming the dataset to read: the data flags given (a carve's --seed defaulting to the
+    checkpoint's, so a --val-fraction split is the one it trained with), else, with
+    `default_to_checkpoint`, the data the checkpoint was trained on; None when neither names one."""
+    saved = saved_data_flags(predictor.saved_config)
+    given = {flag: flags[flag] for flag in (*DATA_SOURCE_FLAGS, "seed") if flags.get(flag) is not None}
+    if not any(flag in given for flag in DATA_SOURCE_FLAGS):
+        if not default_to_checkpoint or not saved:
+            return None
+        given = {**saved, **given}
+    elif "seed" in saved:
+        given.setdefault("seed", saved["seed"])
+    return build_config(None, {**given, "exif-orientation": exif_orientation})
 
 
 def _batches(
@@ -304,14 +321,17 @@ def predict_images(
     flags given (config.PREDICT_TRAIN_FLAGS). Progress goes to `stream` (stderr) when it is a terminal."""
     assert options.out is not None  # config.build_predict_config requires it
     out = _check_output_dir(options.out)  # made once inputs and model are known to be good
-    data_path = flags.get("data-path")
-    if bool(inputs) == (data_path is not None):
-        raise ConfigError("predict: give image files or folders, or --data-path with --split: one of them")
-    files = collect_images(inputs, out) if data_path is None else []
+    names_split = any(flags.get(flag) is not None for flag in DATA_SOURCE_FLAGS)
+    if bool(inputs) == names_split:
+        raise ConfigError(
+            "predict: give image files or folders, or --data-path (or the split flags) with --split: one of them"
+        )
+    files = collect_images(inputs, out) if not names_split else []
     # The model first: its --min-size/--max-size are part of what makes an image usable.
     predictor = load_predictor(flags)
     cfg = predictor.engine.cfg
-    dataset = open_split(data_path, options.split, cfg.data.exif_orientation) if data_path is not None else None
+    split_cfg = data_config(flags, predictor, cfg.data.exif_orientation, default_to_checkpoint=False)
+    dataset = layout.open_split(split_cfg, options.split) if split_cfg is not None else None
     images = dataset_images(dataset) if dataset is not None else files
     categories = predictor.categories_for(dataset)
     frames = check_readable(images, dataset, CheckRules.of(cfg, mode="header"))  # before anything is written

@@ -11,8 +11,8 @@ from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.topology import Topology, load_topology
 
 from ..config import ProfileConfig, TrainConfig, fp16_on_cpu_problem
-from ..data.coco import CocoInstanceDataset
-from ..data.layout import find_split
+from ..data.layout import open_split
+from ..data.resolve import names_data
 from ..engines.base import resolve_device
 from ..errors import UserError
 from ..lifetime.process import setup_process
@@ -87,7 +87,7 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     estimate = topology.estimate
     batches: list[Batch] = []
     num_classes, data = NUM_CLASSES, "synthetic"
-    if cfg.data.data_path is not None:
+    if names_data(cfg.data):
         batches, num_classes, data = real_batches(cfg, options.iterations)
     meas = measure(
         cfg, estimate.image_size, estimate.instances_per_image, options.iterations, device, batches, num_classes, data
@@ -141,14 +141,13 @@ def preflight(cfg: TrainConfig, options: ProfileConfig, topology: Topology) -> t
 
 
 def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
-    """Up to `count` micro-batches of the train split under --data-path, in file order, the class
+    """Up to `count` micro-batches of the train split the data flags name, in file order, the class
     count the model needs for it, and a line saying what they hold."""
-    path = cfg.data.data_path
-    train = find_split(path, "train")
-    dataset = CocoInstanceDataset(train.images, train.annotations, train=False)
+    dataset = open_split(cfg, "train")
+    path = dataset.source.describe()
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
     if len(dataset) < micro:
-        raise UserError(f"--data-path {path}: {len(dataset)} training image(s), fewer than a micro-batch of {micro}")
+        raise UserError(f"{path}: {len(dataset)} training image(s), fewer than a micro-batch of {micro}")
     samples = [dataset[i] for i in range(min(len(dataset), micro * count) // micro * micro)]
     batches = [
         ([image for image, _ in samples[j : j + micro]], [target for _, target in samples[j : j + micro]])

@@ -157,7 +157,14 @@ def test_check_data_command_exit_codes(broken_coco: Path, tmp_path: Path) -> Non
     assert len(errors) == 1 and "5 of 10 images are bad" in errors[0]
     assert "Traceback" not in bad.stderr
     missing = _check_data_cli("--data-path", str(tmp_path / "nowhere"))
-    assert missing.returncode == 2 and "no train split found" in missing.stderr
+    assert missing.returncode == 2 and "nowhere: no such folder" in missing.stderr
+
+
+def test_check_data_prints_each_summary_once(broken_coco: Path) -> None:
+    """The summary was printed and also logged: every split's line showed twice on a terminal."""
+    run = _check_data_cli("--data-path", str(broken_coco), "--split", "val")
+    assert run.returncode == 0, run.stderr
+    assert (run.stdout + run.stderr).count("4 images checked (header)") == 1
 
 
 def test_check_data_judges_a_set_without_val_as_training_does(broken_coco: Path, tmp_path: Path) -> None:
@@ -167,7 +174,7 @@ def test_check_data_judges_a_set_without_val_as_training_does(broken_coco: Path,
     shutil.copytree(broken_coco / "val", train_only / "train")  # the good split, as the only one
     both = _check_data_cli("--data-path", str(train_only))
     assert both.returncode == 0, both.stderr
-    assert "no val split under" in both.stderr and "4 images checked" in both.stdout
+    assert "no val split (" in both.stderr and "4 images checked" in both.stdout
     val = _check_data_cli("--data-path", str(train_only), "--split", "val")
     assert val.returncode == 2 and "no val split found" in val.stderr
 

@@ -59,6 +59,28 @@ def test_results_file_scores_exactly_evals_ap(trained: Path, sparse_coco: Path, 
         assert value == pytest.approx(eval_ap[key], abs=1e-9), key
 
 
+def test_a_split_the_split_flags_name_carved_with_the_checkpoints_seed(trained: Path, sparse_coco: Path, tmp_path):
+    from maskrcnn_dist.data.resolve import carve_val
+    from maskrcnn_dist.data.sources import DataSources, SplitSource
+
+    train_split = SplitSource(sparse_coco / "train" / "annotations.json", sparse_coco / "train" / "images")
+    flags = {
+        "resume": trained,
+        "device": "cpu",
+        "train-annotations": train_split.annotations,
+        "train-images": train_split.images,
+        "val-fraction": 0.25,
+    }
+    predict_images([], PredictConfig(out=tmp_path / "pred"), flags)
+    seed = load_checkpoint(trained)["config"]["seed"]
+    expected = carve_val(DataSources("flags", {"train": train_split}), 0.25, seed).splits["val"].image_ids
+    predicted = json.loads((tmp_path / "pred" / RESULTS_FILE).read_text())
+    assert len(expected) == 3 and {r["image_id"] for r in predicted} <= set(expected)
+    assert {image["id"] for image in json.loads((tmp_path / "pred" / IMAGES_FILE).read_text())["images"]} == set(
+        expected
+    )
+
+
 def test_categories_round_trip_through_the_checkpoint(trained: Path, sparse_coco: Path, tmp_path: Path):
     train_set = open_split(sparse_coco, "train")
     stored = load_checkpoint(trained)["categories"]

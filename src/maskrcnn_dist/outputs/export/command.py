@@ -26,13 +26,21 @@ import torch
 import torchvision
 
 from ...config import ExportConfig
-from ...data import read_image
+from ...data import layout, read_image
 from ...data.check import CheckRules
 from ...data.orientation import Frame
 from ...errors import ConfigError, DatasetError, ParityError, UserError, one_line
 from ...modeling.model import build_model
 from ...run_dir import output_file_problem, tmp_name
-from ..predict import InputImage, Predictor, check_readable, collect_images, dataset_images, load_predictor, open_split
+from ..predict import (
+    InputImage,
+    Predictor,
+    check_readable,
+    collect_images,
+    data_config,
+    dataset_images,
+    load_predictor,
+)
 from .formats import FORMATS, ExportError, ExportFormat, quiet
 from .parity import Cut, ImageParity, run_parity, table_lines, worst_problem
 
@@ -76,7 +84,7 @@ def check_out(out: Path, fmt: ExportFormat, overwrite: bool) -> Path | None:
 
 
 def parity_inputs(
-    images: Sequence[Path], predictor: Predictor, data_path: Path | None, count: int
+    images: Sequence[Path], predictor: Predictor, flags: dict[str, Any], count: int
 ) -> tuple[list[InputImage], dict[int, Frame]]:
     """The first `count` of --images (files, folders), else of the val split of --data-path or of the
     dataset the checkpoint was trained on; each one checked as predict checks it (it opens, is whole,
@@ -90,13 +98,15 @@ def parity_inputs(
         except UserError as exc:
             raise DatasetError(f"--images {exc}") from exc
         return chosen, frames
-    root = data_path or predictor.saved_config.get("data", {}).get("data_path")
-    if root is None:
+    orientation = predictor.saved_config.get("data", {}).get("exif_orientation", "auto")
+    split_cfg = data_config(flags, predictor, orientation, default_to_checkpoint=True)
+    if split_cfg is None:
         raise ConfigError(
             f"export: the parity check needs images, and {predictor.source} records no dataset: give --images FILE"
         )
+    root = split_cfg.data.data_path or split_cfg.data.val_annotations or split_cfg.data.train_annotations
     try:
-        chosen = dataset_images(open_split(Path(root), "val"))[:count]
+        chosen = dataset_images(layout.open_split(split_cfg, "val"))[:count]
         frames = check_readable(chosen, None, rules)
     except UserError as exc:
         raise ConfigError(
@@ -153,7 +163,7 @@ def export_model(
     sidecar = check_out(out, fmt, options.overwrite)
     fmt.check_available()
     predictor = load_predictor({**flags, "device": "cpu", "amp": False}, command="export")
-    inputs, frames = parity_inputs(images, predictor, flags.get("data-path"), options.parity_images)
+    inputs, frames = parity_inputs(images, predictor, flags, options.parity_images)
     tensors = [read_image(item.path, frames[item.image_id])[0] for item in inputs]
     model = exportable_model(predictor)
     described = metadata(predictor, fmt)

@@ -1,0 +1,120 @@
+"""Where a run's data is, from its flags: the split flags (--train-annotations, --train-images, ...),
+the layout found under --data-path (data/detect.py), and a val split carved by --val-fraction. Every way
+in resolves to one DataSources; a wrong combination is one ConfigError naming the flags, raised before
+anything is read or written."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ..config import DataConfig
+from ..errors import ConfigError, DatasetError
+from .annotations import read_annotation_file, validate_images
+from .detect import detect
+from .sources import DataSources, SplitSource
+
+SPLITS = ("train", "val")
+
+
+def split_flags(data: DataConfig) -> dict[str, SplitSource]:
+    """The splits the split flags name, each file and folder checked to exist."""
+    splits = {}
+    for split in SPLITS:
+        annotations, images = getattr(data, f"{split}_annotations"), getattr(data, f"{split}_images")
+        if annotations is None and images is None:
+            continue
+        if annotations is None or images is None:
+            given, missing = ("annotations", "images") if images is None else ("images", "annotations")
+            raise ConfigError(
+                f"--{split}-{given} needs --{split}-{missing} too: a split is an annotation file and the "
+                "folder its file_names are relative to"
+            )
+        if annotations.is_dir():
+            raise ConfigError(
+                f"--{split}-annotations {annotations} is a folder; it takes the COCO JSON file "
+                "(a whole exported folder goes to --data-path)"
+            )
+        if not annotations.is_file():
+            raise ConfigError(f"--{split}-annotations {annotations}: no such file")
+        if not images.is_dir():
+            raise ConfigError(f"--{split}-images {images}: no such folder")
+        splits[split] = SplitSource(annotations, images)
+    if "val" in splits and "train" not in splits and data.data_path is None:
+        raise ConfigError(
+            "--val-annotations and --val-images need the train split too: --train-annotations, --train-images"
+        )
+    return splits
+
+
+def names_data(data: DataConfig) -> bool:
+    """Whether the flags name a dataset (--data-path or a split flag)."""
+    return data.data_path is not None or any(
+        getattr(data, f"{s}_{k}") for s in SPLITS for k in ("annotations", "images")
+    )
+
+
+def resolve_sources(data: DataConfig, seed: int) -> DataSources:
+    """The run's splits: the split flags, else (or for the splits they leave out) --data-path's, then
+    the val split --val-fraction carves. ConfigError/DatasetError naming the flag otherwise."""
+    given = split_flags(data)
+    if data.data_path is None and not given:
+        raise ConfigError(
+            "--data-path DIR or --train-annotations FILE --train-images DIR is required "
+            "(or --synthetic-images N to generate a synthetic set)"
+        )
+    if data.data_path is None:
+        sources = DataSources("flags", given)
+    else:
+        sources = _with_data_path(data.data_path, given)
+    return carve_val(sources, data.val_fraction, seed) if data.val_fraction is not None else sources
+
+
+def _with_data_path(root: Path, given: dict[str, SplitSource]) -> DataSources:
+    try:
+        found = detect(root)
+    except DatasetError as exc:
+        if not given:
+            raise
+        flags = ", ".join(f"--{split}-annotations" for split in given)
+        raise ConfigError(f"--data-path {root} and {flags}: give one of them (--data-path: {exc})") from exc
+    for split, source in given.items():
+        there = found.get(split)
+        if there is not None and _same(there, source):
+            continue
+        says = there.describe() if there is not None else f"no {split} split"
+        raise ConfigError(
+            f"--data-path and --{split}-annotations say otherwise: give one of them (--data-path {root} "
+            f"finds {says}; the flags name {source.describe()})"
+        )
+    return found
+
+
+def _same(a: SplitSource, b: SplitSource) -> bool:
+    return a.annotations.resolve() == b.annotations.resolve() and a.images.resolve() == b.images.resolve()
+
+
+def carve_val(sources: DataSources, fraction: float, seed: int) -> DataSources:
+    """A val split of `fraction` of the train images, the same for a seed wherever and whenever it is
+    carved (a hash of seed and image id orders them: no RNG state, every rank and a resume agree)."""
+    train = sources.get("train")
+    if train is None:
+        raise ConfigError("--val-fraction carves the train split, and there is none")
+    if (val := sources.get("val")) is not None:
+        raise ConfigError(
+            f"--val-fraction {fraction:g}: the dataset has a val split ({val.describe()}); leave --val-fraction out"
+        )
+    ids = sorted(validate_images(read_annotation_file(train.annotations)["images"], str(train.annotations)))
+    order = sorted(ids, key=lambda iid: hashlib.sha256(f"{seed}:{iid}".encode()).digest())
+    count = round(fraction * len(ids))
+    if not 0 < count < len(ids):
+        raise ConfigError(
+            f"--val-fraction {fraction:g} of the {len(ids)} images of {train.annotations} leaves an empty split "
+            f"({count} for val, {len(ids) - count} for train)"
+        )
+    chosen = set(order[:count])
+    splits = {
+        "train": SplitSource(train.annotations, train.images, tuple(i for i in ids if i not in chosen)),
+        "val": SplitSource(train.annotations, train.images, tuple(sorted(chosen))),
+    }
+    return DataSources(f"{sources.layout}, val carved by --val-fraction {fraction:g}", splits)

@@ -1,0 +1,52 @@
+"""trainer.data: the data flags (a folder as exported, or an annotation file and an image folder per
+split) rendered into every trainer's arguments, before trainer.args; the same flags in both refused."""
+
+from __future__ import annotations
+
+from maskrcnn_launcher.yamlfile import load_yaml_all
+
+from .objects import pod_templates, trainer
+
+SPLITS = {
+    "trainAnnotations": "/data/cvat/annotations/instances_Train.json",
+    "trainImages": "/data/cvat/images/Train",
+    "valAnnotations": "/data/cvat/annotations/instances_Validation.json",
+    "valImages": "/data/cvat/images/Validation",
+}
+
+
+def _trainer_args(template_values, data: dict) -> list[list[str]]:
+    proc = template_values({"trainer": {"data": data, "args": ["--output-dir", "/data/runs/x"]}})
+    assert proc.returncode == 0, proc.stderr
+    templates = pod_templates([o for o in load_yaml_all(proc.stdout) if o])
+    return [trainer(t)["args"][4:] for t in templates.values()]
+
+
+def test_split_values_become_the_trainer_flags_on_every_pod(template_values) -> None:
+    every = _trainer_args(template_values, {**SPLITS, "crowdAsInstances": True})
+    assert every and all(args == every[0] for args in every)
+    args = every[0]
+    for key, flag in (
+        ("trainAnnotations", "--train-annotations"),
+        ("trainImages", "--train-images"),
+        ("valAnnotations", "--val-annotations"),
+        ("valImages", "--val-images"),
+    ):
+        assert args[args.index(flag) + 1] == SPLITS[key]
+    assert "--crowd-as-instances" in args and args[-2:] == ["--output-dir", "/data/runs/x"]
+
+
+def test_data_path_and_val_fraction(template_values) -> None:
+    (args, *_) = _trainer_args(template_values, {"path": "/data/label-studio", "valFraction": 0.2})
+    assert args[:4] == ["--data-path", "/data/label-studio", "--val-fraction", "0.2"]
+    assert "--crowd-as-instances" not in args
+
+
+def test_data_in_both_places_is_refused(template_values) -> None:
+    proc = template_values({"trainer": {"data": {"path": "/data/x"}}})  # the default args hold --data-path
+    assert proc.returncode != 0 and "trainer.data and trainer.args both name the data" in proc.stderr
+
+
+def test_the_schema_refuses_a_fraction_out_of_range_and_unknown_keys(template_values) -> None:
+    assert template_values({"trainer": {"data": {"valFraction": 1}, "args": []}}).returncode != 0
+    assert template_values({"trainer": {"data": {"trainAnnotation": "x"}, "args": []}}).returncode != 0
