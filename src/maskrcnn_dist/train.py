@@ -243,8 +243,7 @@ class TrainResult:
 
 
 def total_steps(cfg: TrainConfig, iters_per_epoch: int) -> int:
-    planned = cfg.epochs * iters_per_epoch
-    return min(planned, cfg.max_steps) if cfg.max_steps else planned
+    return cfg.total_steps(iters_per_epoch)
 
 
 def run_metrics(cfg: TrainConfig, is_main: bool, total: int, env: Mapping[str, str] = os.environ) -> MetricsWriter:

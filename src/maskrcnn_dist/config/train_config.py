@@ -30,6 +30,7 @@ __all__ = [
     "ENGINES",
     "EXIF_ORIENTATIONS",
     "FIELDS",
+    "LR_SCHEDULERS",
     "MODEL_NAMES",
     "DataConfig",
     "ModelConfig",
@@ -53,6 +54,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
 CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
 EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
+LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
 
 # ----------------------------------------------------------------------------------------------
 # The settings.
@@ -142,6 +144,16 @@ class OptimConfig:
         (16, 22), "epochs at which the rate is multiplied by --lr-gamma, comma separated", minimum=0
     )
     lr_gamma: float = option(0.1, "decay factor at each of --lr-steps", above=0, maximum=1)
+    lr_scheduler: str = option(
+        "multisteplr",
+        "multisteplr (x --lr-gamma at each of --lr-steps) or cosineannealinglr (cosine to 0 over the run's "
+        "epochs: --epochs, or those --max-steps reaches into), after the warm-up",
+        choices=LR_SCHEDULERS,
+    )
+    # None: one parameter group, as torchvision's reference without the flag (and this kit before it).
+    norm_weight_decay: float | None = option(
+        None, "weight decay of the normalization layers' parameters (default: --weight-decay)", minimum=0
+    )
     warmup_iters: int = option(1000, "linear warm-up steps", minimum=0)
     warmup_factor: float = option(1e-3, "starting fraction of the rate during warm-up", above=0, maximum=1)
     # A negative coefficient would reverse the gradients.
@@ -178,6 +190,12 @@ class TrainConfig:
         "local (one process), ddp (DistributedDataParallel, under torchrun or the launcher), "
         "pipeline (model parallel over RPC, under the launcher)",
         choices=ENGINES,
+    )
+    # torchvision's reference converts only when distributed too: one process has the whole batch.
+    sync_bn: bool = option(
+        False,
+        "ddp: BatchNorm statistics over the whole batch of every rank (SyncBatchNorm); no effect with one "
+        "process; not with frozen BatchNorm or --engine pipeline",
     )
     epochs: int = option(26, "number of epochs", minimum=1, maximum=1_000_000)
     # Short schedules and smoke tests; None runs the whole schedule.
@@ -226,6 +244,11 @@ class TrainConfig:
     peers: PeersConfig = field(default_factory=PeersConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
+    def total_steps(self, iters_per_epoch: int) -> int:
+        """Optimizer steps this run makes: every epoch's batches, or --max-steps if fewer."""
+        planned = self.epochs * iters_per_epoch
+        return min(planned, self.max_steps) if self.max_steps else planned
+
     def validate(self) -> None:
         """Reject values that would fail later, deep inside torch, with a message naming the flag."""
         errors = [problem for spec in FIELDS if (problem := spec.problem(spec.get(self)))]
@@ -242,6 +265,22 @@ class TrainConfig:
                 not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
                 "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
                 "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16",
+            ),
+            (
+                not (self.optim.norm_weight_decay is not None and self.engine == "pipeline"),
+                "--norm-weight-decay is not available with --engine pipeline: its stages merge their "
+                "optimizers as one parameter group, and the flag makes two",
+            ),
+            (
+                not (self.sync_bn and self.engine == "pipeline"),
+                "--sync-bn is for --engine ddp: a pipeline stage sees one micro-batch at a time, never the "
+                "batch's other images",
+            ),
+            (
+                not (self.sync_bn and self.model.resolved_backbone_norm() == "frozen"),
+                "--sync-bn with frozen BatchNorm (--backbone-norm frozen, or auto with --weights or "
+                "--weights-backbone): frozen statistics are never computed, so there is nothing to synchronise; "
+                "add --backbone-norm batch",
             ),
             (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
             (

@@ -212,7 +212,7 @@ def measure(
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, num_classes).to(device).train()
     stages = build_stages(model, [[name] for name in MODULES], trained=False)  # timed, not trained as stages
-    optimizers = [build_optimizer(stage.parameters(), cfg.optim) if _trainable(stage) else None for stage in stages]
+    optimizers = [build_optimizer(stage, cfg.optim) if _trainable(stage) else None for stage in stages]
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
     batches = list(batches) or [synthetic_batch(micro, image_size, instances_per_image, seed=cfg.seed)]
     inputs = [MicroBatchState.from_inputs(images, targets) for images, targets in batches]

@@ -153,14 +153,16 @@ class StageHost:
 
     def _replica(self, stage: StageModule, device: str) -> Replica:
         stage = stage.to(device)
-        optimizer = build_optimizer(stage.parameters(), self.cfg.optim)
+        optimizer = build_optimizer(stage, self.cfg.optim)
         seeder = StepSeeder(self.cfg.seed)
         seeder.attach(stage.parts())
         return Replica(
             stage,
             torch.device(device),
             optimizer,
-            build_scheduler(optimizer, self.cfg.optim, self.iters_per_epoch),
+            build_scheduler(
+                optimizer, self.cfg.optim, self.iters_per_epoch, self.cfg.total_steps(self.iters_per_epoch)
+            ),
             seeder,
         )
 
