@@ -20,6 +20,7 @@ from maskrcnn_launcher.contract import load_yaml
 
 from ..errors import ConfigError
 from .fields import INT64_MAX, FieldSpec, field_specs, option
+from .presets import RECIPES
 
 __all__ = [
     "AMP_DTYPES",
@@ -196,6 +197,13 @@ class TrainConfig:
         False,
         "ddp: BatchNorm statistics over the whole batch of every rank (SyncBatchNorm); no effect with one "
         "process; not with frozen BatchNorm or --engine pipeline",
+    )
+    # Expanded by build_config under the YAML file's and the command line's other flags.
+    recipe: str | None = option(
+        None,
+        "torchvision's published recipe: the flags it sets (docs/reference/flags.md#recipes), "
+        "under the ones given beside it",
+        choices=tuple(RECIPES),
     )
     epochs: int = option(26, "number of epochs", minimum=1, maximum=1_000_000)
     # Short schedules and smoke tests; None runs the whole schedule.
@@ -381,11 +389,17 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
 
 
 def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainConfig:
-    """Defaults, then the YAML file, then the flags the user actually gave."""
+    """Defaults, then the --recipe's flags (named on the command line, or else in the YAML file), then
+    the YAML file, then the flags the user actually gave."""
     cfg = TrainConfig()
-    if yaml_path is not None:
-        apply_overrides(cfg, load_yaml_config(yaml_path), str(yaml_path))
-    apply_overrides(cfg, {k: v for k, v in cli_values.items() if v is not None}, "command line")
+    from_yaml = load_yaml_config(yaml_path) if yaml_path is not None else {}
+    given = {k: v for k, v in cli_values.items() if v is not None}
+    recipe = given.get("recipe", from_yaml.get("recipe"))
+    if recipe is not None:
+        apply_overrides(cfg, {"recipe": recipe}, "command line" if "recipe" in given else str(yaml_path))
+        apply_overrides(cfg, RECIPES[cfg.recipe], f"--recipe {cfg.recipe}")
+    apply_overrides(cfg, from_yaml, str(yaml_path))
+    apply_overrides(cfg, given, "command line")
     cfg.validate()
     return cfg
 
