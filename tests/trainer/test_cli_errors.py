@@ -144,6 +144,12 @@ TRAIN_CASES = [
     ("gamma-above-one", ["--lr-gamma", "2"], ["--lr-gamma must be <= 1"]),
     ("norm-weight-decay-negative", ["--norm-weight-decay", "-1"], ["--norm-weight-decay must be >= 0"]),
     ("lr-scheduler-unknown", ["--lr-scheduler", "steplr"], ["--lr-scheduler", "multisteplr, cosineannealinglr"]),
+    ("augmentation-unknown", ["--data-augmentation", "ssd"], ["--data-augmentation", "hflip, multiscale, lsj"]),
+    (
+        "copypaste-without-lsj",
+        ["--use-copypaste", "--data-augmentation", "multiscale"],
+        ["--use-copypaste needs --data-augmentation lsj"],
+    ),
     ("recipe-unknown", ["--recipe", "detectron2"], ["--recipe", "torchvision-v1, torchvision-v2"]),
     ("sync-bn-on-the-pipeline", ["--engine", "pipeline", "--sync-bn"], ["--sync-bn is for --engine ddp"]),
     (

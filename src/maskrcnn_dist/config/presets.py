@@ -26,6 +26,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "aspect-ratio-group-factor": 3,
         "warmup-iters": 1000,
         "warmup-factor": 1e-3,
+        "data-augmentation": "hflip",
     },
     # pytorch/vision#5773, the weights' "recipe" link: 47.4 box / 41.8 mask AP. Trained without frozen
     # BatchNorm (the v2 model's point), from scratch.
@@ -44,6 +45,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "warmup-factor": 1e-3,
         "backbone-norm": "batch",
         "sync-bn": True,
+        "data-augmentation": "lsj",
     },
 }
 

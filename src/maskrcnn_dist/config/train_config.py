@@ -29,6 +29,7 @@ __all__ = [
     "CHECK_MODES",
     "DEVICES",
     "ENGINES",
+    "DATA_AUGMENTATIONS",
     "EXIF_ORIENTATIONS",
     "FIELDS",
     "LR_SCHEDULERS",
@@ -55,6 +56,9 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
 CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
 EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
+DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/augment.py says what each one does
+# Those that give the model its training sizes: the model's own resize would undo them.
+SIZED_BY_DATA = ("multiscale", "lsj")
 LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
 
 # ----------------------------------------------------------------------------------------------
@@ -88,6 +92,18 @@ class DataConfig:
         "full (also decode every pixel) or off (only that the files exist)",
         choices=CHECK_MODES,
     )
+    data_augmentation: str = option(
+        "hflip",
+        "training augmentation, as torchvision's references: hflip (a horizontal flip), multiscale (short side "
+        "drawn from 480-800 x --min-size/800, then a flip) or lsj (large-scale jitter: scale 0.1-2 of a square "
+        "of 1.28 x --min-size, cropped and padded to it, then a flip)",
+        choices=DATA_AUGMENTATIONS,
+    )
+    use_copypaste: bool = option(
+        False,
+        "paste a random subset of the previous image's objects onto each image of a batch (torchvision's "
+        "SimpleCopyPaste; needs --data-augmentation lsj)",
+    )
     skip_bad_images: bool = option(
         False, "train without the images that fail --check-data (one warning) instead of stopping"
     )
@@ -99,6 +115,10 @@ class DataConfig:
         "image), apply (always as shown) or ignore (always as stored)",
         choices=EXIF_ORIENTATIONS,
     )
+
+    def sized_by_data(self) -> bool:
+        """Whether the augmentation gives the model its training sizes (torchvision's `_skip_resize`)."""
+        return self.data_augmentation in SIZED_BY_DATA
 
 
 @dataclass
@@ -278,6 +298,11 @@ class TrainConfig:
                 not (self.optim.norm_weight_decay is not None and self.engine == "pipeline"),
                 "--norm-weight-decay is not available with --engine pipeline: its stages merge their "
                 "optimizers as one parameter group, and the flag makes two",
+            ),
+            (
+                not self.data.use_copypaste or self.data.data_augmentation == "lsj",
+                "--use-copypaste needs --data-augmentation lsj: it pastes between images of one size, "
+                "as torchvision's references require",
             ),
             (
                 not (self.sync_bn and self.engine == "pipeline"),

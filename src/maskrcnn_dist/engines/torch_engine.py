@@ -109,7 +109,7 @@ class TorchEngine(Engine):
         if distributed:
             self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before DDP's broadcast
-        self.model = build_model(cfg.model, num_classes).to(self.device)
+        self.model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data()).to(self.device)
         if distributed and cfg.sync_bn:  # one process already normalises by its whole batch
             self.model = convert_sync_batchnorm(self.model, self.device)
         self.seeder = StepSeeder(cfg.seed)

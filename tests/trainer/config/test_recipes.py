@@ -15,6 +15,7 @@ def test_the_v2_recipe_sets_the_published_command():
     assert (cfg.model.name, cfg.epochs, cfg.optim.lr_steps) == ("maskrcnn_resnet50_fpn_v2", 400, (352, 384))
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.sync_bn) == (0.1, 4e-5, True)
     assert cfg.model.backbone_norm == "batch" and cfg.recipe == "torchvision-v2"
+    assert cfg.data.data_augmentation == "lsj"
 
 
 def test_flags_beside_the_recipe_win_on_the_command_line_and_in_the_file(tmp_path: Path):

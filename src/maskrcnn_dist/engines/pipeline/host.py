@@ -141,7 +141,7 @@ class StageHost:
         # Every process builds the whole model from the same seed, so stages start from exactly the
         # weights the local engine starts from (TorchEngine seeds the same way), then keeps its part.
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, num_classes)
+        model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data())
         stage = build_stages(model, [p.modules for p in placements])[index]
         self.replicas = [
             self._replica(stage if r == 0 else copy.deepcopy(stage), device)
