@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 from torchvision.ops import masks_to_boxes
-from torchvision.transforms.v2 import functional as F
 
 from .augment import draw_seed
 from .loader import Batch, collate
 
-__all__ = ["CopyPaste", "copy_paste"]
+__all__ = ["CopyPaste", "blend_weights", "copy_paste"]
 
 Target = dict[str, Any]
 
@@ -36,6 +35,39 @@ def _boxes_of(masks: torch.Tensor) -> torch.Tensor:
     boxes = masks_to_boxes(masks)
     boxes[:, 2:] += 1
     return boxes
+
+
+BLUR_KERNEL, BLUR_SIGMA = 5, 2.0  # the references' blending
+# Zeros around the pasted pixels that the blur's reflecting border must see to give what it gives on the
+# whole image: twice its reach.
+BLUR_MARGIN = 2 * (BLUR_KERNEL // 2)
+
+
+def blend_weights(covered: torch.Tensor) -> torch.Tensor:
+    """The references' blending weights: the pasted pixels (a [H, W] bool) blurred with a 5 x 5 Gaussian of
+    sigma 2. Blurred around those pixels only (the rest stays 0): the same numbers, at a fraction of the
+    cost of blurring a 1024 x 1024 square."""
+    alpha = torch.zeros(covered.shape, dtype=torch.float32)
+    rows, cols = covered.any(1).nonzero(), covered.any(0).nonzero()
+    if len(rows) == 0:
+        return alpha
+    top, bottom = max(0, int(rows[0]) - BLUR_MARGIN), min(covered.shape[0], int(rows[-1]) + 1 + BLUR_MARGIN)
+    left, right = max(0, int(cols[0]) - BLUR_MARGIN), min(covered.shape[1], int(cols[-1]) + 1 + BLUR_MARGIN)
+    window = covered[None, None, top:bottom, left:right].float()
+    alpha[top:bottom, left:right] = _separable_blur(window)[0, 0]
+    return alpha
+
+
+def _separable_blur(image: torch.Tensor) -> torch.Tensor:
+    """torchvision's gaussian_blur (reflecting border) of a [1, 1, H, W] image as two 1-D passes: the 2-D
+    Gaussian kernel is the outer product of the 1-D ones, so the same numbers for a fifth of the work."""
+    half = BLUR_KERNEL // 2
+    x = torch.linspace(-half, half, BLUR_KERNEL)
+    kernel = torch.exp(-0.5 * (x / BLUR_SIGMA) ** 2)
+    kernel = kernel / kernel.sum()
+    padded = torch.nn.functional.pad(image, [half, half, half, half], mode="reflect")
+    rows = torch.nn.functional.conv2d(padded, kernel.view(1, 1, 1, -1))
+    return torch.nn.functional.conv2d(rows, kernel.view(1, 1, -1, 1))
 
 
 def copy_paste(
@@ -53,7 +85,7 @@ def copy_paste(
     chosen = torch.unique(torch.randint(0, count, (count,), generator=generator))
     pasted_masks = source_target["masks"][chosen]
     covered = pasted_masks.bool().any(0)  # (any() of uint8 masks is uint8, whose ~ is not "not")
-    alpha = F.gaussian_blur(covered[None].float(), kernel_size=[5, 5], sigma=[2.0])[0]
+    alpha = blend_weights(covered)
     blended = image * (1 - alpha) + source * alpha
     own = target["masks"] * ~covered
     kept = own.flatten(1).bool().any(1)
@@ -63,7 +95,7 @@ def copy_paste(
         "masks": masks,
         "boxes": torch.cat([_boxes_of(own[kept]), source_target["boxes"][chosen]]),
         "labels": torch.cat([target["labels"][kept], source_target["labels"][chosen]]),
-        "area": masks.flatten(1).sum(1).to(torch.float32),
+        "area": masks.flatten(1).sum(1, dtype=torch.int32).to(torch.float32),
         "iscrowd": torch.zeros((len(masks),), dtype=torch.int64),
     }
     return blended, out

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torchvision.transforms.v2 import functional as F
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides
-from maskrcnn_dist.data.copy_paste import CopyPaste, copy_paste
+from maskrcnn_dist.data.copy_paste import CopyPaste, blend_weights, copy_paste
 from maskrcnn_dist.errors import ConfigError
 
 from .test_augment import sample
@@ -41,6 +42,19 @@ def test_pasted_objects_occlude_what_lies_under_them():
         assert inside.any() and outside.any()
         torch.testing.assert_close(out_image[:, inside], source[:, inside], rtol=0, atol=1e-5)
         torch.testing.assert_close(out_image[:, outside], image[:, outside], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "region", [(slice(20, 30), slice(30, 44)), (slice(0, 5), slice(0, 64)), (slice(60, 64), slice(61, 64))]
+)
+def test_blending_weights_are_the_whole_images_blur(region):
+    """Blurring around the pasted pixels only gives the references' blur of the whole image, at its
+    borders too (the blur reflects there)."""
+    covered = torch.zeros(64, 64, dtype=torch.bool)
+    covered[region] = True
+    covered[40:42, 3:5] = True
+    whole = F.gaussian_blur(covered[None].float(), [5, 5], [2.0])[0]
+    torch.testing.assert_close(blend_weights(covered), whole, rtol=0, atol=1e-6)
 
 
 def test_every_kept_object_has_pixels_and_a_box_that_bounds_them():
