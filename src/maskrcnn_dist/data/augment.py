@@ -37,6 +37,7 @@ from torchvision.transforms.v2 import functional as F
 __all__ = [
     "AugmentedDataset",
     "Augmentation",
+    "augment_batch",
     "FixedSizeCrop",
     "build_augmentation",
     "draw_seed",
@@ -70,6 +71,17 @@ def draw_seed(seed: int, epoch: int, index: int, what: str = "augment") -> int:
     restore."""
     digest = hashlib.sha256(f"{seed}:{epoch}:{index}:{what}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class ScaleJitter(v2.ScaleJitter):
+    """v2.ScaleJitter, never to a side of 0 px. The data check refuses only images the model's own resize
+    would empty; jitter down to 0.1 x can empty a side of a thinner one (a 2000 x 3 image at
+    0.1 x 1024 / 2000), and torch would stop the run. (multiscale cannot: its scale is at most the
+    model's where --max-size bounds it, and leaves a short side of 480 x --min-size / 800 where not.)"""
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        params = super().make_params(flat_inputs)
+        return {**params, "size": tuple(max(1, side) for side in params["size"])}
 
 
 class FixedSizeCrop(v2.Transform):
@@ -107,7 +119,7 @@ def build_transform(name: str, min_size: int, max_size: int) -> v2.Compose:
         resize: list[v2.Transform] = [v2.RandomShortestSize(multiscale_sides(min_size), max_size=max_size)]
     elif name == "lsj":
         side = lsj_side(min_size)
-        resize = [v2.ScaleJitter((side, side), scale_range=LSJ_SCALE_RANGE), FixedSizeCrop((side, side))]
+        resize = [ScaleJitter((side, side), scale_range=LSJ_SCALE_RANGE), FixedSizeCrop((side, side))]
     else:
         raise ValueError(f"no transform for data augmentation {name!r}")
     return v2.Compose([*resize, v2.RandomHorizontalFlip(0.5), v2.SanitizeBoundingBoxes()])
@@ -143,6 +155,17 @@ def build_augmentation(name: str, min_size: int, max_size: int) -> Augmentation 
     if name == "hflip":
         return None
     return Augmentation(name, build_transform(name, min_size, max_size))
+
+
+def augment_batch(
+    augmentation: Augmentation | None, images: list[torch.Tensor], targets: list[Target], seed: int
+) -> tuple[list[torch.Tensor], list[Target]]:
+    """A batch as the first epoch's training would see it (image i drawn as index i): what `profile`
+    measures. None (hflip) leaves it as it is: a flip changes no cost."""
+    if augmentation is None:
+        return images, targets
+    pairs = [augmentation(image, target, seed, 0, i) for i, (image, target) in enumerate(zip(images, targets))]
+    return [image for image, _ in pairs], [target for _, target in pairs]
 
 
 class AugmentedDataset(Dataset):

@@ -17,6 +17,7 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.data.augment import (
     AugmentedDataset,
     FixedSizeCrop,
+    augment_batch,
     build_augmentation,
     draw_seed,
     lsj_side,
@@ -47,7 +48,7 @@ def sample(seed: int = 0, height: int = 60, width: int = 80, objects: int = 3):
         masks[i, y1:y2, x1:x2] = 1
         boxes.append([x1, y1, x2, y2])
     target = {
-        "boxes": torch.tensor(boxes, dtype=torch.float32),
+        "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4),
         "labels": torch.arange(1, objects + 1),
         "masks": masks,
         "image_id": seed,
@@ -172,6 +173,16 @@ def test_an_image_cropped_to_no_object_still_gives_a_target():
     assert kit_out["area"].shape == kit_out["iscrowd"].shape == (len(kit_out["boxes"]),)
 
 
+@pytest.mark.parametrize("name", ["multiscale", "lsj"])
+def test_a_thin_image_keeps_a_pixel_on_every_side(name: str):
+    """2000 x 3 passes the model's resize at 800 / 1333 (to 1333 x 1); lsj's jitter to 0.1 x would empty it."""
+    image, target = sample(0, 3, 2000, objects=0)
+    kit = build_augmentation(name, 800, 1333)
+    for index in range(8):
+        out_image, out = kit(image, target, 0, 0, index)
+        assert min(out_image.shape[-2:]) >= 1 and out["boxes"].shape == (0, 4)
+
+
 def test_draws_are_a_pure_function_of_seed_epoch_and_index():
     kit = build_augmentation("lsj", 64, 64)
     image, target = sample(1)
@@ -222,6 +233,15 @@ def test_the_model_keeps_the_datas_training_sizes_and_resizes_validation():
     plain = build_model(ModelConfig(name="maskrcnn_resnet18_fpn", min_size=64, max_size=64), 3)
     plain.train()
     assert plain.transform([image], [dict(target)])[0].image_sizes == [(64, 64)]
+
+
+def test_profile_measures_the_augmented_sizes():
+    images, targets = zip(*(sample(seed) for seed in range(2)))
+    kit = build_augmentation("lsj", 64, 64)
+    augmented_images, augmented = augment_batch(kit, list(images), list(targets), seed=0)
+    assert {tuple(image.shape) for image in augmented_images} == {(3, 82, 82)}
+    assert torch.equal(augmented_images[1], kit(images[1], targets[1], 0, 0, 1)[0]) and len(augmented) == 2
+    assert augment_batch(None, list(images), list(targets), seed=0) == (list(images), list(targets))
 
 
 def test_hflip_is_the_datasets_own_flip():
