@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from maskrcnn_dist.config import TrainConfig, apply_overrides
+from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run, to_argv
+from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.errors import ConfigError
+from maskrcnn_dist.training.metrics import read_metrics
 
-from ..procs import run_job, torchrun_command
+from ..procs import run_job, torchrun, torchrun_command
 from .sync_bn_proc import ROWS, make_net
 
 HERE = Path(__file__).resolve().parent
@@ -62,3 +64,18 @@ def test_sync_bn_is_refused_where_it_cannot_work(flags, message):
 
 def test_sync_bn_with_batch_statistics_on_ddp_is_accepted():
     assert _config(engine="ddp", **{"weights-backbone": "r50.pth", "backbone-norm": "batch"}).sync_bn
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_ddp_run_trains_with_sync_bn(tmp_path, free_port):
+    """Two ranks of `train --engine ddp --sync-bn`, BatchNorm trained: the all-reduce in every BatchNorm's
+    forward runs in step on both ranks, through DDP, to the end (validation and evaluation do not sync)."""
+    data = tmp_path / "data"
+    write_train_val(data, num_train=8, num_val=2, seed=5, image_size=(48, 64), max_objects=2)
+    flags = small_cpu_run(64, threads=1, workers=0, warmup_iters=1, aspect_ratio_group_factor=-1, print_freq=1)
+    args = to_argv({**flags, "engine": "ddp", "sync-bn": True, "backbone-norm": "batch", "rpc-timeout": 60.0})
+    args += ["--data-path", str(data), "--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--batch-size", "2"]
+    result = run_job(torchrun(2, free_port, args), timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"] == [1, 2]
