@@ -127,12 +127,33 @@ def command_section(program: str, name: str, command: click.Command, same_as: di
     yield ""
 
 
+def recipes_section() -> Iterator[str]:
+    """What each `--recipe` sets (config.RECIPES), one column per recipe."""
+    names = list(config.RECIPES)
+    flags = list(dict.fromkeys(flag for recipe in config.RECIPES.values() for flag in recipe))
+    yield "## Recipes"
+    yield ""
+    yield (
+        "`--recipe NAME` (train) sets these flags first; the YAML file's and the command line's other flags "
+        "win over them. Their `--lr` is the reference's for its global batch: scale it to yours "
+        "([training](../training.md#recipes))."
+    )
+    yield ""
+    yield "| flag | " + " | ".join(f"`{name}`" for name in names) + " |"
+    yield "|---|" + "---|" * len(names)
+    for flag in flags:
+        values = [shown(config.RECIPES[name][flag]) if flag in config.RECIPES[name] else "" for name in names]
+        yield f"| `--{flag}` | " + " | ".join(values) + " |"
+    yield ""
+
+
 def render() -> str:
     lines = [HEADER]
     for program, group in (("maskrcnn-dist", trainer_cli.main), ("maskrcnn-launch", launcher_cli.main)):
         same_as: dict[tuple, str] = {}
         for name, command in group.commands.items():
             lines += command_section(program, name, command, same_as)
+    lines += recipes_section()
     return "\n".join(lines).rstrip() + "\n"
 
 

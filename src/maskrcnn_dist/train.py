@@ -34,7 +34,10 @@ from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
 from .config import TrainConfig, apply_overrides, config_to_dict, saved_data_flags
 from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_train_batches
+from .data.augment import AugmentedDataset, build_augmentation
 from .data.check import CheckReport, CheckRules, check_datasets, settle
+from .data.copy_paste import CopyPaste
+from .data.loader import collate
 from .data.resolve import names_data, resolve_sources
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
@@ -265,8 +268,7 @@ class TrainResult:
 
 
 def total_steps(cfg: TrainConfig, iters_per_epoch: int) -> int:
-    planned = cfg.epochs * iters_per_epoch
-    return min(planned, cfg.max_steps) if cfg.max_steps else planned
+    return cfg.total_steps(iters_per_epoch)
 
 
 def run_metrics(cfg: TrainConfig, is_main: bool, total: int, env: Mapping[str, str] = os.environ) -> MetricsWriter:
@@ -289,9 +291,13 @@ def build_trainer(
     """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`."""
     data = cfg.data
 
+    # --data-augmentation multiscale or lsj; hflip is the dataset's own flip.
+    augmentation = build_augmentation(data.data_augmentation, cfg.model.min_size, cfg.model.max_size)
+    augmented = train_set if augmentation is None else AugmentedDataset(train_set, augmentation, cfg.seed)
+
     def loader(epoch: int, start_batch: int):
         return build_train_loader(
-            train_set,
+            augmented,
             data.batch_size,
             epoch=epoch,
             seed=cfg.seed,
@@ -301,6 +307,7 @@ def build_trainer(
             num_workers=data.workers,
             start_batch=start_batch,
             pin_memory=engine.pin_memory,
+            collate_fn=CopyPaste(cfg.seed, epoch) if data.use_copypaste else collate,
         )
 
     run_facts = {

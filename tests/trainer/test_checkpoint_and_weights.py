@@ -75,12 +75,12 @@ def test_missing_and_mismatched_weight_files(tmp_path: Path):
 
 def test_schedule_warms_up_linearly_then_steps_down():
     cfg = OptimConfig(lr=0.1, warmup_iters=10, warmup_factor=0.001, lr_steps=(2, 3), lr_gamma=0.1)
-    assert lr_factor(0, cfg, iters_per_epoch=10) == pytest.approx(0.001)
-    assert lr_factor(5, cfg, iters_per_epoch=10) == pytest.approx(0.5005)
-    assert lr_factor(10, cfg, iters_per_epoch=10) == 1.0
-    assert lr_factor(19, cfg, iters_per_epoch=10) == 1.0
-    assert lr_factor(20, cfg, iters_per_epoch=10) == pytest.approx(0.1)
-    assert lr_factor(30, cfg, iters_per_epoch=10) == pytest.approx(0.01)
+    assert lr_factor(0, cfg, iters_per_epoch=10, total_steps=40) == pytest.approx(0.001)
+    assert lr_factor(5, cfg, iters_per_epoch=10, total_steps=40) == pytest.approx(0.5005)
+    assert lr_factor(10, cfg, iters_per_epoch=10, total_steps=40) == 1.0
+    assert lr_factor(19, cfg, iters_per_epoch=10, total_steps=40) == 1.0
+    assert lr_factor(20, cfg, iters_per_epoch=10, total_steps=40) == pytest.approx(0.1)
+    assert lr_factor(30, cfg, iters_per_epoch=10, total_steps=40) == pytest.approx(0.01)
 
 
 @pytest.mark.parametrize("name", ["maskrcnn_resnet18_fpn", "maskrcnn_resnet50_fpn"])

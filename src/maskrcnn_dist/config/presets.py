@@ -1,12 +1,53 @@
-"""Presets: the small CPU run (demo, tests, e2e, benchmarks) and the embedded demo job, as flag-name ->
-value mappings that build_config and to_argv take."""
+"""Presets: torchvision's published training recipes (`--recipe`), the small CPU run (demo, tests, e2e,
+benchmarks) and the embedded demo job, as flag-name -> value mappings that build_config and to_argv take."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-__all__ = ["demo_flags", "small_cpu_run", "small_stop_run"]
+__all__ = ["RECIPES", "demo_flags", "small_cpu_run", "small_stop_run"]
+
+#: `--recipe NAME` -> the flags it sets: the commands behind torchvision's published Mask R-CNN weights.
+#: Their --lr is the reference's for its global batch (v1: 8 GPUs x 2 images, v2: 32 GPUs x 2): scale it
+#: to yours (docs/training.md#recipes). Flags given beside --recipe (command line or YAML) win.
+RECIPES: dict[str, dict[str, Any]] = {
+    # references/detection/README.md, "Mask R-CNN", with train.py's defaults: 37.9 box / 34.6 mask AP.
+    "torchvision-v1": {
+        "model": "maskrcnn_resnet50_fpn",
+        "epochs": 26,
+        "lr-scheduler": "multisteplr",
+        "lr-steps": (16, 22),
+        "lr-gamma": 0.1,
+        "lr": 0.02,
+        "momentum": 0.9,
+        "weight-decay": 1e-4,
+        "batch-size": 2,
+        "aspect-ratio-group-factor": 3,
+        "warmup-iters": 1000,
+        "warmup-factor": 1e-3,
+        "data-augmentation": "hflip",
+    },
+    # pytorch/vision#5773, the weights' "recipe" link: 47.4 box / 41.8 mask AP. Trained without frozen
+    # BatchNorm (the v2 model's point), from scratch.
+    "torchvision-v2": {
+        "model": "maskrcnn_resnet50_fpn_v2",
+        "epochs": 400,
+        "lr-scheduler": "multisteplr",
+        "lr-steps": (352, 384),
+        "lr-gamma": 0.1,
+        "lr": 0.1,
+        "momentum": 0.9,
+        "weight-decay": 4e-5,
+        "batch-size": 2,
+        "aspect-ratio-group-factor": 3,
+        "warmup-iters": 1000,
+        "warmup-factor": 1e-3,
+        "backbone-norm": "batch",
+        "sync-bn": True,
+        "data-augmentation": "lsj",
+    },
+}
 
 
 def small_cpu_run(image_size: int, **flags: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from maskrcnn_launcher.contract import load_yaml
 
 from ..errors import ConfigError
 from .fields import INT64_MAX, FieldSpec, field_specs, option
+from .presets import RECIPES
 
 __all__ = [
     "AMP_DTYPES",
@@ -29,8 +30,10 @@ __all__ = [
     "DEVICES",
     "DATA_SOURCE_FLAGS",
     "ENGINES",
+    "DATA_AUGMENTATIONS",
     "EXIF_ORIENTATIONS",
     "FIELDS",
+    "LR_SCHEDULERS",
     "MODEL_NAMES",
     "DataConfig",
     "ModelConfig",
@@ -55,6 +58,10 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
 CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
 EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
+DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/augment.py says what each one does
+# Those that give the model its training sizes: the model's own resize would undo them.
+SIZED_BY_DATA = ("multiscale", "lsj")
+LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
 
 # ----------------------------------------------------------------------------------------------
 # The settings.
@@ -103,6 +110,18 @@ class DataConfig:
         "full (also decode every pixel) or off (only that the files exist)",
         choices=CHECK_MODES,
     )
+    data_augmentation: str = option(
+        "hflip",
+        "training augmentation, as torchvision's references: hflip (a horizontal flip), multiscale (short side "
+        "drawn from 480-800 x --min-size/800, then a flip) or lsj (large-scale jitter: scale 0.1-2 of a square "
+        "of 1.28 x --min-size, cropped and padded to it, then a flip)",
+        choices=DATA_AUGMENTATIONS,
+    )
+    use_copypaste: bool = option(
+        False,
+        "paste a random subset of the previous image's objects onto each image of a batch (torchvision's "
+        "SimpleCopyPaste; needs --data-augmentation lsj)",
+    )
     skip_bad_images: bool = option(
         False, "train without the images that fail --check-data (one warning) instead of stopping"
     )
@@ -114,6 +133,10 @@ class DataConfig:
         "image), apply (always as shown) or ignore (always as stored)",
         choices=EXIF_ORIENTATIONS,
     )
+
+    def sized_by_data(self) -> bool:
+        """Whether the augmentation gives the model its training sizes (torchvision's `_skip_resize`)."""
+        return self.data_augmentation in SIZED_BY_DATA
 
 
 @dataclass
@@ -160,6 +183,16 @@ class OptimConfig:
         (16, 22), "epochs at which the rate is multiplied by --lr-gamma, comma separated", minimum=0
     )
     lr_gamma: float = option(0.1, "decay factor at each of --lr-steps", above=0, maximum=1)
+    lr_scheduler: str = option(
+        "multisteplr",
+        "multisteplr (x --lr-gamma at each of --lr-steps) or cosineannealinglr (cosine to 0 over the run's "
+        "epochs: --epochs, or those --max-steps reaches into), after the warm-up",
+        choices=LR_SCHEDULERS,
+    )
+    # None: one parameter group, as torchvision's reference without the flag (and this kit before it).
+    norm_weight_decay: float | None = option(
+        None, "weight decay of the normalization layers' parameters (default: --weight-decay)", minimum=0
+    )
     warmup_iters: int = option(1000, "linear warm-up steps", minimum=0)
     warmup_factor: float = option(1e-3, "starting fraction of the rate during warm-up", above=0, maximum=1)
     # A negative coefficient would reverse the gradients.
@@ -196,6 +229,19 @@ class TrainConfig:
         "local (one process), ddp (DistributedDataParallel, under torchrun or the launcher), "
         "pipeline (model parallel over RPC, under the launcher)",
         choices=ENGINES,
+    )
+    # torchvision's reference converts only when distributed too: one process has the whole batch.
+    sync_bn: bool = option(
+        False,
+        "ddp: BatchNorm statistics over the whole batch of every rank (SyncBatchNorm); no effect with one "
+        "process; not with frozen BatchNorm or --engine pipeline",
+    )
+    # Expanded by build_config under the YAML file's and the command line's other flags.
+    recipe: str | None = option(
+        None,
+        "torchvision's published recipe: the flags it sets (docs/reference/flags.md#recipes), "
+        "under the ones given beside it",
+        choices=tuple(RECIPES),
     )
     epochs: int = option(26, "number of epochs", minimum=1, maximum=1_000_000)
     # Short schedules and smoke tests; None runs the whole schedule.
@@ -244,6 +290,11 @@ class TrainConfig:
     peers: PeersConfig = field(default_factory=PeersConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
+    def total_steps(self, iters_per_epoch: int) -> int:
+        """Optimizer steps this run makes: every epoch's batches, or --max-steps if fewer."""
+        planned = self.epochs * iters_per_epoch
+        return min(planned, self.max_steps) if self.max_steps else planned
+
     def validate(self) -> None:
         """Reject values that would fail later, deep inside torch, with a message naming the flag."""
         errors = [problem for spec in FIELDS if (problem := spec.problem(spec.get(self)))]
@@ -260,6 +311,27 @@ class TrainConfig:
                 not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
                 "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
                 "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16",
+            ),
+            (
+                not (self.optim.norm_weight_decay is not None and self.engine == "pipeline"),
+                "--norm-weight-decay is not available with --engine pipeline: its stages merge their "
+                "optimizers as one parameter group, and the flag makes two",
+            ),
+            (
+                not self.data.use_copypaste or self.data.data_augmentation == "lsj",
+                "--use-copypaste needs --data-augmentation lsj: it pastes between images of one size, "
+                "as torchvision's references require",
+            ),
+            (
+                not (self.sync_bn and self.engine == "pipeline"),
+                "--sync-bn is for --engine ddp: a pipeline stage sees one micro-batch at a time, never the "
+                "batch's other images",
+            ),
+            (
+                not (self.sync_bn and self.model.resolved_backbone_norm() == "frozen"),
+                "--sync-bn with frozen BatchNorm (--backbone-norm frozen, or auto with --weights or "
+                "--weights-backbone): frozen statistics are never computed, so there is nothing to synchronise; "
+                "add --backbone-norm batch",
             ),
             (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
             (
@@ -380,11 +452,17 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
 
 
 def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainConfig:
-    """Defaults, then the YAML file, then the flags the user actually gave."""
+    """Defaults, then the --recipe's flags (named on the command line, or else in the YAML file), then
+    the YAML file, then the flags the user actually gave."""
     cfg = TrainConfig()
-    if yaml_path is not None:
-        apply_overrides(cfg, load_yaml_config(yaml_path), str(yaml_path))
-    apply_overrides(cfg, {k: v for k, v in cli_values.items() if v is not None}, "command line")
+    from_yaml = load_yaml_config(yaml_path) if yaml_path is not None else {}
+    given = {k: v for k, v in cli_values.items() if v is not None}
+    recipe = given.get("recipe", from_yaml.get("recipe"))
+    if recipe is not None:
+        apply_overrides(cfg, {"recipe": recipe}, "command line" if "recipe" in given else str(yaml_path))
+        apply_overrides(cfg, RECIPES[cfg.recipe], f"--recipe {cfg.recipe}")
+    apply_overrides(cfg, from_yaml, str(yaml_path))
+    apply_overrides(cfg, given, "command line")
     cfg.validate()
     return cfg
 

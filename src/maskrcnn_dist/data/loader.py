@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -149,10 +149,12 @@ def build_train_loader(
     start_batch: int = 0,
     pin_memory: bool = False,
     drop_last: bool = False,
+    collate_fn: Callable[[Sequence[tuple[torch.Tensor, dict[str, Any]]]], Batch] = collate,
 ) -> DataLoader:
     """A loader over this rank's shuffled batches of `epoch`, starting at batch `start_batch` (resume).
 
-    Build one per epoch. `len(loader)` is the number of batches left in the epoch.
+    Build one per epoch. `len(loader)` is the number of batches left in the epoch. `collate_fn`: what
+    makes a batch of the samples (batch-level augmentation: data/copy_paste.py).
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)  # flips depend on the epoch; set before workers copy the dataset
@@ -171,7 +173,9 @@ def build_train_loader(
     )
     if not 0 <= start_batch <= len(batches):
         raise ValueError(f"start_batch {start_batch} is outside the epoch's {len(batches)} batches")
-    return _loader(dataset, batches[start_batch:], num_workers=num_workers, pin_memory=pin_memory)
+    return _loader(
+        dataset, batches[start_batch:], num_workers=num_workers, pin_memory=pin_memory, collate_fn=collate_fn
+    )
 
 
 def build_eval_loader(
@@ -189,14 +193,21 @@ def build_eval_loader(
     return _loader(dataset, batches, num_workers=num_workers, pin_memory=False)
 
 
-def _loader(dataset: Dataset, batches: list[list[int]], *, num_workers: int, pin_memory: bool) -> DataLoader:
+def _loader(
+    dataset: Dataset,
+    batches: list[list[int]],
+    *,
+    num_workers: int,
+    pin_memory: bool,
+    collate_fn: Callable[[Sequence[tuple[torch.Tensor, dict[str, Any]]]], Batch] = collate,
+) -> DataLoader:
     # No persistent_workers: loaders are built per epoch (the batch list and the flips change), so
     # persistent workers would be thrown away with their loader anyway.
     return DataLoader(
         dataset,
         batch_sampler=batches,
         num_workers=num_workers,
-        collate_fn=collate,
+        collate_fn=collate_fn,
         pin_memory=pin_memory,
         worker_init_fn=leave_process_group,  # a signal to the trainer's group must not kill its workers
     )

@@ -30,6 +30,7 @@ from ..modeling.model import build_model, side_effect_free_losses
 from ..modeling.optim import build_optimizer, build_scheduler
 from ..modeling.perf import autocast_context, grad_scaler
 from ..modeling.rng import StepSeeder
+from ..modeling.sync_bn import convert_sync_batchnorm
 from .base import Engine, Images, Targets, check_finite, resolve_device, to_device
 
 log = logging.getLogger(__name__)
@@ -108,11 +109,13 @@ class TorchEngine(Engine):
         if distributed:
             self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before DDP's broadcast
-        self.model = build_model(cfg.model, num_classes).to(self.device)
+        self.model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data()).to(self.device)
+        if distributed and cfg.sync_bn:  # one process already normalises by its whole batch
+            self.model = convert_sync_batchnorm(self.model, self.device)
         self.seeder = StepSeeder(cfg.seed)
         self.seeder.attach(dict(self.model.named_children()))
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, iters_per_epoch)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, iters_per_epoch, cfg.total_steps(iters_per_epoch))
         self.scaler = grad_scaler(self.device, cfg.amp, cfg.amp_dtype)
         self.trained = self.model
         self._stop_agreed = False  # the last step's all-reduced stop flag

@@ -12,6 +12,7 @@ from torch import nn
 from torchvision.models import resnet18
 from torchvision.models.detection import MaskRCNN, maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2
 from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import misc as misc_nn_ops
 
 from ..checkpoint import read_torch_file
@@ -98,10 +99,14 @@ def _load_file(module: nn.Module, path: Path, what: str, skippable: tuple[str, .
     _load_into(module, read_state_dict(path, what), path, what, skippable=skippable)
 
 
-def build_model(cfg: ModelConfig, num_classes: int, exportable: bool = False) -> MaskRCNN:
+def build_model(
+    cfg: ModelConfig, num_classes: int, exportable: bool = False, keep_data_sizes: bool = False
+) -> MaskRCNN:
     """Mask R-CNN for `num_classes` (background included), randomly initialised or from local files.
     `exportable`: torchvision's own modules only, for TorchScript and ONNX (outputs/export): none of the
-    speed-ups below, which change no number in fp32 (the state dict is the same either way)."""
+    speed-ups below, which change no number in fp32 (the state dict is the same either way).
+    `keep_data_sizes`: training images keep the size the data augmentation gave them (DataConfig.sized_by_data):
+    torchvision's `_skip_resize`, as its references set it for multiscale and lsj; evaluation still resizes."""
     common = dict(num_classes=num_classes, min_size=cfg.min_size, max_size=cfg.max_size)
     layers = _trainable_layers(cfg)
     if cfg.name == "maskrcnn_resnet18_fpn":
@@ -121,6 +126,8 @@ def build_model(cfg: ModelConfig, num_classes: int, exportable: bool = False) ->
             _load_file(model.backbone.body, cfg.weights_backbone, "backbone weights", skippable=("fc.",))
     if cfg.weights:
         _load_file(model, cfg.weights, "weights", skippable=CLASS_DEPENDENT_PREFIXES)
+    if keep_data_sizes:
+        model.transform._skip_resize = True
     if exportable:
         # The sparse RoIAlign is an autograd Function scripting cannot compile and ONNX has no op for; the
         # fp32 hooks matter only under autocast; the exported formats keep no memory layout. The resize
@@ -172,9 +179,16 @@ def side_effect_free_losses(model: nn.Module, cuda_devices: Sequence[torch.devic
     gradient is recorded, and the generators of the CPU and of `cuda_devices` are restored after."""
     model.train()
     switched = set_batchnorm_eval(model)
+    # Validation images are not augmented: the model resizes them, as in evaluation, even where the
+    # training augmentation sizes the training images itself (`_skip_resize`).
+    transforms = [m for m in model.modules() if isinstance(m, GeneralizedRCNNTransform) and m._skip_resize]
+    for transform in transforms:
+        transform._skip_resize = False
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=list(cuda_devices)):
             yield
     finally:
         for module in switched:
             module.train()
+        for transform in transforms:
+            transform._skip_resize = True

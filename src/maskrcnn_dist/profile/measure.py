@@ -20,6 +20,7 @@ from maskrcnn_launcher.contract import MODULES
 from torch import Tensor
 
 from ..config import TrainConfig
+from ..data.augment import augment_batch, build_augmentation
 from ..engines.base import resolve_device
 from ..engines.pipeline.stages import MicroBatchState, StageModule, build_stages
 from ..engines.pipeline.transport import gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes
@@ -207,14 +208,17 @@ def measure(
     device; `iterations` measured passes after one warm-up pass, averaged (the mean is what a run's
     throughput sees). Pass i runs `batches[i % len(batches)]` (micro-batches of a real data set: the
     RoI heads' cost depends on its instances), or else synthetic images of `image_size` with
-    `instances_per_image` rectangles each."""
+    `instances_per_image` rectangles each. Either goes through --data-augmentation first, as in training
+    (lsj's fixed squares, multiscale's sizes, which the model then keeps)."""
     device = device or resolve_device(cfg.device)  # as the engines resolve it: no silent CPU for --device cuda
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, num_classes).to(device).train()
+    model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data()).to(device).train()
     stages = build_stages(model, [[name] for name in MODULES], trained=False)  # timed, not trained as stages
-    optimizers = [build_optimizer(stage.parameters(), cfg.optim) if _trainable(stage) else None for stage in stages]
+    optimizers = [build_optimizer(stage, cfg.optim) if _trainable(stage) else None for stage in stages]
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
     batches = list(batches) or [synthetic_batch(micro, image_size, instances_per_image, seed=cfg.seed)]
+    augmentation = build_augmentation(cfg.data.data_augmentation, cfg.model.min_size, cfg.model.max_size)
+    batches = [augment_batch(augmentation, images, targets, cfg.seed) for images, targets in batches]
     inputs = [MicroBatchState.from_inputs(images, targets) for images, targets in batches]
 
     runs, opt_runs, input_bytes = [], [], []

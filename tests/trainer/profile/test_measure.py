@@ -49,3 +49,17 @@ def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
     expected = mean(wire_bytes(MicroBatchState.from_inputs(images, targets)) for images, targets in batches)
     assert meas.cut_after("input").forward_bytes == round(expected)
     assert meas.data == what
+
+
+def test_profile_measures_lsjs_squares() -> None:
+    """With --data-augmentation lsj the profile runs the 82 px squares training runs at --min-size 64 (not
+    the model's 64 x 80 resize): more bytes cross the cut after the backbone."""
+    torch.set_num_threads(2)
+    flags = small_cpu_run(64, batch_size=1, micro_batches=1)
+    plain = measure(apply_overrides(TrainConfig(), flags, "test"), (64, 80), instances_per_image=2, iterations=1)
+    lsj_cfg = apply_overrides(TrainConfig(), {**flags, "data-augmentation": "lsj"}, "test")
+    lsj = measure(lsj_cfg, (64, 80), instances_per_image=2, iterations=1)
+    # FPN features of the padded batch: 96 x 96 (82 rounded up to 32) against 64 x 64 (the model's resize to
+    # 51 x 64, padded); 64 x 96 if the squares were not made (the synthetic 64 x 80 kept as it is).
+    ratio = lsj.cut_after("backbone").forward_bytes / plain.cut_after("backbone").forward_bytes
+    assert 2.0 < ratio < 2.5

@@ -141,7 +141,7 @@ class StageHost:
         # Every process builds the whole model from the same seed, so stages start from exactly the
         # weights the local engine starts from (TorchEngine seeds the same way), then keeps its part.
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, num_classes)
+        model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data())
         stage = build_stages(model, [p.modules for p in placements])[index]
         self.replicas = [
             self._replica(stage if r == 0 else copy.deepcopy(stage), device)
@@ -153,14 +153,16 @@ class StageHost:
 
     def _replica(self, stage: StageModule, device: str) -> Replica:
         stage = stage.to(device)
-        optimizer = build_optimizer(stage.parameters(), self.cfg.optim)
+        optimizer = build_optimizer(stage, self.cfg.optim)
         seeder = StepSeeder(self.cfg.seed)
         seeder.attach(stage.parts())
         return Replica(
             stage,
             torch.device(device),
             optimizer,
-            build_scheduler(optimizer, self.cfg.optim, self.iters_per_epoch),
+            build_scheduler(
+                optimizer, self.cfg.optim, self.iters_per_epoch, self.cfg.total_steps(self.iters_per_epoch)
+            ),
             seeder,
         )
 

@@ -46,8 +46,8 @@ def test_stage_optimizer_states_merge_into_the_whole_models_layout() -> None:
     split = copy.deepcopy(whole)
     cfg = OptimConfig(lr=0.1)
     stages = [nn.Sequential(split[0]), nn.Sequential(split[1])]
-    reference = build_optimizer(whole.parameters(), cfg)
-    per_stage = [build_optimizer(s.parameters(), cfg) for s in stages]
+    reference = build_optimizer(whole, cfg)
+    per_stage = [build_optimizer(s, cfg) for s in stages]
     for model, optimizers in ((whole, [reference]), (split, per_stage)):
         model(torch.ones(2, 3)).sum().backward()
         for opt in optimizers:

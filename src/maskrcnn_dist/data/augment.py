@@ -1,0 +1,195 @@
+"""--data-augmentation multiscale|lsj: torchvision's detection references' training augmentations, on
+torchvision.transforms.v2 with tv_tensors (image, boxes and masks transformed together).
+
+The references' presets, per image, before the model:
+
+- multiscale: `RandomShortestSize` (short side drawn from 480, 512, ..., 800, long side at most
+  --max-size), then a horizontal flip;
+- lsj (large-scale jitter): `ScaleJitter` to a square target (scale 0.1-2.0), the references' fixed-size
+  crop (`FixedSizeCrop` here: v2 has none) to that square, padded right and bottom with the references'
+  mean colour, then a horizontal flip: every image leaves with the same size.
+
+Sizes follow --min-size: the references' 480-800 and 1024 are for the model's 800, so they scale by
+--min-size / 800 (the same numbers at the default). With either, the model keeps the sizes the data
+gives it in training (torchvision's `_skip_resize`, as the references set it for these two): its own
+resize would undo the jitter. `hflip`, the default, is no object here: the dataset's own flip.
+
+Every draw is a pure function of (seed, epoch, image index): each image's transforms draw from torch's
+generator seeded with a hash of the three, inside `fork_rng`, so a resumed run, a second run and any
+number of loader workers see the same augmentations, and nothing else's random numbers move.
+`SanitizeBoundingBoxes` then drops a box cropped to under a pixel with its mask and label; an image left
+without objects still trains (empty targets).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+__all__ = [
+    "AugmentedDataset",
+    "Augmentation",
+    "augment_batch",
+    "FixedSizeCrop",
+    "build_augmentation",
+    "draw_seed",
+    "lsj_side",
+    "multiscale_sides",
+]
+
+REFERENCE_MIN_SIZE = 800  # the model size the references' numbers below are for
+MULTISCALE_SHORT_SIDES = tuple(range(480, 801, 32))  # references/detection/presets.py
+LSJ_SIDE = 1024
+LSJ_SCALE_RANGE = (0.1, 2.0)
+# The references pad with their mean colour (uint8 RGB); images here are floats in [0, 1].
+PAD_FILL = (123.0 / 255, 117.0 / 255, 104.0 / 255)
+
+Target = dict[str, Any]
+
+
+def multiscale_sides(min_size: int) -> list[int]:
+    """The short sides multiscale draws from at the model's --min-size."""
+    scaled = (max(1, round(side * min_size / REFERENCE_MIN_SIZE)) for side in MULTISCALE_SHORT_SIDES)
+    return list(dict.fromkeys(scaled))
+
+
+def lsj_side(min_size: int) -> int:
+    """The square lsj crops and pads every image to at the model's --min-size."""
+    return max(1, round(LSJ_SIDE * min_size / REFERENCE_MIN_SIZE))
+
+
+def draw_seed(seed: int, epoch: int, index: int, what: str = "augment") -> int:
+    """The seed of image `index`'s draws of `what` in `epoch`: a hash, so no generator state to carry or
+    restore."""
+    digest = hashlib.sha256(f"{seed}:{epoch}:{index}:{what}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class ScaleJitter(v2.ScaleJitter):
+    """v2.ScaleJitter, never to a side of 0 px. The data check refuses only images the model's own resize
+    would empty; jitter down to 0.1 x can empty a side of a thinner one (a 2000 x 3 image at
+    0.1 x 1024 / 2000), and torch would stop the run. (multiscale cannot: its scale is at most the
+    model's where --max-size bounds it, and leaves a short side of 480 x --min-size / 800 where not.)"""
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        params = super().make_params(flat_inputs)
+        return {**params, "size": tuple(max(1, side) for side in params["size"])}
+
+
+class FixedSizeCrop(v2.Transform):
+    """The references' fixed-size crop: an image larger than `size` (height, width) is cropped to it at
+    one random fraction r of the slack, the same r down and across (the references' draw); one smaller
+    is padded right and bottom to it with `fill` (masks with 0). Boxes move with the pixels and are
+    clipped to the crop (SanitizeBoundingBoxes after it drops those cropped away)."""
+
+    def __init__(self, size: tuple[int, int], fill: tuple[float, ...] = PAD_FILL) -> None:
+        super().__init__()
+        self.size = size
+        self.fill = fill
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = v2.query_size(flat_inputs)
+        crop_height, crop_width = min(height, self.size[0]), min(width, self.size[1])
+        r = float(torch.rand(1)) if (crop_height, crop_width) != (height, width) else 0.0
+        return {
+            "top": int(max(height - self.size[0], 0) * r),
+            "left": int(max(width - self.size[1], 0) * r),
+            "height": crop_height,
+            "width": crop_width,
+            "padding": [0, 0, self.size[1] - crop_width, self.size[0] - crop_height],
+        }
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        cropped = self._call_kernel(F.crop, inpt, params["top"], params["left"], params["height"], params["width"])
+        fill = list(self.fill) if isinstance(inpt, tv_tensors.Image) else 0
+        return self._call_kernel(F.pad, cropped, padding=params["padding"], fill=fill)
+
+
+def build_transform(name: str, min_size: int, max_size: int) -> v2.Compose:
+    """The references' composition for `name` (multiscale or lsj) at the model's sizes."""
+    if name == "multiscale":
+        resize: list[v2.Transform] = [v2.RandomShortestSize(multiscale_sides(min_size), max_size=max_size)]
+    elif name == "lsj":
+        side = lsj_side(min_size)
+        resize = [ScaleJitter((side, side), scale_range=LSJ_SCALE_RANGE), FixedSizeCrop((side, side))]
+    else:
+        raise ValueError(f"no transform for data augmentation {name!r}")
+    return v2.Compose([*resize, v2.RandomHorizontalFlip(0.5), v2.SanitizeBoundingBoxes()])
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """One augmentation of a training image and its target, drawn from (seed, epoch, index)."""
+
+    name: str
+    transform: v2.Compose
+
+    def __call__(self, image: torch.Tensor, target: Target, seed: int, epoch: int, index: int) -> tuple:
+        boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=tuple(image.shape[-2:]))
+        inputs = {"boxes": boxes, "masks": tv_tensors.Mask(target["masks"]), "labels": target["labels"]}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(draw_seed(seed, epoch, index))
+            out_image, out = self.transform(tv_tensors.Image(image), inputs)
+        masks = out["masks"].as_subclass(torch.Tensor)
+        return out_image.as_subclass(torch.Tensor), {
+            **target,
+            "boxes": out["boxes"].as_subclass(torch.Tensor),
+            "masks": masks,
+            "labels": out["labels"],
+            # The annotation's area no longer describes the object; the references' copy-paste counts pixels too.
+            "area": masks.sum((-1, -2)).to(torch.float32),
+            "iscrowd": torch.zeros((len(masks),), dtype=torch.int64),
+        }
+
+
+def build_augmentation(name: str, min_size: int, max_size: int) -> Augmentation | None:
+    """The augmentation --data-augmentation `name` adds to the dataset, or None for hflip (its own flip)."""
+    if name == "hflip":
+        return None
+    return Augmentation(name, build_transform(name, min_size, max_size))
+
+
+def augment_batch(
+    augmentation: Augmentation | None, images: list[torch.Tensor], targets: list[Target], seed: int
+) -> tuple[list[torch.Tensor], list[Target]]:
+    """A batch as the first epoch's training would see it (image i drawn as index i): what `profile`
+    measures. None (hflip) leaves it as it is: a flip changes no cost."""
+    if augmentation is None:
+        return images, targets
+    pairs = [augmentation(image, target, seed, 0, i) for i, (image, target) in enumerate(zip(images, targets))]
+    return [image for image, _ in pairs], [target for _, target in pairs]
+
+
+class AugmentedDataset(Dataset):
+    """A training dataset's samples, unflipped, through `augmentation` (which flips on its own draw).
+
+    The dataset's flip (`train=True`) is switched off in a shallow copy: the dataset itself, shared with
+    the rest of the run, is left as it is."""
+
+    def __init__(self, dataset: Any, augmentation: Augmentation, seed: int) -> None:
+        self.dataset = copy.copy(dataset)
+        self.dataset.train = False
+        self.augmentation = augmentation
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def aspect_ratios(self) -> list[float]:
+        return self.dataset.aspect_ratios()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
+        image, target = self.dataset[index]
+        return self.augmentation(image, target, self.seed, self.epoch, index % len(self))

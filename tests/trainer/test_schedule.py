@@ -1,0 +1,108 @@
+"""--lr-scheduler and --norm-weight-decay: the references' meaning, the default unchanged, an exact resume."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torchvision.ops._utils import split_normalization_params
+
+from maskrcnn_dist.checkpoint import load_checkpoint
+from maskrcnn_dist.config import ModelConfig, OptimConfig
+from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.optim import build_optimizer, build_scheduler, lr_factor
+from maskrcnn_dist.train import train
+from maskrcnn_dist.training.metrics import read_metrics
+
+from .conftest import fast_config
+from .test_train_local import train_only_coco  # noqa: F401 -- the fixture, shared
+
+SMALL_BATCH_NORM = ModelConfig(name="maskrcnn_resnet18_fpn", min_size=64, max_size=64, backbone_norm="batch")
+
+
+def test_cosine_follows_torchs_cosine_annealing_stepped_at_epoch_ends():
+    """torchvision's reference: CosineAnnealingLR(T_max=epochs), stepped once per epoch, is the oracle."""
+    cfg = OptimConfig(lr=1.0, warmup_iters=0, lr_scheduler="cosineannealinglr")
+    iters, epochs = 3, 5
+    oracle_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    oracle = torch.optim.lr_scheduler.CosineAnnealingLR(oracle_opt, T_max=epochs)
+    for epoch in range(epochs):
+        for batch in range(iters):
+            assert lr_factor(epoch * iters + batch, cfg, iters, epochs * iters) == pytest.approx(
+                oracle.get_last_lr()[0]
+            )
+        oracle_opt.step()
+        oracle.step()
+
+
+def test_cosine_over_the_epochs_max_steps_reaches_into():
+    cfg = OptimConfig(lr=1.0, warmup_iters=0, lr_scheduler="cosineannealinglr")
+    # 10 steps of 4 per epoch: 3 epochs, the last one cut short.
+    assert [lr_factor(s, cfg, 4, 10) for s in (0, 4, 8)] == pytest.approx([1.0, 0.75, 0.25])
+
+
+def test_warm_up_multiplies_the_cosine():
+    cfg = OptimConfig(lr=1.0, warmup_iters=10, warmup_factor=0.001, lr_scheduler="cosineannealinglr")
+    assert lr_factor(5, cfg, 4, 16) == pytest.approx(0.5005 * 0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_default_optimizer_is_todays_one_group():
+    """No --norm-weight-decay: the state dict of SGD over the trainable parameters, as before the flag."""
+    model = build_model(SMALL_BATCH_NORM, num_classes=3)
+    cfg = OptimConfig()
+    before = torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+    )
+    assert build_optimizer(model, cfg).state_dict() == before.state_dict()
+
+
+def test_norm_weight_decay_applies_to_the_normalization_layers_only():
+    model = build_model(SMALL_BATCH_NORM, num_classes=3)
+    groups = build_optimizer(model, OptimConfig(weight_decay=1e-4, norm_weight_decay=0.0)).param_groups
+    norm, other = split_normalization_params(model)
+    assert [g["weight_decay"] for g in groups] == [0.0, 1e-4]
+    assert [list(map(id, g["params"])) for g in groups] == [list(map(id, norm)), list(map(id, other))]
+    batch_norms = {id(p) for m in model.modules() if isinstance(m, nn.BatchNorm2d) for p in m.parameters()}
+    assert {id(p) for p in groups[0]["params"]} == batch_norms and batch_norms
+
+
+def test_schedule_state_is_one_counter():
+    """The scheduler's state dict (what a checkpoint keeps) holds no closure: only the position and base rates."""
+    model = nn.Linear(2, 2)
+    optimizer = build_optimizer(model, OptimConfig(norm_weight_decay=0.0))
+    state = build_scheduler(optimizer, OptimConfig(lr_scheduler="cosineannealinglr"), 4, 16).state_dict()
+    assert state["last_epoch"] == 0 and state["lr_lambdas"] == [None]
+
+
+def test_resume_restores_the_cosine_and_the_param_groups(train_only_coco, tmp_path):  # noqa: F811
+    """Stopped at step 4 and resumed, a cosine run with two param groups gives the uninterrupted run's
+    rates at every step and its optimizer and scheduler at the end."""
+    common = {
+        "epochs": 2,
+        "checkpoint-period": 4,
+        "lr-scheduler": "cosineannealinglr",
+        "norm-weight-decay": 0.0,
+        "backbone-norm": "batch",
+        "warmup-iters": 2,
+    }
+    straight = fast_config(train_only_coco, tmp_path / "straight", **common, **{"max-steps": 9})
+    train(straight)
+    train(fast_config(train_only_coco, tmp_path / "resumed", **common, **{"max-steps": 4}))
+    resumed = fast_config(train_only_coco, tmp_path / "resumed", **common, **{"max-steps": 9, "resume": "auto"})
+    train(resumed)
+
+    def rates(cfg) -> dict[int, float]:
+        return {r["step"]: r["lr"] for r in read_metrics(cfg.output_dir / "metrics.jsonl") if r["kind"] == "train"}
+
+    expected, got = rates(straight), rates(resumed)
+    assert [got[s] for s in range(5, 10)] == [expected[s] for s in range(5, 10)]
+    assert expected[6] < expected[5]  # the cosine moved at the epoch end (6 batches an epoch)
+    want, have = (load_checkpoint(c.output_dir / "checkpoints") for c in (straight, resumed))
+    assert have["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in have["optimizer"]["param_groups"]] == [0.0, straight.optim.weight_decay]
+    assert have["scheduler"] == want["scheduler"]
