@@ -33,12 +33,13 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
 from .config import TrainConfig, config_to_dict
-from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_train_batches
+from .data import CocoInstanceDataset, DataSources, build_train_loader, load_datasets, num_train_batches
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
+from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel
 from .run_dir import (
     checkpoint_dir,
     layout_problem,
@@ -281,15 +282,24 @@ def build_trainer(
             pin_memory=engine.pin_memory,
         )
 
+    categories = Categories.of_dataset(train_set)
     run_facts = {
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
-        "categories": Categories.of_dataset(train_set).to_state(),
+        "categories": categories.to_state(),
+        # What rebuilds this model exactly, for every tool that reads the checkpoint.
+        TRAINED_MODEL_KEY: TrainedModel.of_run(cfg, categories, data_sources(cfg, train_set, val_set)).to_record(),
     }
     checkpointer = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     hooks = build_hooks(cfg, engine, val_set, metrics, grace_s)
     total = total_steps(cfg, iters_per_epoch)
     return Trainer(engine, loader, iters_per_epoch, total, checkpointer, stop or StopRequest(), run_facts, hooks)
+
+
+def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: CocoInstanceDataset | None) -> DataSources:
+    """The splits this run trains and validates on, as its checkpoints record them."""
+    splits = {"train": train_set.source, **({"val": val_set.source} if val_set is not None else {})}
+    return DataSources("synthetic" if cfg.data.synthetic_images else "data-path", splits)
 
 
 def build_hooks(

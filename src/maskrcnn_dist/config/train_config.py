@@ -341,9 +341,12 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
     return values
 
 
-def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainConfig:
-    """Defaults, then the YAML file, then the flags the user actually gave."""
+def build_config(yaml_path: Path | None, cli_values: dict[str, Any], base: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then `base` (a checkpoint's trained model: modeling/trained.py), then the YAML file, then
+    the flags the user actually gave."""
     cfg = TrainConfig()
+    if base:
+        apply_overrides(cfg, {k: v for k, v in base.items() if v is not None}, "checkpoint")
     if yaml_path is not None:
         apply_overrides(cfg, load_yaml_config(yaml_path), str(yaml_path))
     apply_overrides(cfg, {k: v for k, v in cli_values.items() if v is not None}, "command line")

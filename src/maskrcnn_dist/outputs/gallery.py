@@ -9,7 +9,6 @@ drawn in their display frame.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +68,11 @@ def draw_gallery(
     trained on): predictions of checkpoint `resume` (left) and ground truth (right), one row each."""
     check_gallery_request(resume, count)
     predictor = load_predictor({"resume": resume, "device": device})
-    trained_with = predictor.saved_config.get("data", {})
-    data_path = data_path or trained_with.get("data_path")
+    data_path = data_path or predictor.trained_data_path()
     if data_path is None:
         raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
-    # Checked and read as training read them: the checkpoint's --exif-orientation, its model's sizes.
-    orientation = trained_with.get("exif_orientation", "auto")
-    rules = replace(CheckRules.of(predictor.engine.cfg, mode="header"), exif_orientation=orientation)
+    # Checked and read as training read them: the checkpoint's orientation rule, its model's sizes.
+    rules = CheckRules.of(predictor.engine.cfg, mode="header")
     dataset = open_split(Path(data_path), split, rules.exif_orientation)
     categories = predictor.categories_for(dataset)
     shown = dataset_images(dataset)[:count]

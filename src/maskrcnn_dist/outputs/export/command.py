@@ -90,7 +90,7 @@ def parity_inputs(
         except UserError as exc:
             raise DatasetError(f"--images {exc}") from exc
         return chosen, frames
-    root = data_path or predictor.saved_config.get("data", {}).get("data_path")
+    root = data_path or predictor.trained_data_path()
     if root is None:
         raise ConfigError(
             f"export: the parity check needs images, and {predictor.source} records no dataset: give --images FILE"
