@@ -19,11 +19,14 @@ flag that cannot work with these weights (another --model) is an error naming th
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from torchvision.models.detection import MaskRCNN
 
 from ..categories import Categories
 from ..checkpoint import checkpoint_file, load_checkpoint, read_torch_file, resolve_resume
@@ -86,7 +89,7 @@ class TrainedModel:
             "builder": model.name,
             "backbone": TORCHVISION_BACKBONES[model.name],
             "frozen_batchnorm": model.resolved_backbone_norm() == "frozen",
-            "kwargs": builder_kwargs(model, self.num_classes),
+            "kwargs": every_setting(builder_kwargs(model, self.num_classes)),
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -152,6 +155,15 @@ class TrainedModel:
                 )
             log.info("--%s %s given: used instead of %s's %s", flag, value, reading, saved)
         return base
+
+
+def every_setting(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`kwargs` with every other number MaskRCNN takes (its size, RPN and box settings) at torchvision's
+    default: a record that does not depend on torchvision keeping its defaults. (Its module arguments,
+    None by default, stay out: maskrcnn_resnet50_fpn_v2 passes its own.)"""
+    parameters = inspect.signature(MaskRCNN.__init__).parameters.values()
+    numbers = {p.name: p.default for p in parameters if type(p.default) in (int, float)}
+    return {**numbers, **kwargs}
 
 
 def config_for(
