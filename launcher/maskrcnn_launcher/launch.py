@@ -36,11 +36,25 @@ DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
 EXEC_MARK = " exec: "
 
 
+def check_engine_args(engine: str, args: Sequence[str]) -> None:
+    """The topology decides the engine, and the launcher passes it to the trainer: an `--engine` among the
+    trainer's arguments that says another one would win (click takes the last) and train something the
+    plan does not show. LauncherError (one line, exit 2) unless it agrees."""
+    given = [a.split("=", 1)[1] for a in args if a.startswith("--engine=")]
+    given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--engine"]
+    if other := [value for value in given if value != engine]:
+        raise LauncherError(
+            f"trainer argument --engine {other[0]} contradicts the topology's engine {engine}: the topology "
+            f"decides it (`maskrcnn-launch plan` shows it); drop --engine, or use a topology with engine: {other[0]}"
+        )
+
+
 def trainer_command(
     pod: PodLaunch, args: Sequence[str], trainer_cmd: Sequence[str] | None = None, python: str = sys.executable
 ) -> list[str]:
     """The argv to exec. `trainer_cmd` replaces the trainer (not torchrun) for tests and custom images."""
     plan = pod.plan
+    check_engine_args(plan.engine, args)
     if plan.engine == "pipeline":
         return [*(trainer_cmd or (python, *PIPELINE_TRAINER_MODULE)), *args]
     torchrun = [

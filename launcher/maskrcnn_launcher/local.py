@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from maskrcnn_launcher.boundary import EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
 from maskrcnn_launcher.contract import STOP_SIGNALS, signal_handlers
-from maskrcnn_launcher.launch import EXEC_MARK
+from maskrcnn_launcher.launch import EXEC_MARK, check_engine_args
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
 from maskrcnn_launcher.topology import load_topology
@@ -45,6 +45,7 @@ def local_pods(
 ) -> list[LocalPod]:
     """The launch command of every pod of the topology, master first."""
     topology = load_topology(topology_ref)
+    check_engine_args(topology.engine, trainer_args)  # before any pod starts
     job = derive_job(topology, LOOPBACK, master_port)
     launcher = [sys.executable, "-m", "maskrcnn_launcher", "launch"]
     topology_args = ["--topology", topology_ref] if topology_ref else []

@@ -97,17 +97,20 @@ def main(verbose: bool) -> None:
     _setup_logging(verbose)
 
 
-def _run_train(cfg: config_mod.TrainConfig):
-    """train.train, and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate process
-    only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
+def _run_train(config_file: Path | None, values: dict[str, Any]):
+    """train.train of the config these flags make (with the trained model of a checkpoint they name:
+    modeling/trained.py), and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate
+    process only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
     from .lifetime.stop import Stopped, exit_stopped, stop_on_signals
 
+    config_mod.build_config(config_file, values)  # a bad flag or file is refused before torch loads
     # This process's one stop request; a finished run gives the signals back (a test's CliRunner, a later command).
     with stop_on_signals() as stop:
+        from .modeling.trained import train_command_config
         from .train import train as run_train
 
         try:
-            return run_train(cfg, stop=stop)
+            return run_train(train_command_config(config_file, values), stop=stop)
         except Stopped as stopped:
             exit_stopped(stopped.closing_line())
 
@@ -117,8 +120,7 @@ def _run_train(cfg: config_mod.TrainConfig):
 def train(config_file: Path | None, **kwargs: Any) -> None:
     """Train (flags named like torchvision's detection references). SIGTERM or SIGINT stops it after the
     step in progress with a checkpoint of that step, exit 75; a second one ends it at once."""
-    cfg = config_mod.build_config(config_file, _collect(kwargs))
-    result = _run_train(cfg)  # None on a pipeline stage worker
+    result = _run_train(config_file, _collect(kwargs))  # None on a pipeline stage worker
     if result is not None and result.eval:
         click.echo(json.dumps({"step": result.position.step, **result.eval}))
 
@@ -126,10 +128,9 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
 @main.command("eval")
 @train_options
 def eval_command(config_file: Path | None, **kwargs: Any) -> None:
-    """COCO bbox/segm AP of a checkpoint (--resume) or weights file (--weights) on the val split."""
-    values = {**_collect(kwargs), "test-only": True}
-    cfg = config_mod.build_config(config_file, values)
-    result = _run_train(cfg)
+    """COCO bbox/segm AP of a checkpoint (--resume: its model, sizes and dataset as trained; flags given
+    override them) or weights file (--weights) on the val split."""
+    result = _run_train(config_file, {**_collect(kwargs), "test-only": True})
     click.echo(json.dumps(result.eval))
 
 
@@ -216,7 +217,7 @@ def check_data(split: str, **kwargs: Any) -> None:
     "metrics_file",
     type=click.Path(path_type=Path),
     required=True,
-    help="OUTPUT_DIR/metrics.jsonl of a run",
+    help="a run's OUTPUT_DIR, or its metrics.jsonl",
 )
 @click.option(
     "--out",
@@ -236,8 +237,9 @@ def check_data(split: str, **kwargs: Any) -> None:
 def report(metrics_file: Path, out_png: Path | None, gallery: int, resume: Path | None, data_path: Path | None) -> None:
     """Draw loss and AP curves of a run into a PNG; with --gallery N --resume CKPT, predictions on N
     validation images beside their ground truth into a second PNG (report_gallery.png)."""
-    from .outputs.report import draw_report
+    from .outputs.report import draw_report, metrics_path
 
+    metrics_file = metrics_path(metrics_file)
     if gallery:  # a gallery that cannot be drawn fails before the report is written
         from .checkpoint import resolve_resume
         from .outputs.gallery import check_gallery_request
@@ -296,7 +298,7 @@ def demo(output_dir: Path, steps: int, engine: str) -> None:
         if code:
             sys.exit(code)
     else:
-        _run_train(config_mod.build_config(None, flags))
+        _run_train(None, flags)
     png = draw_report(output_dir / "metrics.jsonl", output_dir / "report.png")
     click.echo(f"report: {png}")
     from .outputs.gallery import draw_gallery, gallery_path

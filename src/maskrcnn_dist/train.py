@@ -32,8 +32,8 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
-from .config import TrainConfig, apply_overrides, config_to_dict, saved_data_flags
-from .data import CocoInstanceDataset, build_train_loader, load_datasets, num_train_batches
+from .config import TrainConfig, config_to_dict
+from .data import CocoInstanceDataset, DataSources, build_train_loader, load_datasets, num_train_batches
 from .data.augment import AugmentedDataset, build_augmentation
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .data.copy_paste import CopyPaste
@@ -43,6 +43,7 @@ from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
+from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel
 from .run_dir import (
     checkpoint_dir,
     layout_problem,
@@ -95,7 +96,6 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
     setup_process(cfg)
     grace_s = grace_seconds()
     check_input_files(cfg)
-    read_data_of_checkpoint(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
     sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
@@ -167,18 +167,6 @@ def check_input_files(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flag} {path}: no such file")
     if str(cfg.resume) == "best":
         resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
-
-
-def read_data_of_checkpoint(cfg: TrainConfig) -> None:
-    """`eval --resume CKPT` with no data flags evaluates on the data the checkpoint was trained with: its
-    flags and seed, so a val split --val-fraction carved is the same images."""
-    if not cfg.test_only or cfg.resume is None or names_data(cfg.data) or cfg.data.synthetic_images:
-        return
-    path = resolve_resume(cfg.resume, cfg.output_dir, must_exist=True)
-    saved = load_checkpoint(path).get("config") or {}
-    if flags := saved_data_flags(saved):
-        apply_overrides(cfg, flags, f"checkpoint {path}")
-        log.info("eval: the data checkpoint %s was trained with: %s", path, flags)
 
 
 def guard_output_dir(cfg: TrainConfig) -> None:
@@ -310,15 +298,24 @@ def build_trainer(
             collate_fn=CopyPaste(cfg.seed, epoch) if data.use_copypaste else collate,
         )
 
+    categories = Categories.of_dataset(train_set)
     run_facts = {
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
-        "categories": Categories.of_dataset(train_set).to_state(),
+        "categories": categories.to_state(),
+        # What rebuilds this model exactly, for every tool that reads the checkpoint.
+        TRAINED_MODEL_KEY: TrainedModel.of_run(cfg, categories, data_sources(cfg, train_set, val_set)).to_record(),
     }
     checkpointer = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     hooks = build_hooks(cfg, engine, val_set, metrics, grace_s)
     total = total_steps(cfg, iters_per_epoch)
     return Trainer(engine, loader, iters_per_epoch, total, checkpointer, stop or StopRequest(), run_facts, hooks)
+
+
+def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: CocoInstanceDataset | None) -> DataSources:
+    """The splits this run trains and validates on, as its checkpoints record them."""
+    splits = {"train": train_set.source, **({"val": val_set.source} if val_set is not None else {})}
+    return DataSources("synthetic" if cfg.data.synthetic_images else "data-path", splits)
 
 
 def build_hooks(

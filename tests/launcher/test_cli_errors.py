@@ -29,6 +29,16 @@ CASES = [
         ["validate", "--topology", "{huge-yaml}"],
         ["workers[0].devices", "above the maximum"],
     ),
+    (  # the default topology is a pipeline: a trainer --engine ddp would silently win over it
+        "local-engine-contradicts-topology",
+        ["local", "--", "--engine", "ddp", "--max-steps", "1"],
+        ["--engine ddp contradicts the topology's engine pipeline"],
+    ),
+    (
+        "launch-engine-contradicts-topology",
+        ["launch", "--role", "master", "--dry-run", "--", "--engine=ddp"],
+        ["--engine ddp contradicts the topology's engine pipeline"],
+    ),
     (
         "trainer-cmd-unclosed-quote",
         ["launch", "--role", "master", "--dry-run", "--trainer-cmd", "'python -m x"],
@@ -64,3 +74,13 @@ def test_launcher_user_errors_exit_2(console, tmp_path: Path, case: str, args: l
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_trainer_engine_argument_that_agrees_with_the_topology_is_passed_on():
+    from maskrcnn_launcher.errors import LauncherError
+    from maskrcnn_launcher.launch import check_engine_args
+
+    check_engine_args("pipeline", ["--engine", "pipeline", "--lr", "0.01"])
+    check_engine_args("ddp", ["--engine=ddp"])
+    with pytest.raises(LauncherError, match="--engine ddp contradicts the topology's engine pipeline"):
+        check_engine_args("pipeline", ["--lr", "0.01", "--engine", "ddp"])

@@ -27,6 +27,14 @@ def stop_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def four_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 training and 2 validation images of at most 64 px: two steps an epoch, for the hook tests."""
+    root = tmp_path_factory.mktemp("four_images")
+    write_train_val(root, num_train=4, num_val=2, seed=3, image_size=(48, 64), max_objects=2)
+    return root
+
+
 def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConfig:
     """The small CPU run (config.small_cpu_run) at 96 px, a few steps: what every trainer test starts from."""
     torch.set_num_threads(2)

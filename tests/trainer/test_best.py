@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
-from maskrcnn_dist.data import load_datasets, write_train_val
+from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import METRIC_KEYS
 from maskrcnn_dist.outputs import report
@@ -27,13 +27,6 @@ from .conftest import fast_config
 from .stand_ins import fit_counting
 
 STEPS_PER_EPOCH = 2  # 4 training images, batch 2
-
-
-@pytest.fixture(scope="module")
-def four_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("four_images")
-    write_train_val(root, num_train=4, num_val=2, seed=3, image_size=(48, 64), max_objects=2)
-    return root
 
 
 def config(data: Path, out: Path, **flags: object):

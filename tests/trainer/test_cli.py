@@ -36,3 +36,16 @@ def test_synth_data_and_report_commands(tmp_path: Path):
     assert (tmp_path / "d/train/annotations.json").is_file() and (tmp_path / "d/val/images").is_dir()
     missing = runner.invoke(main, ["report", "--metrics", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and "none.jsonl does not exist" in missing.output
+
+
+def test_report_takes_a_run_folder_for_its_metrics(tmp_path: Path):
+    """`report --metrics RUN_DIR`, as `--output-dir` names it: its metrics.jsonl, the PNG beside it."""
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"kind": "train", "step": s, "loss": 2.0 / s} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = CliRunner().invoke(main, ["report", "--metrics", str(run)])
+    assert drawn.exit_code == 0, drawn.output
+    assert drawn.output.strip() == str(run / "report.png") and (run / "report.png").is_file()

@@ -252,6 +252,11 @@ OTHER_CASES = [
         ["--resume best", "used-run/checkpoints/best.pt does not exist"],
     ),
     ("report-missing", ["report", "--metrics", "{tmp}/none.jsonl"], ["none.jsonl does not exist"]),
+    (
+        "report-folder-without-metrics",
+        ["report", "--metrics", "{used-run}/checkpoints"],
+        ["report --metrics", "checkpoints: this folder holds no metrics.jsonl", "--output-dir"],
+    ),
     ("report-best-not-a-number", ["report", "--metrics", "{best-text}"], ["best-text.jsonl line 2", "'value'"]),
     ("report-without-loss", ["report", "--metrics", "{no-loss}"], ["no-loss.jsonl line 1", "'loss'"]),
     ("report-json-list", ["report", "--metrics", "{json-list}"], ["list.jsonl line 1", "JSON list"]),

@@ -12,7 +12,7 @@ import pytest
 
 from maskrcnn_dist import train
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
-from maskrcnn_dist.data import load_datasets, write_train_val
+from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
 from maskrcnn_dist.training import hooks
 from maskrcnn_dist.training.loop import Boundary, HookBase
@@ -62,13 +62,6 @@ class Tally(HookBase):
     def load_state_dict(self, state: Any, source: Path) -> None:
         self.runs = state["runs"]
         self.note("restored")
-
-
-@pytest.fixture(scope="module")
-def four_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("four_images")
-    write_train_val(root, num_train=4, num_val=2, seed=3, image_size=(48, 64), max_objects=2)
-    return root
 
 
 @pytest.fixture

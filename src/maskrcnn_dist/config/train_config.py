@@ -451,10 +451,13 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
     return values
 
 
-def build_config(yaml_path: Path | None, cli_values: dict[str, Any]) -> TrainConfig:
-    """Defaults, then the --recipe's flags (named on the command line, or else in the YAML file), then
-    the YAML file, then the flags the user actually gave."""
+def build_config(yaml_path: Path | None, cli_values: dict[str, Any], base: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then `base` (a checkpoint's trained model: modeling/trained.py), then the --recipe's
+    flags (named on the command line, or else in the YAML file), then the YAML file, then the flags the
+    user actually gave."""
     cfg = TrainConfig()
+    if base:
+        apply_overrides(cfg, {k: v for k, v in base.items() if v is not None}, "checkpoint")
     from_yaml = load_yaml_config(yaml_path) if yaml_path is not None else {}
     given = {k: v for k, v in cli_values.items() if v is not None}
     recipe = given.get("recipe", from_yaml.get("recipe"))

@@ -99,22 +99,31 @@ def _load_file(module: nn.Module, path: Path, what: str, skippable: tuple[str, .
     _load_into(module, read_state_dict(path, what), path, what, skippable=skippable)
 
 
+def builder_kwargs(cfg: ModelConfig, num_classes: int) -> dict[str, int]:
+    """Every keyword argument of torchvision's MaskRCNN that `build_model` sets for these settings: a
+    checkpoint records them (modeling/trained.py), so that torchvision alone rebuilds the same model."""
+    kwargs = dict(num_classes=num_classes, min_size=cfg.min_size, max_size=cfg.max_size)
+    if cfg.name == "maskrcnn_resnet18_fpn":
+        kwargs.update(SMALL_VARIANT_SAMPLING)
+    return kwargs
+
+
 def build_model(
     cfg: ModelConfig, num_classes: int, exportable: bool = False, keep_data_sizes: bool = False
 ) -> MaskRCNN:
     """Mask R-CNN for `num_classes` (background included), randomly initialised or from local files.
     `exportable`: torchvision's own modules only, for TorchScript and ONNX (outputs/export): none of the
-    speed-ups below, which change no number in fp32 (the state dict is the same either way).
+    speed-ups below (the state dict is the same either way).
     `keep_data_sizes`: training images keep the size the data augmentation gave them (DataConfig.sized_by_data):
     torchvision's `_skip_resize`, as its references set it for multiscale and lsj; evaluation still resizes."""
-    common = dict(num_classes=num_classes, min_size=cfg.min_size, max_size=cfg.max_size)
+    common = builder_kwargs(cfg, num_classes)
     layers = _trainable_layers(cfg)
     if cfg.name == "maskrcnn_resnet18_fpn":
         # The small CPU-test variant: same heads, ResNet-18 trunk (4x fewer FLOPs than R50).
         trunk = resnet18(weights=None, norm_layer=_norm_layer(cfg))
         if cfg.weights_backbone:
             _load_file(trunk, cfg.weights_backbone, "backbone weights", skippable=("fc.",))
-        model = MaskRCNN(_resnet_fpn_extractor(trunk, layers), **common, **SMALL_VARIANT_SAMPLING)
+        model = MaskRCNN(_resnet_fpn_extractor(trunk, layers), **common)
     else:
         builder = maskrcnn_resnet50_fpn if cfg.name == "maskrcnn_resnet50_fpn" else maskrcnn_resnet50_fpn_v2
         # torchvision only honours trainable_backbone_layers when it downloads weights itself.

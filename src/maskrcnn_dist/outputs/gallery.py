@@ -9,7 +9,6 @@ drawn in their display frame.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +68,12 @@ def draw_gallery(
     trained on): predictions of checkpoint `resume` (left) and ground truth (right), one row each."""
     check_gallery_request(resume, count)
     predictor = load_predictor({"resume": resume, "device": device})
-    trained_with = predictor.saved_config.get("data", {})
-    # Checked and read as training read them: the checkpoint's --exif-orientation, its model's sizes.
-    orientation = trained_with.get("exif_orientation", "auto")
+    # Checked and read as training read them: the checkpoint's orientation rule, its model's sizes.
+    rules = CheckRules.of(predictor.engine.cfg, mode="header")
     flags = {"data-path": data_path} if data_path is not None else {}
-    split_cfg = data_config(flags, predictor, orientation, default_to_checkpoint=True)
+    split_cfg = data_config(flags, predictor, rules.exif_orientation, default_to_checkpoint=True)
     if split_cfg is None:
         raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
-    rules = replace(CheckRules.of(predictor.engine.cfg, mode="header"), exif_orientation=orientation)
     dataset = layout.open_split(split_cfg, split)
     categories = predictor.categories_for(dataset)
     shown = dataset_images(dataset)[:count]

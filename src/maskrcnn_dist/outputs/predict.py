@@ -29,7 +29,7 @@ from PIL import Image
 
 from ..categories import Categories
 from ..checkpoint import load_checkpoint, resolve_resume
-from ..config import DATA_SOURCE_FLAGS, PredictConfig, TrainConfig, build_config, saved_data_flags, saved_model_flags
+from ..config import DATA_SOURCE_FLAGS, PredictConfig, TrainConfig, build_config
 from ..data import CocoInstanceDataset, build_eval_loader, layout, read_image
 from ..data.check import CheckRules, ImageEntry, bad_images_error, check_images
 from ..data.orientation import Frame, to_display
@@ -38,6 +38,7 @@ from ..errors import CheckpointError, ConfigError, DatasetError, UserError, one_
 from ..evaluation import detections_to_coco
 from ..lifetime.process import setup_process
 from ..modeling.model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from ..modeling.trained import TrainedModel, config_for
 from ..run_dir import REPLACED_PREFIX, move_aside, output_folder_problem, replaced_stamp
 from .draw import draw_detections, to_uint8
 
@@ -58,7 +59,7 @@ class Predictor:
     engine: TorchEngine
     categories: Categories  # the checkpoint's, or "class k" by index
     source: str  # "checkpoint PATH" / "weights file PATH": how messages name it
-    saved_config: dict[str, Any]  # the config it was trained with ({} for weights files)
+    trained: TrainedModel | None  # what the checkpoint records of the model (None for plain weights files)
     step: int | None = None  # the checkpoint's optimizer steps
 
     def predict(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -76,32 +77,34 @@ class Predictor:
             )
         return theirs
 
+    def trained_data_flags(self) -> dict[str, Any]:
+        """The data flags the checkpoint's run found its dataset by (and its --seed); empty where it
+        records none (a plain weights file)."""
+        return dict(self.trained.data_flags) if self.trained is not None else {}
+
 
 def load_predictor(flags: dict[str, Any], command: str = "predict") -> Predictor:
     """The model of `flags["resume"]` (a checkpoint; "auto" and "best" name one of the run in
-    flags["output-dir"]) or `flags["weights"]` (a state dict), built from the other train flags in `flags`
-    over, for a checkpoint, the model settings it was trained with."""
+    flags["output-dir"]) or `flags["weights"]` (a state dict, or a kit checkpoint), rebuilt from what it
+    records (modeling/trained.py) with the train flags in `flags` over it."""
     resume, weights = flags.get("resume"), flags.get("weights")
     if (resume is None) == (weights is None):
         raise ConfigError(f"{command} needs one of --resume CHECKPOINT or --weights FILE")
     if resume is not None:
         resume = resolve_resume(resume, flags.get("output-dir") or TrainConfig().output_dir, must_exist=True)
         flags = {**flags, "resume": resume}
-        source = f"checkpoint {resume}"
+        source, reading = f"checkpoint {resume}", f"--resume {resume}"
         state = load_checkpoint(Path(resume))
-        model_state, saved, step = state["model"], state.get("config") or {}, state.get("step")
-        categories = Categories.from_state(state.get("categories"), source)
+        model_state, step = state["model"], state.get("step")
+        trained: TrainedModel | None = TrainedModel.from_checkpoint(state, source)
     else:
-        source = f"weights file {weights}"
-        model_state, saved, categories, step = read_state_dict(Path(weights), "weights"), {}, None, None
+        source, reading = f"weights file {weights}", f"--weights {weights}"
+        model_state, step = read_state_dict(Path(weights), "weights"), None
+        trained = TrainedModel.of_weights_file(Path(weights))
     num_classes = state_num_classes(model_state)
     if num_classes is None:
         raise CheckpointError(f"{source} is not a Mask R-CNN model: it has no {CLASS_SCORE_WEIGHT}")
-    if categories is not None and categories.num_classes != num_classes:
-        raise CheckpointError(
-            f"{source}: its categories name {categories.num_classes - 1} classes, its model has {num_classes - 1}"
-        )
-    cfg = build_config(None, {**saved_model_flags(saved), **flags})
+    cfg = config_for(flags, None, trained, reading)
     setup_process(cfg)  # --threads and denormal flushing, as for eval
     # With --weights, build_model loads the file (eval's path); its class count is the file's, so nothing is skipped.
     engine = TorchEngine(cfg, num_classes, iters_per_epoch=1)
@@ -110,7 +113,8 @@ def load_predictor(flags: dict[str, Any], command: str = "predict") -> Predictor
             engine.load_state_dict({"model": model_state})
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"{source} does not fit the model {cfg.model.name}: {one_line(exc)}") from exc
-    return Predictor(engine, categories or Categories.by_index(num_classes), source, saved, step)
+    categories = trained.categories if trained is not None else None
+    return Predictor(engine, categories or Categories.by_index(num_classes), source, trained, step)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -126,12 +130,13 @@ class InputImage:
 
 def collect_images(inputs: Sequence[Path], out: Path | None = None) -> list[InputImage]:
     """Image files as given, and the image files in given folders and their subfolders, sorted; ids 1..N
-    in that order. Folders are searched outside `out`: a second run into a folder inside its input
-    folder must not predict its own drawings."""
-    skip = Path(out).resolve() if out is not None else None
+    in that order. A folder is searched outside an `out` inside it: a second run into a folder inside
+    its input folder must not predict its own drawings. `out` may not be an input folder itself (its
+    drawings would mix with the images)."""
     paths: list[Path] = []
     for given in map(Path, inputs):
         if given.is_dir():
+            skip = _output_inside(given, out)
             found = sorted(
                 p
                 for p in given.rglob("*")
@@ -147,6 +152,19 @@ def collect_images(inputs: Sequence[Path], out: Path | None = None) -> list[Inpu
         else:
             raise UserError(f"{given}: no such file or folder")
     return _named(list(enumerate(paths, start=1)))
+
+
+def _output_inside(folder: Path, out: Path | None) -> Path | None:
+    """`out`, resolved, when it is a folder strictly inside input `folder` (its files are skipped)."""
+    if out is None:
+        return None
+    inner, outer = Path(out).resolve(), folder.resolve()
+    if inner == outer:
+        raise UserError(
+            f"--out {out} is the input folder {folder} itself: the drawings would mix with its images; "
+            "choose another --out (a folder inside it is fine)"
+        )
+    return inner if inner.is_relative_to(outer) else None
 
 
 def dataset_images(dataset: CocoInstanceDataset) -> list[InputImage]:
@@ -245,7 +263,7 @@ def data_config(
     """A config naming the dataset to read: the data flags given (a carve's --seed defaulting to the
     checkpoint's, so a --val-fraction split is the one it trained with), else, with
     `default_to_checkpoint`, the data the checkpoint was trained on; None when neither names one."""
-    saved = saved_data_flags(predictor.saved_config)
+    saved = predictor.trained_data_flags()
     given = {flag: flags[flag] for flag in (*DATA_SOURCE_FLAGS, "seed") if flags.get(flag) is not None}
     if not any(flag in given for flag in DATA_SOURCE_FLAGS):
         if not default_to_checkpoint or not saved:

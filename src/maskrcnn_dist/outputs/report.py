@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..run_dir import output_file_problem
+from ..run_dir import METRICS_FILE, output_file_problem
 
 
 def pyplot() -> Any:
@@ -34,6 +34,19 @@ def save_figure(fig: Any, out_png: Path) -> Path:
 # keys they have, and those must be numbers when present.
 REQUIRED_KEYS = {"train": ("step", "loss"), "val": ("step", "loss"), "eval": ("step",), "best": ("step", "value")}
 AP_KEYS = (("bbox_AP", "bbox AP"), ("segm_AP", "segm AP"), ("bbox_AP50", "bbox AP50"))
+
+
+def metrics_path(given: Path) -> Path:
+    """What --metrics names: a metrics file, or a run's output folder, which holds its METRICS_FILE."""
+    given = Path(given)
+    if not given.is_dir():
+        return given
+    if not (given / METRICS_FILE).is_file():
+        raise UserError(
+            f"report --metrics {given}: this folder holds no {METRICS_FILE} (train writes OUTPUT_DIR/{METRICS_FILE}); "
+            "give a run's --output-dir or its metrics file"
+        )
+    return given / METRICS_FILE
 
 
 def read_report_records(metrics_file: Path) -> list[dict[str, Any]]:
@@ -62,8 +75,11 @@ def read_report_records(metrics_file: Path) -> list[dict[str, Any]]:
         drawn = [(key, True) for key in REQUIRED_KEYS.get(kind, ())]
         if kind == "eval":
             drawn += [(key, False) for key, _ in AP_KEYS]
+        gaps = record.get("non_finite") or {}  # metrics.py writes a NaN or infinite value as null
         for key, required in drawn:
             value = record.get(key)
+            if value is None and key in gaps:
+                continue
             if (required or value is not None) and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise UserError(f"report: {path} line {number}: a {kind!r} record without a numeric {key!r}")
         records.append(record)
@@ -72,7 +88,7 @@ def read_report_records(metrics_file: Path) -> list[dict[str, Any]]:
 
 def _finite(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """The records whose `key` can be drawn: a diverged validation loss (nan, inf) leaves a gap."""
-    return [r for r in records if key in r and math.isfinite(r[key])]
+    return [r for r in records if r.get(key) is not None and math.isfinite(r[key])]
 
 
 def draw_report(metrics_file: Path, out_png: Path) -> Path:

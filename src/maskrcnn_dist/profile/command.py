@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from ..lifetime.process import setup_process
 from ..run_dir import output_file_problem
 from .candidates import Candidate, candidates
 from .cost_model import Prediction, Setting, predict
-from .measure import NUM_CLASSES, Batch, Measurements, measure
+from .measure import Batch, Measurements, measure
 from .recommend import limits, rank, recommended, table, why
 from .write import chart_values_problem, launchable, topology_document, write_topology, write_values
 
@@ -84,14 +85,15 @@ def profile(cfg: TrainConfig, options: ProfileConfig) -> ProfileReport:
     topology = load(options.topology)
     device = preflight(cfg, options, topology)
     setup_process(cfg)
-    estimate = topology.estimate
-    batches: list[Batch] = []
-    num_classes, data = NUM_CLASSES, "synthetic"
-    if names_data(cfg.data):
-        batches, num_classes, data = real_batches(cfg, options.iterations)
-    meas = measure(
-        cfg, estimate.image_size, estimate.instances_per_image, options.iterations, device, batches, num_classes, data
-    )
+    real = real_batches(cfg, options.iterations) if names_data(cfg.data) else None
+    if real is None:
+        estimate = topology.estimate
+        meas = measure(cfg, estimate.image_size, estimate.instances_per_image, options.iterations, device)
+    else:
+        # What the real images hold, not the topology's estimate: the report and the written topology say so.
+        meas = measure(
+            cfg, real.image_size, real.instances, options.iterations, device, real.batches, real.num_classes, real.what
+        )
     processes = topology.nnodes if options.shared_host else 1
     setting = Setting(
         batch=cfg.data.batch_size,
@@ -140,9 +142,19 @@ def preflight(cfg: TrainConfig, options: ProfileConfig, topology: Topology) -> t
     return device
 
 
-def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
-    """Up to `count` micro-batches of the train split the data flags name, in file order, the class
-    count the model needs for it, and a line saying what they hold."""
+@dataclass(frozen=True)
+class RealBatches:
+    """Micro-batches of the train split the data flags name and what they hold."""
+
+    batches: list[Batch]
+    num_classes: int  # the class count the model needs for them
+    image_size: tuple[int, int]  # the largest height and width among them (a batch is padded to them)
+    instances: int  # instances per image, the mean rounded up (memory estimates stay on the safe side)
+    what: str  # a line saying what they are
+
+
+def real_batches(cfg: TrainConfig, count: int) -> RealBatches:
+    """Up to `count` micro-batches of the train split the data flags name, in file order."""
     dataset = open_split(cfg, "train")
     path = dataset.source.describe()
     micro = max(1, cfg.data.batch_size // max(1, cfg.pipeline.micro_batches))
@@ -154,8 +166,9 @@ def real_batches(cfg: TrainConfig, count: int) -> tuple[list[Batch], int, str]:
         for j in range(0, len(samples), micro)
     ]
     instances = sum(len(target["boxes"]) for _, target in samples) / len(samples)
+    size = (max(int(image.shape[-2]) for image, _ in samples), max(int(image.shape[-1]) for image, _ in samples))
     what = f"{len(batches)} micro-batch(es) of {path} (mean {instances:.2f} instances per image)"
-    return batches, dataset.num_classes, what
+    return RealBatches(batches, dataset.num_classes, size, math.ceil(instances), what)
 
 
 def write(cand: Candidate, topology: Topology, cfg: TrainConfig, meas: Measurements, options: ProfileConfig) -> None:

@@ -13,11 +13,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrainingError
 from ..evaluation import evaluate, validation_loss
 from .best import BestTracker, agreed_value, restore_best_file
 from .grace import GraceCheck
 from .loop import Boundary, HookBase
-from .metrics import MetricsWriter
+from .metrics import MetricsWriter, non_finite
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class ValidationHook(HookBase):
     def run(self, at: Boundary) -> None:
         self.last = validation_loss(self.trainer.engine, self.val_set, self.batch_size, self.workers)
         self.writer.write("val", at.step, self.last)
+        # Every rank holds the same (all-reduced) losses: all stop together.
+        stop_if_diverged("validation loss", at.step, self.last)
 
 
 class EvaluationHook(HookBase):
@@ -119,11 +122,15 @@ class EvaluationHook(HookBase):
         self.last = evaluate(self.trainer.engine, self.val_set, self.batch_size, self.workers)
         if self.last is not None:
             self.writer.write("eval", step, self.last)
+            if self.trainer.engine.data_world_size == 1:  # else run() stops every rank on the agreed value
+                stop_if_diverged("evaluation", step, self.last)
         return self.last
 
     def run(self, at: Boundary) -> None:
         trainer = self.trainer
         value = agreed_value(self.evaluate(at.step), self.best.metric, trainer.engine.all_reduce_sum)
+        # Before the verdict: a diverged model's evaluation never becomes best.pt.
+        stop_if_diverged("evaluation", at.step, {self.best.metric: value})
         self.new_best = self.best.update(value, at.step)
         if self.best.exhausted and not at.final:
             trainer.stopped_early = self.best.closing_line()
@@ -151,6 +158,16 @@ class EvaluationHook(HookBase):
 
     def load_state_dict(self, state: Any, source: Path) -> None:
         self.best.restore(state, source)
+
+
+def stop_if_diverged(what: str, step: int, values: dict[str, float]) -> None:
+    """A TrainingError (exit 1) naming the step and every non-finite value: a run whose validation loss
+    or evaluation is NaN or infinite has diverged, like one whose training loss is (engines/base.py)."""
+    if bad := non_finite(values):
+        raise TrainingError(
+            f"non-finite {what} at step {step}: {', '.join(f'{k}={v}' for k, v in bad.items())}; the run "
+            "diverged and stops (no best checkpoint from it); lower --lr or set --clip-grad-norm"
+        )
 
 
 class PeriodicCheckpointer(HookBase):

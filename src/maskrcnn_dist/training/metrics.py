@@ -10,6 +10,7 @@ steps, because a bar's carriage returns make `kubectl logs` unreadable.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -68,7 +69,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
-        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
         if self._tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):
@@ -122,6 +123,23 @@ class MetricsWriter:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def non_finite(values: Mapping[str, Any]) -> dict[str, float]:
+    """The float values of `values` that are NaN or infinite."""
+    return {k: v for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)}
+
+
+def strict_json(record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` as strict JSON takes it: JSON has no NaN or Infinity (Python writes them as bare tokens that
+    JavaScript's and Go's parsers reject), so a non-finite value is null, and `non_finite` says what it was."""
+    bad = non_finite(record)
+    if not bad:
+        return dict(record)
+    return {
+        **{k: (None if k in bad else v) for k, v in record.items()},
+        "non_finite": {k: str(v) for k, v in bad.items()},
+    }
 
 
 def _is_json(line: str) -> bool:

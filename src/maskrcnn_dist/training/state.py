@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_KEYS = frozenset(
     {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
-    | {"engine", "config", "categories"}
+    | {"engine", "config", "categories", "trained_model"}
 )
 
 

@@ -13,6 +13,7 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.data.resolve import carve_val, resolve_sources
 from maskrcnn_dist.data.sources import DataSources, SplitSource
 from maskrcnn_dist.errors import ConfigError
+from maskrcnn_dist.modeling.trained import train_command_config
 from maskrcnn_dist.train import train
 
 from .exports import cvat_project, cvat_task, write_split
@@ -67,7 +68,8 @@ def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Pat
     again = build_config(None, saved_data_flags(saved))
     assert resolve_sources(again.data, again.seed).splits == rank0.splits
     # eval with the checkpoint alone evaluates on the images it validated on
-    evaluated = one_step(None, cfg.output_dir, **{"test-only": True, "resume": cfg.output_dir / "checkpoints"})
+    given = {"output-dir": cfg.output_dir, "test-only": True, "resume": cfg.output_dir / "checkpoints", "workers": 0}
+    evaluated = train_command_config(None, given)  # what `eval` runs
     assert train(evaluated).eval["images"] == 3 and evaluated.data.val_fraction == 0.3
 
 

@@ -139,6 +139,15 @@ def test_a_folder_is_searched_outside_the_output_folder(tmp_path: Path):
     assert [item.image_id for item in found] == [1, 2]
 
 
+def test_an_output_folder_that_is_or_holds_the_input_folder(tmp_path: Path):
+    """`--out DIR DIR/`: one line saying why, not "no image files"; `--out .` above the images finds them."""
+    write_png(tmp_path / "in" / "a.png")
+    with pytest.raises(UserError, match=r"--out .*in/? is the input folder .*in/? itself: the drawings would mix"):
+        collect_images([tmp_path / "in/"], out=tmp_path / "in")
+    found = collect_images([tmp_path / "in"], out=tmp_path)
+    assert [item.path.name for item in found] == ["a.png"]
+
+
 def test_earlier_predictions_are_refused_or_moved_aside(trained: Path, tmp_path: Path):
     photos = [write_png(tmp_path / "in" / "a" / "x.png"), write_png(tmp_path / "in" / "b" / "x.png")]
     out = tmp_path / "in" / "pred"  # inside the input folder: a second run must not predict its drawings

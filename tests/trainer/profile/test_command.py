@@ -62,6 +62,29 @@ def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accept
     assert plan.exit_code == 0, plan.output
 
 
+def test_with_a_data_path_the_report_and_topology_hold_the_datas_image_size_and_instances(
+    tmp_path: Path, tiny_coco: Path
+) -> None:
+    """Not the topology's estimate (800x1333, 7 instances): what the measured images are and hold."""
+    import json
+    import math
+
+    written = tmp_path / "recommended.yaml"
+    args = ["profile", *TINY, "--topology", "three-machines", "--batch-size", "2", "--micro-batches", "1"]
+    args += ["--threads", "1", "--iterations", "2", "--data-path", str(tiny_coco), "--write-topology", str(written)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    coco = json.loads((tiny_coco / "train" / "annotations.json").read_text())
+    first = coco["images"][:4]  # 2 micro-batches of 2, in file order
+    size = (max(i["height"] for i in first), max(i["width"] for i in first))
+    ids = {i["id"] for i in first}
+    instances = math.ceil(sum(a["image_id"] in ids for a in coco["annotations"]) / len(first))
+    assert f"of {size[0]}x{size[1]} px" in result.output.splitlines()[0]
+    estimate = load_topology(str(written)).estimate
+    assert (estimate.image_size, estimate.instances_per_image) == (size, instances)
+    assert size != (800, 1333)
+
+
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there: --device cuda/auto is valid")
 # (case id, profile flags after TINY with {tmp}/{file}/{binary}/{bad} placeholders, fragments of the line)
 WRONG_INPUTS = [

@@ -41,7 +41,8 @@ def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
     torch.set_num_threads(2)
     flags = small_cpu_run(64, batch_size=2, micro_batches=1, data_path=tiny_coco)
     cfg = apply_overrides(TrainConfig(), flags, "test")
-    batches, num_classes, what = real_batches(cfg, 2)
+    real = real_batches(cfg, 2)
+    batches, num_classes, what = real.batches, real.num_classes, real.what
     assert len(batches) == 2 and all(len(images) == 2 for images, _ in batches)
     categories = json.loads((tiny_coco / "train" / "annotations.json").read_text())["categories"]
     assert num_classes == len(categories) + 1 and what.startswith("2 micro-batch(es) of ")

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -139,9 +140,23 @@ class MasterWatchdog(Poller):
             os._exit(1)
 
 
+# torch's RPC gathers objects over the ProcessGroupGloo it makes for itself, and then warns about that
+# very use ("... as a ProcessGroup. This usage is deprecated since PyTorch 2.0"), twice per process: not
+# ours to fix, nor the user's. Filtered around the kit's own RPC calls only, by this message alone.
+GLOO_AS_PROCESS_GROUP = r"You are using a Backend <class '[\w.]*ProcessGroupGloo'> as a ProcessGroup"
+
+
+@contextmanager
+def torch_rpc_warning_filtered() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=GLOO_AS_PROCESS_GROUP)
+        yield
+
+
 def _shutdown(graceful: bool) -> None:
     try:
-        rpc.shutdown(graceful=graceful)
+        with torch_rpc_warning_filtered():
+            rpc.shutdown(graceful=graceful)
     except Exception as exc:  # a peer may already be gone; nothing is left to save
         log.warning("rpc shutdown: %s", exc)
 
@@ -164,7 +179,8 @@ def join_rpc(cfg: TrainConfig, plan: PodPlan, name: str, rank: int) -> None:
     timer.daemon = True
     timer.start()
     try:
-        rpc.init_rpc(name, rank=rank, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan))
+        with torch_rpc_warning_filtered():
+            rpc.init_rpc(name, rank=rank, world_size=plan.world_size, rpc_backend_options=backend_options(cfg, plan))
     finally:
         timer.cancel()
 
@@ -218,7 +234,8 @@ def serve(cfg: TrainConfig, plan: PodPlan, stop: StopRequest | None = None) -> N
         period = max(0.2, min(2.0, cfg.peers.timeout / 10))
         watchdog = MasterWatchdog(plan, period, cfg.peers.timeout).start()
         forwarder = StopForwarder(stop, plan.rpc_name, cfg.peers.timeout).start()
-        rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
+        with torch_rpc_warning_filtered():
+            rpc.shutdown(graceful=True)  # serves the master's requests until it shuts down too
         forwarder.stop()
         watchdog.stop()
     try:

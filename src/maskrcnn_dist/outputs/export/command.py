@@ -98,8 +98,7 @@ def parity_inputs(
         except UserError as exc:
             raise DatasetError(f"--images {exc}") from exc
         return chosen, frames
-    orientation = predictor.saved_config.get("data", {}).get("exif_orientation", "auto")
-    split_cfg = data_config(flags, predictor, orientation, default_to_checkpoint=True)
+    split_cfg = data_config(flags, predictor, rules.exif_orientation, default_to_checkpoint=True)
     if split_cfg is None:
         raise ConfigError(
             f"export: the parity check needs images, and {predictor.source} records no dataset: give --images FILE"
