@@ -252,11 +252,6 @@ def refuse_earlier_outputs(out: Path, earlier: list[str], overwrite: bool) -> No
         )
 
 
-def open_split(data_path: Path, split: str, exif_orientation: str = "auto") -> CocoInstanceDataset:
-    """`split` of the dataset under `data_path` (layout.open_split for other data flags)."""
-    return layout.open_split(build_config(None, {"data-path": data_path, "exif-orientation": exif_orientation}), split)
-
-
 def data_config(
     flags: dict[str, Any], predictor: Predictor, exif_orientation: str, *, default_to_checkpoint: bool
 ) -> TrainConfig | None:

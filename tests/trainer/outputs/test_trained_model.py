@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
+from maskrcnn_dist.config import build_config
+from maskrcnn_dist.data.layout import open_split
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.modeling.trained import TRAINED_MODEL_KEY, train_command_config
-from maskrcnn_dist.outputs.predict import load_predictor, open_split
+from maskrcnn_dist.outputs.predict import load_predictor
 from maskrcnn_dist.train import train
 from maskrcnn_dist.training.metrics import read_metrics
 
@@ -53,7 +55,7 @@ def test_a_checkpoint_without_the_record_is_rebuilt_from_its_config(trained: Pat
     torch.save(old, tmp_path / "old.pt")
     predictor = load_predictor({"resume": tmp_path / "old.pt", "device": "cpu"})
     assert predictor.engine.cfg.model.name == "maskrcnn_resnet18_fpn"
-    assert predictor.trained_data_path() is not None
+    assert predictor.trained_data_flags().get("data-path") is not None
 
 
 def _cli(*args: object) -> subprocess.CompletedProcess:
@@ -132,7 +134,7 @@ def test_the_docs_plain_torchvision_snippet_gives_predicts_detections(
     exec(docs_snippet().replace(SNIPPET_CHECKPOINT, repr(str(checkpoint))), namespace)
     plain = namespace["model"]
     predictor = load_predictor({"resume": checkpoint, "device": "cpu"})
-    val = open_split(sparse_coco, "val")
+    val = open_split(build_config(None, {"data-path": sparse_coco}), "val")
     compared = 0
     for index in range(len(val)):
         image = val[index][0]
