@@ -17,8 +17,9 @@ from pycocotools.coco import COCO
 
 from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import load_checkpoint
-from maskrcnn_dist.config import PredictConfig
+from maskrcnn_dist.config import PredictConfig, build_config
 from maskrcnn_dist.data import write_train_val
+from maskrcnn_dist.data.layout import open_split
 from maskrcnn_dist.errors import UserError
 from maskrcnn_dist.evaluation import coco_ap
 from maskrcnn_dist.outputs.predict import (
@@ -26,7 +27,6 @@ from maskrcnn_dist.outputs.predict import (
     RESULTS_FILE,
     collect_images,
     load_predictor,
-    open_split,
     predict_images,
 )
 from maskrcnn_dist.train import train
@@ -82,7 +82,7 @@ def test_a_split_the_split_flags_name_carved_with_the_checkpoints_seed(trained: 
 
 
 def test_categories_round_trip_through_the_checkpoint(trained: Path, sparse_coco: Path, tmp_path: Path):
-    train_set = open_split(sparse_coco, "train")
+    train_set = open_split(build_config(None, {"data-path": sparse_coco}), "train")
     stored = load_checkpoint(trained)["categories"]
     assert stored == [
         [-1, "__background__"],
@@ -103,7 +103,7 @@ def test_categories_round_trip_through_the_checkpoint(trained: Path, sparse_coco
     model_flags = {"model": "maskrcnn_resnet18_fpn", "min-size": 96, "max-size": 96, "backbone-norm": "batch"}
     by_weights = load_predictor({"weights": tmp_path / "weights.pt", "device": "cpu", **model_flags})
     assert by_weights.categories.num_classes == 4
-    image = [open_split(sparse_coco, "val")[0][0]]
+    image = [open_split(build_config(None, {"data-path": sparse_coco}), "val")[0][0]]
     torch.testing.assert_close(by_weights.predict(image), old_predictor.predict(image))
 
 
