@@ -114,7 +114,7 @@ WRONG_INPUTS = [
         ["--topology", "three-machines-gpu", "--device", "cpu", "--write-values", "{tmp}/v.yaml"],
         ["--write-values", "different device counts"],
     ),
-    ("data-path-missing", ["--data-path", "{tmp}/none"], ["--data-path", "no train split"]),
+    ("data-path-missing", ["--data-path", "{tmp}/none"], ["--data-path", "no such folder"]),
     pytest.param("cuda-without-gpu", ["--device", "cuda"], ["--device cuda"], marks=NO_GPU),
     pytest.param(
         "fp16-on-auto-cpu", ["--device", "auto", "--amp", "--amp-dtype", "float16"], ["float16"], marks=NO_GPU
