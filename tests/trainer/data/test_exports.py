@@ -16,7 +16,7 @@ from maskrcnn_dist.errors import DatasetError
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
-from .exports import EXPORTS, Export, cvat_task, roboflow, team_own, write_split
+from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, roboflow, team_own, write_split
 
 
 def one_step(data_path: Path, out: Path, **flags: object):
@@ -46,7 +46,7 @@ def test_split_names_and_aliases() -> None:
 def test_file_name_rule_drops_tool_prefixes(tmp_path: Path) -> None:
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "x.jpg").write_bytes(b"")
-    for name in ("x.jpg", "images/x.jpg", "../../data/upload/3/x.jpg", "JPEGImages\\x.jpg"):
+    for name in ("x.jpg", "images/x.jpg", LABEL_STUDIO_UP * 2 + "data/upload/3/x.jpg", "JPEGImages\\x.jpg"):
         assert resolve_image(tmp_path / "images", name) == (tmp_path / "images" / "x.jpg", True), name
     assert resolve_image(tmp_path / "images", "sub/y.jpg") == (tmp_path / "images" / "sub/y.jpg", False)
 
@@ -111,3 +111,17 @@ def test_the_refusal_names_the_closest_layout_and_the_flags(tmp_path: Path, file
     with pytest.raises(DatasetError) as info:
         detect(tmp_path)
     assert hint in str(info.value) and "--train-annotations FILE --train-images DIR" in str(info.value)
+
+
+def test_a_split_folder_linked_in_from_elsewhere_is_found(tmp_path: Path) -> None:
+    # A val split beside a train split linked in from another folder (how benchmarks/gpu_check.py, and
+    # users sharing one train set, lay data out): the link is followed.
+    cats = [{"id": 1, "name": "cell"}]
+    write_split(tmp_path / "shared" / "annotations.json", tmp_path / "shared" / "images", ["t1.jpg"], cats, [1])
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train").symlink_to(tmp_path / "shared")
+    write_split(root / "val" / "annotations.json", root / "val" / "images", ["v1.jpg"], cats, [1], first_id=9)
+    sources = detect(root)
+    assert sources.splits["train"].annotations == root / "train" / "annotations.json", sources
+    assert sources.splits["val"].annotations == root / "val" / "annotations.json", sources
