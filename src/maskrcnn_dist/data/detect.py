@@ -4,9 +4,10 @@ No list of layouts: one rule over the files. Every JSON file under the folder th
 file (images, annotations, categories; not captions or keypoints) is a split; its image folder is the
 folder under --data-path where its file_names are found by the file_name rule (data/file_names.py),
 preferring the one where most are found, then the one named like the split, then the one needing the
-fewest prefixes dropped; its split is the first split name in the file's name, then in its folders'
-names, nearest first (aliases below: `valid`, `Validation`, `val2017`, ...). A file naming no split
-(`instances_default.json`, `result.json`, `labels.json`) is the train split when it is the only one.
+fewest prefixes dropped, then the one nearest the file; its split is the first split name in the file's
+name, then in its folders' names, nearest first (aliases below: `valid`, `Validation`, `val2017`, ...).
+A file naming no split (`instances_default.json`, `result.json`, `labels.json`) is the train split when
+it is the only one.
 Two files for one split is an error listing both and the flags that choose.
 """
 
@@ -114,9 +115,12 @@ def _instance_names(data: object) -> list[str] | None:
     return [n for n in names if isinstance(n, str) and n]  # empty: a file listing no images (refused later)
 
 
-def image_folder(names: list[str], folders_with: dict[str, set[Path]], split: str | None, root: Path) -> Path | None:
+def image_folder(
+    names: list[str], folders_with: dict[str, set[Path]], split: str | None, root: Path, annotations: Path
+) -> Path | None:
     """The folder where most of `names` are found by the file_name rule (ties: named like the split,
-    then the fewest prefixes dropped, then the shallowest); None when none is found anywhere."""
+    then the fewest prefixes dropped, then the nearest to the `annotations` file, then the shallowest);
+    None when none is found anywhere. Nearness matters where a folder holds copies of one set."""
     candidates: set[Path] = set()
     for name in names:
         parts = name_parts(name)
@@ -127,11 +131,12 @@ def image_folder(names: list[str], folders_with: dict[str, set[Path]], split: st
                     candidates.add(folder.parents[len(inner) - 1] if inner else folder)
     candidates = {c for c in candidates if c.is_relative_to(root)}
 
-    def rank(folder: Path) -> tuple[int, bool, int, int]:
+    def rank(folder: Path) -> tuple[int, bool, int, int, int]:
         drops = [stripped(folder, name) for name in names]
         found = [d for d in drops if d is not None]
         named = split is not None and any(split_of(Path(part)) == split for part in folder.parts[-2:])
-        return len(found), named, -sum(found), -len(folder.parts)
+        shared = len(Path(os.path.commonpath([folder, annotations.parent])).parts)
+        return len(found), named, -sum(found), shared, -len(folder.parts)
 
     return max(sorted(candidates), key=rank, default=None)
 
@@ -152,7 +157,7 @@ def find_files(root: Path) -> tuple[list[Found], list[Path]]:
             others.append(path)
             continue
         split = split_of(path.relative_to(root))
-        images = image_folder(names, index, split, root) if names else path.parent  # no image to place it by
+        images = image_folder(names, index, split, root, path) if names else path.parent  # no image to place it by
         found.append(Found(path, split, images, names[0] if names else ""))
     return found, others
 

@@ -125,3 +125,21 @@ def test_a_split_folder_linked_in_from_elsewhere_is_found(tmp_path: Path) -> Non
     sources = detect(root)
     assert sources.splits["train"].annotations == root / "train" / "annotations.json", sources
     assert sources.splits["val"].annotations == root / "val" / "annotations.json", sources
+
+
+def test_a_split_takes_the_image_folder_nearest_its_file(tmp_path: Path) -> None:
+    # A copy of the photos elsewhere under --data-path (a backup, another version) must not win a tie.
+    cats = [{"id": 1, "name": "cell"}]
+    write_split(
+        tmp_path / "a_backup" / "train" / "images" / "x.json",
+        tmp_path / "a_backup" / "train" / "images",
+        ["t1.jpg"],
+        cats,
+        [1],
+    )
+    (tmp_path / "a_backup" / "train" / "images" / "x.json").unlink()
+    write_split(
+        tmp_path / "set" / "train" / "annotations.json", tmp_path / "set" / "train" / "images", ["t1.jpg"], cats, [1]
+    )
+    sources = detect(tmp_path)
+    assert sources.splits["train"].images == tmp_path / "set" / "train" / "images", sources
