@@ -101,6 +101,22 @@ def coco_file_names(path: Path) -> list[str] | None:
     return [json.loads(f'"{m}"') for m in re.findall(r'"file_name"\s*:\s*"((?:[^"\\]|\\.)*)"', head)[:SAMPLE]] or None
 
 
+def broken_split_file(root: Path, others: list[Path], split: str) -> str | None:
+    """The problem of a JSON file that would be `split`'s (named like it, or the only JSON file) but
+    cannot be parsed: a damaged annotation file is named as such, not taken for "no split"."""
+    for path in others:
+        if split_of(path.relative_to(root)) != split and len(others) > 1:
+            continue
+        try:
+            if path.stat().st_size <= MAX_PARSED:
+                json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return f"{path}: not valid JSON: {e}"
+        except OSError as e:
+            return f"{path}: cannot read annotation file: {e}"
+    return None
+
+
 def _instance_names(data: object) -> list[str] | None:
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "categories")):
         return None
@@ -179,7 +195,7 @@ def detect(root: Path) -> DataSources:
         by_split.setdefault(f.split, []).append(f)
     train = _one(root, "train", by_split.get("train") or by_split.get(None) or [])
     if train is None:
-        raise DatasetError(refusal(root, found, others))
+        raise DatasetError(broken_split_file(root, others, "train") or refusal(root, found, others))
     if train.images is None:
         raise DatasetError(
             f"--data-path {root}: {train.annotations} lists images (e.g. {train.example!r}) that are in no folder "
@@ -187,6 +203,8 @@ def detect(root: Path) -> DataSources:
         )
     splits = {"train": SplitSource(train.annotations, train.images)}
     val = _one(root, "val", by_split.get("val", []))
+    if val is None and (problem := broken_split_file(root, others, "val")):
+        raise DatasetError(problem)
     if val is not None and val.images is None:
         log.warning("--data-path %s: %s: none of its images is under %s; no val split", root, val.annotations, root)
     elif val is not None:

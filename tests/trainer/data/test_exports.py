@@ -143,3 +143,14 @@ def test_a_split_takes_the_image_folder_nearest_its_file(tmp_path: Path) -> None
     )
     sources = detect(tmp_path)
     assert sources.splits["train"].images == tmp_path / "set" / "train" / "images", sources
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_damaged_annotation_file_is_named_not_taken_for_no_split(tmp_path: Path, split: str) -> None:
+    cats = [{"id": 1, "name": "cell"}]
+    for name in ("train", "val"):
+        write_split(tmp_path / name / "annotations.json", tmp_path / name / "images", [f"{name}.jpg"], cats, [1])
+    damaged = tmp_path / split / "annotations.json"
+    damaged.write_text('{"images": [')
+    with pytest.raises(DatasetError, match=f"{damaged}: not valid JSON"):
+        detect(tmp_path)
