@@ -18,6 +18,10 @@ if [[ $# -ne 3 ]]; then
     echo "usage: $0 WHEELHOUSE IMAGE BASE_IMAGE" >&2
     exit 2
 fi
+if [[ ! -d "$1" ]]; then
+    echo "build-image: WHEELHOUSE $1: no such folder (make wheelhouse fills it)" >&2
+    exit 2
+fi
 wheelhouse=$(cd "$1" && pwd)
 image=$2
 base=$3
@@ -25,9 +29,15 @@ docker=${DOCKER:-docker}
 port=8765
 server="maskrcnn-dist-wheels-$$"
 
-"$docker" run --detach --rm --name "$server" --label maskrcnn-dist.stage=wheels \
+if ! "$docker" run --detach --rm --name "$server" --label maskrcnn-dist.stage=wheels \
     --volume "$wheelhouse:/wheels:ro" --network bridge "$base" \
-    python3 -m http.server --bind 127.0.0.1 --directory /wheels "$port" >/dev/null
+    python3 -m http.server --bind 127.0.0.1 --directory /wheels "$port" >/dev/null 2>/tmp/build-image-$$.err; then
+    echo "build-image: cannot start the wheel server in BASE_IMAGE $base (not present here and not pullable?):" \
+        "$(head -n 1 /tmp/build-image-$$.err)" >&2
+    rm -f /tmp/build-image-$$.err
+    exit 1
+fi
+rm -f /tmp/build-image-$$.err
 trap '"$docker" rm --force "$server" >/dev/null 2>&1 || true' EXIT
 
 # The server answers within a second; a base image without python3 fails here, not halfway through.

@@ -46,3 +46,10 @@ def test_build_script_refuses_a_wrong_call_before_touching_docker() -> None:
         [str(script), "wheelhouse"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "DOCKER": "false"}
     )
     assert proc.returncode == 2 and "usage:" in proc.stderr
+    proc = subprocess.run(
+        [str(script), str(ROOT / "no-such-wheelhouse"), "img:x", "base:x"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "DOCKER": "false"},
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "WHEELHOUSE" in proc.stderr, proc.stderr
