@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from maskrcnn_dist.data import build_train_loader, load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.evaluation import evaluate
 from maskrcnn_dist.lifetime.process import setup_process
+from maskrcnn_dist.modeling.fold_bn import FoldedConv2d
 from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.modeling.perf import (
     AMP_CURVE_TOLERANCE,
@@ -36,15 +38,21 @@ from maskrcnn_dist.modeling.perf import (
 )
 
 from .conftest import fast_config
+from .test_fold_bn import randomise_frozen_statistics
 
 STEPS = 6
 LR = 0.005
 
 
-def loss_curve(cfg: TrainConfig, steps: int = STEPS) -> tuple[list[float], TorchEngine]:
-    """Total training loss of each of the first `steps` steps of the local engine."""
+def loss_curve(
+    cfg: TrainConfig, steps: int = STEPS, prepare: Callable[[torch.nn.Module], None] | None = None
+) -> tuple[list[float], TorchEngine]:
+    """Total training loss of each of the first `steps` steps of the local engine (its model first
+    passed to `prepare`, when given)."""
     train_set, _ = load_datasets(cfg)
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
+    if prepare is not None:
+        prepare(engine.model)
     losses: list[float] = []
     epoch = 0
     while len(losses) < steps:
@@ -88,6 +96,19 @@ def test_amp_loss_curve_stays_within_tolerance_of_fp32(curves):
     fp32, amp = curves["fp32"], curves["amp"]
     assert AMP_CURVE_TOLERANCE.problems(amp, fp32) == [], (amp, fp32)
     assert amp[-1] < amp[0]  # and it trains
+
+
+def test_amp_with_folded_frozen_batchnorm_stays_within_tolerance_of_fp32(tiny_coco, tmp_path):
+    """Fine-tuning's case: frozen BatchNorm (random statistics, as pretrained ones are), folded into its
+    convolutions under --amp (the default), against fp32 without the fold: today's --amp tolerance."""
+    runs = {}
+    for name, flags in {"fp32": {"fold-frozen-bn": False}, "amp": {"amp": True}}.items():
+        cfg = fast_config(tiny_coco, tmp_path / name, lr=LR, **{"backbone-norm": "frozen"}, **flags)
+        runs[name], engine = loss_curve(cfg, prepare=randomise_frozen_statistics)
+        folded = any(isinstance(m, FoldedConv2d) for m in engine.model.modules())
+        assert folded is (name == "amp")
+    assert AMP_CURVE_TOLERANCE.problems(runs["amp"], runs["fp32"]) == [], runs
+    assert runs["amp"][-1] < runs["amp"][0]
 
 
 def test_eval_under_amp_returns_fp32_detections_and_ap(curves, tiny_coco):

@@ -165,6 +165,12 @@ class ModelConfig:
         True, "channels_last (NHWC) memory format for the backbone, FPN and RPN head (fast bf16 convolutions)"
     )
 
+    # Fine-tuning's frozen BatchNorm computed inside the convolution before it (modeling/fold_bn.py):
+    # training steps only; evaluation, prediction and export compute as torchvision does.
+    fold_frozen_bn: bool = option(
+        True, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
+    )
+
     def resolved_backbone_norm(self) -> str:
         """The backbone's BatchNorm with these settings, "frozen" or "batch" ("auto" resolved)."""
         if self.backbone_norm != "auto":
@@ -258,6 +264,12 @@ class TrainConfig:
     amp_dtype: str = option(
         "auto", "autocast dtype under --amp: auto (bf16 on CPU, fp16 on CUDA), bfloat16 or float16", choices=AMP_DTYPES
     )
+    # torch.compile needs a compiler at run time (modeling/compiled.py); without one it is off with one line.
+    compile: bool = option(
+        False,
+        "torch.compile the backbone + FPN for training (dynamic shapes; local and ddp engines; needs a C++ "
+        "compiler on CPU, a C compiler for Triton on CUDA)",
+    )
     flush_denormal: bool = option(True, "flush denormal floats to zero on CPU (3-6x slower iterations without it)")
     resume: Path | None = option(
         None,
@@ -332,6 +344,11 @@ class TrainConfig:
                 "--sync-bn with frozen BatchNorm (--backbone-norm frozen, or auto with --weights or "
                 "--weights-backbone): frozen statistics are never computed, so there is nothing to synchronise; "
                 "add --backbone-norm batch",
+            ),
+            (
+                not (self.compile and self.engine == "pipeline"),
+                "--compile is for --engine local and ddp: the pipeline's stages run eagerly (its RPC engine is in "
+                "maintenance); leave out --compile",
             ),
             (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
             (

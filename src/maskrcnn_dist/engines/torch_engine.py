@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..config import TrainConfig, fp16_on_cpu_problem
 from ..errors import ConfigError, UserError
 from ..lifetime.stop import StopRequest
+from ..modeling.compiled import compile_backbone, graph_breaks
 from ..modeling.model import build_model, side_effect_free_losses
 from ..modeling.optim import build_optimizer, build_scheduler
 from ..modeling.perf import autocast_context, grad_scaler
@@ -112,6 +113,8 @@ class TorchEngine(Engine):
         self.model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data()).to(self.device)
         if distributed and cfg.sync_bn:  # one process already normalises by its whole batch
             self.model = convert_sync_batchnorm(self.model, self.device)
+        # In place, before DDP wraps the model: parameters, state dict keys and DDP's hooks stay the eager ones.
+        self.compiled = cfg.compile and compile_backbone(self.model, self.device)
         self.seeder = StepSeeder(cfg.seed)
         self.seeder.attach(dict(self.model.named_children()))
         self.optimizer = build_optimizer(self.model, cfg.optim)
@@ -159,6 +162,10 @@ class TorchEngine(Engine):
 
     def stop_after_step(self) -> bool:
         return self._stop_agreed if self.distributed else super().stop_after_step()
+
+    def extra_metrics(self) -> dict[str, float]:
+        # Each break splits the compiled backbone and runs the code between the pieces eagerly: 0 is the aim.
+        return {"compile/graph_breaks": float(graph_breaks())} if self.compiled else {}
 
     @torch.no_grad()
     def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:

@@ -5,6 +5,8 @@ numerics every engine shares.
 - `roi_align.py`: the RoIAlign that replaces torchvision's on CPU (same numbers, faster backward);
 - `exact_resize.py`: the model's resize in float64, for exported models;
 - `perf.py`: mixed precision, memory format and denormal floats, in one place;
+- `fold_bn.py`: frozen BatchNorm folded into the convolution before it, for training steps;
+- `compiled.py`: the backbone compiled with torch.compile (--compile), where a compiler exists;
 - `rng.py`: per-step seeding of the model's random parts (a resumed or pipelined run draws the same);
 - `optim.py`: the optimizer and the learning-rate schedule.
 

@@ -19,6 +19,7 @@ from ..checkpoint import read_torch_file
 from ..config import ModelConfig
 from ..errors import WeightsError
 from .exact_resize import use_exact_resize
+from .fold_bn import fold_frozen_batchnorm
 from .perf import keep_head_outputs_fp32, to_channels_last
 from .roi_align import use_sparse_roi_align
 
@@ -150,6 +151,8 @@ def build_model(
     use_sparse_roi_align(model.roi_heads)
     if cfg.channels_last:
         to_channels_last(model)
+    if cfg.fold_frozen_bn:
+        fold_frozen_batchnorm(model.backbone)  # training steps only: eval mode computes as torchvision does
     return model
 
 
