@@ -4,9 +4,8 @@ A compiled step computes what the eager step computes up to the order of floatin
 fuses and reorders), so a run resumed with or without --compile continues within rounding of the other:
 measured on this CPU (fp32, ResNet-18 FPN at 96 px, BatchNorm with batch statistics, a checkpoint after
 step 1): the first step after it within 3.4e-7 relative on every loss term, the second (one update
-later) within 2.9e-3; after both, the first convolution's weight (its gradient passes through every
-BatchNorm's backward) 1.7e-3 of its norm apart. Tolerances (LOSS_TOLERANCE,
-PARAMETER_TOLERANCE): 1e-5 and 2e-2 on the losses, 1e-2 on the parameters. A compiled run resumed
+later) within 2.9e-3; after both, all parameters as one vector 8.5e-5 of its norm apart. Tolerances
+(LOSS_TOLERANCE, PARAMETER_TOLERANCE): 1e-5 and 2e-2 on the losses, 1e-3 on the parameters. A compiled run resumed
 compiled repeats the uninterrupted compiled run exactly.
 """
 
@@ -29,15 +28,15 @@ from maskrcnn_dist.modeling.model import build_model
 from .conftest import fast_config
 
 LOSS_TOLERANCE = (1e-5, 2e-2)  # relative, each loss term: the first step after the checkpoint, the second
-PARAMETER_TOLERANCE = 1e-2  # of each parameter's norm, after both steps
+PARAMETER_TOLERANCE = 1e-3  # of the parameters' norm (all of them as one vector), after both steps
 
 
-def test_without_a_cpp_compiler_the_backbone_stays_eager_with_one_line(tiny_coco, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("no-such-compiler-37",))
+def test_without_a_cpp_compiler_the_backbone_stays_eager_with_one_line(tiny_coco, tmp_path, caplog):
     cpu = torch.device("cpu")
-    assert "no C++ compiler" in compiler_problem(cpu)
     model = build_model(fast_config(tiny_coco, tmp_path).model, num_classes=3)
-    with caplog.at_level(logging.WARNING):
+    # inductor's own patch, not monkeypatch: undoing a monkeypatch deletes the setting, which hides it.
+    with inductor_config.patch({"cpp.cxx": ("no-such-compiler-37",)}), caplog.at_level(logging.WARNING):
+        assert "no C++ compiler" in compiler_problem(cpu)
         assert compile_backbone(model, cpu) is False
     assert model.backbone._compiled_call_impl is None  # eager
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -88,10 +87,13 @@ def test_a_compiled_run_resumed_with_or_without_compile_continues_alike(tiny_coc
         for term, expected in continued[step].items():
             value = resumed[False][0][step][term]
             assert abs(value - expected) <= tolerance * abs(expected), (step, term, value, expected)
-    for key, expected in resumed[True][1].items():
-        if expected.is_floating_point():
-            difference = float((resumed[False][1][key] - expected).norm()) / max(float(expected.norm()), 1e-6)
-            assert difference <= PARAMETER_TOLERANCE, (key, difference)
+    # The whole model's parameters as one vector: a tensor that starts at zero (a BatchNorm bias) has moved
+    # by two small updates only, and rounding differences are large against that alone.
+    keys = [k for k, v in resumed[True][1].items() if v.is_floating_point()]
+    compiled_vector = torch.cat([resumed[True][1][k].flatten() for k in keys])
+    eager_vector = torch.cat([resumed[False][1][k].flatten() for k in keys])
+    difference = float((eager_vector - compiled_vector).norm() / compiled_vector.norm())
+    assert difference <= PARAMETER_TOLERANCE, difference
 
 
 @pytest.mark.slow
