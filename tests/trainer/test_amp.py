@@ -100,9 +100,9 @@ def test_amp_loss_curve_stays_within_tolerance_of_fp32(curves):
 
 def test_amp_with_folded_frozen_batchnorm_stays_within_tolerance_of_fp32(tiny_coco, tmp_path):
     """Fine-tuning's case: frozen BatchNorm (random statistics, as pretrained ones are), folded into its
-    convolutions under --amp (the default), against fp32 without the fold: today's --amp tolerance."""
+    convolutions under --amp (--fold-frozen-bn), against fp32 without the fold: today's --amp tolerance."""
     runs = {}
-    for name, flags in {"fp32": {"fold-frozen-bn": False}, "amp": {"amp": True}}.items():
+    for name, flags in {"fp32": {"fold-frozen-bn": False}, "amp": {"amp": True, "fold-frozen-bn": True}}.items():
         cfg = fast_config(tiny_coco, tmp_path / name, lr=LR, **{"backbone-norm": "frozen"}, **flags)
         runs[name], engine = loss_curve(cfg, prepare=randomise_frozen_statistics)
         folded = any(isinstance(m, FoldedConv2d) for m in engine.model.modules())

@@ -110,7 +110,8 @@ def test_build_model_folds_only_when_asked_and_never_for_export(options, folds):
 
 
 def test_nothing_folds_with_batch_statistics():
-    cfg = ModelConfig(name="maskrcnn_resnet18_fpn", backbone_norm="batch", min_size=64, max_size=96)
-    assert cfg.fold_frozen_bn  # the default
+    cfg = ModelConfig(
+        name="maskrcnn_resnet18_fpn", backbone_norm="batch", min_size=64, max_size=96, fold_frozen_bn=True
+    )
     model = build_model(cfg, num_classes=3)
     assert not any(isinstance(m, FoldedConv2d) for m in model.modules())

@@ -166,9 +166,11 @@ class ModelConfig:
     )
 
     # Fine-tuning's frozen BatchNorm computed inside the convolution before it (modeling/fold_bn.py):
-    # training steps only; evaluation, prediction and export compute as torchvision does.
+    # training steps only; evaluation, prediction and export compute as torchvision does. Off: on the CPU
+    # measured it did not clearly pay (R50 800 px --amp: 1.21x in one round, 0.98x in the next;
+    # docs/performance.md).
     fold_frozen_bn: bool = option(
-        True, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
+        False, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
     )
 
     def resolved_backbone_norm(self) -> str:
