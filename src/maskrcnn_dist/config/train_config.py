@@ -167,8 +167,8 @@ class ModelConfig:
 
     # Fine-tuning's frozen BatchNorm computed inside the convolution before it (modeling/fold_bn.py):
     # training steps only; evaluation, prediction and export compute as torchvision does. Off: on the CPU
-    # measured it did not clearly pay (R50 800 px --amp: 1.21x in one round, 0.98x in the next;
-    # docs/performance.md).
+    # measured it did not pay (R50 800 px --amp: 1.21x and 0.98x with mixed sizes, 0.75x and 0.70x with
+    # one size; docs/performance.md).
     fold_frozen_bn: bool = option(
         False, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
     )
