@@ -28,6 +28,7 @@ __all__ = [
     "BY_FLAG",
     "CHECK_MODES",
     "DEVICES",
+    "DATA_PATH_FLAGS",
     "DATA_SOURCE_FLAGS",
     "ENGINES",
     "DATA_AUGMENTATIONS",
@@ -393,15 +394,8 @@ FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(TrainConfig))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
 #: Where a dataset is: every command that reads a split takes these (data/resolve.py resolves them).
-DATA_SOURCE_FLAGS = (
-    "data-path",
-    "train-annotations",
-    "train-images",
-    "val-annotations",
-    "val-images",
-    "val-fraction",
-    "crowd-as-instances",
-)
+DATA_PATH_FLAGS = ("data-path", "train-annotations", "train-images", "val-annotations", "val-images")
+DATA_SOURCE_FLAGS = (*DATA_PATH_FLAGS, "val-fraction", "crowd-as-instances")
 
 # ----------------------------------------------------------------------------------------------
 # Building a config.

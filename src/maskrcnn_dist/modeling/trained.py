@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..categories import Categories
 from ..checkpoint import checkpoint_file, load_checkpoint, read_torch_file, resolve_resume
 from ..config import (
     BY_FLAG,
+    DATA_PATH_FLAGS,
     DATA_SOURCE_FLAGS,
     FIELDS,
     ModelConfig,
@@ -82,7 +84,7 @@ class TrainedModel:
             cfg.data.exif_orientation,
             categories.num_classes,
             categories,
-            saved_data_flags(saved),
+            _absolute_paths(saved_data_flags(saved)),
             data,
         )
 
@@ -235,3 +237,9 @@ def _checkpoint_named(cfg: TrainConfig) -> tuple[TrainedModel, str] | None:
         return None
     trained = TrainedModel.of_weights_file(Path(weights))
     return None if trained is None else (trained, f"--weights {weights}")
+
+
+def _absolute_paths(flags: dict[str, Any]) -> dict[str, Any]:
+    """The data flags with their paths made absolute: a relative one meant the training run's working
+    directory, and `eval --resume` or `predict` may run from another (symlinks kept, as given)."""
+    return {f: os.path.abspath(v) if f in DATA_PATH_FLAGS and isinstance(v, str) else v for f, v in flags.items()}

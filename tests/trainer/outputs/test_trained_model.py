@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.config import build_config
 from maskrcnn_dist.data.layout import open_split
 from maskrcnn_dist.errors import ConfigError
-from maskrcnn_dist.modeling.trained import TRAINED_MODEL_KEY, train_command_config
+from maskrcnn_dist.modeling.trained import TRAINED_MODEL_KEY, TrainedModel, train_command_config
 from maskrcnn_dist.outputs.predict import load_predictor
 from maskrcnn_dist.train import train
 from maskrcnn_dist.training.metrics import read_metrics
@@ -56,6 +57,19 @@ def test_a_checkpoint_without_the_record_is_rebuilt_from_its_config(trained: Pat
     predictor = load_predictor({"resume": tmp_path / "old.pt", "device": "cpu"})
     assert predictor.engine.cfg.model.name == "maskrcnn_resnet18_fpn"
     assert predictor.trained_data_flags().get("data-path") is not None
+
+
+def test_a_relative_data_path_is_recorded_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A run started with `--data-path data` in one folder: `eval --resume` from another finds the data."""
+    monkeypatch.chdir(tmp_path)
+    cfg = build_config(None, {"data-path": "data", "train-annotations": "data/a.json", "val-fraction": 0.25})
+    record = TrainedModel.of_run(cfg, Categories.by_index(2), None)
+    assert record.data_flags == {
+        "data-path": str(tmp_path / "data"),
+        "train-annotations": str(tmp_path / "data" / "a.json"),
+        "val-fraction": 0.25,
+        "seed": cfg.seed,
+    }
 
 
 def _cli(*args: object) -> subprocess.CompletedProcess:
