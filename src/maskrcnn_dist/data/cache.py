@@ -8,8 +8,9 @@ to the checksum, is not used (the caller rebuilds it, and says why).
 
 One process writes it: writers take an exclusive lock (flock on FILE.lock), look again (another may
 have written it while they waited), and write to a private temporary file renamed into place, so a
-reader sees the old file or the new one, whole, never a part. The payload is memory-mapped, read-only:
-every process of a node that maps the file shares its pages.
+reader sees the old file or the new one, whole, never a part; the writer builds the payload in a forked
+child, so the parse's garbage never stays in the trainer's heap. The payload is memory-mapped,
+read-only: every process of a node that maps the file shares its pages.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import fcntl
 import json
 import logging
 import mmap
+import multiprocessing
 import os
 import time
 import uuid
@@ -142,7 +144,7 @@ def load_or_build(cache: CacheFile | None, build: Callable[[], Iterable[bytes]],
             if str(reason) != "not written yet":
                 log.warning("%s: cache not used (%s): rebuilding it", cache.path, reason)
             started = time.perf_counter()
-            cache.write(build())  # streamed: the payload is never held twice
+            write_in_child(cache, build)
             log.info("%s: %s cached in %.1f s", cache.path, what, time.perf_counter() - started)
     except OSError as e:  # the folder cannot be made or written (a read-only volume, a full disk)
         log.warning("%s: cannot write the cache (%s): %s kept in memory only", cache.path, one_line(e), what)
@@ -151,6 +153,48 @@ def load_or_build(cache: CacheFile | None, build: Callable[[], Iterable[bytes]],
         return cache.read()
     except CacheInvalid as e:  # written and renamed by this process a moment ago: the volume lost it
         raise DatasetError(f"{cache.path}: the cache just written does not read back ({e})") from e
+
+
+def write_in_child(cache: CacheFile, build: Callable[[], Iterable[bytes]]) -> None:
+    """Build the payload and write it in a forked child. The build (a JSON parse: millions of objects)
+    lives and dies there: this process's heap would keep much of it after freeing it (small objects'
+    memory seldom goes back to the system), and every DataLoader worker forked later would inherit it.
+    The child's DatasetError is raised here with its message; its OSError too (no cache then)."""
+    if multiprocessing.current_process().daemon:  # (a pool's worker) may not start a child: build here
+        cache.write(build())
+        return
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=_build_and_write, args=(cache, build, writer), daemon=True)
+    child.start()
+    writer.close()
+    try:
+        outcome = reader.recv()
+    except EOFError:  # killed (out of memory?) before it could say
+        outcome = ("crash", "")
+    child.join()
+    if outcome is None:
+        return
+    kind, message = outcome
+    if kind == "dataset":
+        raise DatasetError(message)
+    if kind == "os":
+        raise OSError(message)
+    raise DatasetError(f"{cache.path}: building the cache failed (exit code {child.exitcode}) {message}".strip())
+
+
+def _build_and_write(cache: CacheFile, build: Callable[[], Iterable[bytes]], writer: Any) -> None:
+    try:
+        cache.write(build())
+        outcome: tuple[str, str] | None = None
+    except DatasetError as e:
+        outcome = ("dataset", str(e))
+    except OSError as e:
+        outcome = ("os", one_line(e))
+    except Exception as e:  # noqa: BLE001 - reported by the parent, which raises it as a DatasetError
+        outcome = ("error", one_line(e))
+    writer.send(outcome)
+    writer.close()
 
 
 def file_identity(path: Path) -> dict[str, Any]:

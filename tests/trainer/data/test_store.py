@@ -297,8 +297,16 @@ def test_processes_starting_at_once_agree_and_one_builds(tmp_path: Path) -> None
     images_dir, ann_file = write_mixed_set(tmp_path)
     builds = tmp_path / "builds.txt"
     context = multiprocessing.get_context("fork")
-    with context.Pool(3) as pool:
-        digests = pool.map(_open_and_digest, [(images_dir, ann_file, tmp_path / "cache", builds)] * 3)
+    results = context.Queue()
+    args = (images_dir, ann_file, tmp_path / "cache", builds)
+    # Processes, not a pool: a pool's daemonic workers may not fork the builder's child.
+    ranks = [context.Process(target=lambda: results.put(_open_and_digest(args))) for _ in range(3)]
+    for rank in ranks:
+        rank.start()
+    digests = [results.get(timeout=60) for _ in ranks]
+    for rank in ranks:
+        rank.join(timeout=60)
+        assert rank.exitcode == 0
     assert len(set(digests)) == 1
     assert len(builds.read_text().split()) == 1  # one parsed the file; the others waited and mapped it
 
@@ -354,3 +362,14 @@ def test_check_verdicts_are_reused_until_an_image_changes(tmp_path: Path, monkey
     checked.clear()
     check_datasets([dataset], rules, cache_dir=tmp_path / "cache")
     assert len(checked) == len(dataset)
+
+
+def test_a_bad_file_is_named_when_the_cache_builds_it(tmp_path: Path) -> None:
+    """The build runs in a child process: its one-line error reaches the caller as it was."""
+    images_dir, ann_file = write_mixed_set(tmp_path)
+    data = json.loads(ann_file.read_text())
+    data["annotations"][3]["category_id"] = 77
+    ann_file.write_text(json.dumps(data))
+    with pytest.raises(DatasetError, match=f"^{ann_file}: annotation id .*unknown category id 77"):
+        CocoInstanceDataset(images_dir, ann_file, cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("*.samples"))
