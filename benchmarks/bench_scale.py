@@ -318,12 +318,8 @@ def run_until(argv: list[str], version: Version, log: Path, metrics: Path, past:
 
 
 def _tree(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        found += kids
-        todo += kids
-    return found
+    """Every process under `pid`, depth first."""
+    return [below for kid in children(pid) for below in (kid, *_tree(kid))]
 
 
 def _kill(proc: subprocess.Popen, known: list[int] = ()) -> None:  # type: ignore[assignment]
