@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # check.py uses this module
 
 log = logging.getLogger(__name__)
 
-VERDICTS_VERSION = 1
+VERDICTS_VERSION = 2
 Verdict = Frame | str  # a frame: usable, read in it; a string: why not
 _Stamp = tuple[str, int, int, int | None, int | None]  # path, size, mtime_ns, annotated width, height
 
@@ -91,20 +91,22 @@ def stamps_of(entries: Sequence[ImageEntry]) -> dict[int, _Stamp]:
 
 
 def _encode(entries: Mapping[int, tuple[_Stamp, Verdict]]) -> bytes:
-    rows = {
-        str(iid): [list(stamp), verdict if isinstance(verdict, str) else [verdict.applied, verdict.to_display]]
-        for iid, (stamp, verdict) in entries.items()
-    }
-    return json.dumps(rows, separators=(",", ":")).encode()
+    """Columns (a JSON array per field: ~3x faster to read back than a record per image), each verdict
+    an index into the few distinct ones (AS_STORED for nearly every image)."""
+    verdicts: dict[Verdict, int] = {}
+    rows = [(iid, *stamp, verdicts.setdefault(verdict, len(verdicts))) for iid, (stamp, verdict) in entries.items()]
+    columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(7)]
+    table = [v if isinstance(v, str) else [v.applied, v.to_display] for v in verdicts]
+    return json.dumps({"columns": columns, "verdicts": table}, separators=(",", ":")).encode()
 
 
 def _decode(payload: memoryview | bytes) -> dict[int, tuple[_Stamp, Verdict]]:
     try:
-        rows: dict[str, Any] = json.loads(bytes(payload))
-        entries: dict[int, tuple[_Stamp, Verdict]] = {}
-        for iid, (stamp, verdict) in rows.items():
-            frame = verdict if isinstance(verdict, str) else Frame(int(verdict[0]), int(verdict[1]))
-            entries[int(iid)] = (tuple(stamp), AS_STORED if frame == AS_STORED else frame)  # type: ignore[assignment]
-        return entries
-    except (ValueError, TypeError, IndexError) as e:  # checksummed, yet not what this code writes
+        data: dict[str, Any] = json.loads(bytes(payload))
+        table = [v if isinstance(v, str) else Frame(int(v[0]), int(v[1])) for v in data["verdicts"]]
+        table = [AS_STORED if v == AS_STORED else v for v in table]
+        ids, paths, sizes, mtimes, widths, heights, codes = data["columns"]
+        stamps = zip(paths, sizes, mtimes, widths, heights, strict=True)
+        return {iid: (stamp, table[code]) for iid, stamp, code in zip(ids, stamps, codes, strict=True)}
+    except (ValueError, TypeError, IndexError, KeyError) as e:  # checksummed, yet not what this code writes
         raise CacheInvalid(f"verdicts not readable ({e})") from e

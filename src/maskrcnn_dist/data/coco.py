@@ -158,15 +158,22 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
             annotations += [self.store.coco_annotation(i, row, iscrowd) for i in self.store.annotation_rows(row)]
         return {"images": images, "annotations": annotations, "categories": list(self.store.categories)}
 
+    def file_names(self) -> list[Path]:
+        """IMAGE_DIR/file_name of every image used, in dataset order, as the file gives it (no ground
+        truth built, no file looked for)."""
+        return [self.image_dir / name for name in self.store.file_names(self._rows.tolist())]
+
     def _path(self, row: int) -> Path:
         return resolve_image(self.image_dir, self.store.file_name(row))[0]
 
     def image_entries(self) -> list[ImageEntry]:
         """Every image with the size the annotation file gives it, for data/check.py."""
-        a = self.store.arrays
+        a, rows = self.store.arrays, self._rows
+        names = self.store.file_names(rows.tolist())
+        columns = (a["image_id"][rows].tolist(), a["width"][rows].tolist(), a["height"][rows].tolist())
         return [
-            ImageEntry(int(a["image_id"][row]), self._path(row), int(a["width"][row]), int(a["height"][row]))
-            for row in self._rows.tolist()
+            ImageEntry(iid, resolve_image(self.image_dir, name)[0], width, height)
+            for name, iid, width, height in zip(names, *columns, strict=True)
         ]
 
     def use_frames(self, frames: Mapping[int, Frame]) -> None:

