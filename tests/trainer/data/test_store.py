@@ -246,10 +246,20 @@ def test_a_changed_annotation_file_rebuilds_the_cache(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "damage",
-    ["flip-payload-byte", "truncate", "truncate-header", "garbage-header", "other-version", "empty", "append"],
+    "damage,reason",
+    [
+        ("flip-payload-byte", "checksum mismatch (damaged)"),
+        ("truncate", "(truncated?)"),
+        ("truncate-header", "shorter than its header (truncated)"),
+        ("garbage-header", "header is not readable (damaged)"),
+        ("other-version", "format version 0, this program writes 1"),
+        ("empty", "shorter than its header (truncated)"),
+        ("append", "where the header promises"),
+    ],
 )
-def test_a_damaged_cache_is_detected_and_rebuilt(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_damaged_cache_is_detected_and_rebuilt(
+    tmp_path: Path, damage: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
     images_dir, ann_file = write_mixed_set(tmp_path)
     CocoInstanceDataset(images_dir, ann_file, cache_dir=tmp_path / "cache")
     path = _samples_file(tmp_path / "cache")
@@ -271,7 +281,8 @@ def test_a_damaged_cache_is_detected_and_rebuilt(tmp_path: Path, damage: str, ca
     path.write_bytes(bytes(raw))
     with caplog.at_level(logging.WARNING):
         dataset = CocoInstanceDataset(images_dir, ann_file, cache_dir=tmp_path / "cache")
-    assert any(str(path) in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records)
+    (warning,) = [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]
+    assert str(path) in warning and reason in warning
     want, _ = reference(ann_file)
     for index, image_id in enumerate(dataset.image_ids):
         assert_same_target(dataset[index][1], want[image_id])
@@ -358,6 +369,12 @@ def test_check_verdicts_are_reused_until_an_image_changes(tmp_path: Path, monkey
     assert len(checked) == len(dataset)  # other rules: their own cache
 
     path = next((tmp_path / "cache").glob("*.check-header"))
+    raw = path.read_bytes()
+    assert raw.count(b"[6,1]") == 1
+    path.write_bytes(raw.replace(b"[6,1]", b"[1,1]"))  # still JSON, a wrong frame: the checksum refuses it
+    checked.clear()
+    (fourth,) = check_datasets([dataset], rules, cache_dir=tmp_path / "cache")
+    assert len(checked) == len(dataset) and fourth.frames[20].applied == 6
     path.write_bytes(path.read_bytes()[:-5])  # truncated: not used, everything checked again
     checked.clear()
     check_datasets([dataset], rules, cache_dir=tmp_path / "cache")
