@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parents[1]
 COCO_TRAIN_IMAGES = 118_287
 SIZE = (64, 48)  # annotated = stored size of every (tiny) image
 MiB = 1 << 20
+_LINKS_PER_FILE = 50_000
 
 
 # --- the set -------------------------------------------------------------------------------------------
@@ -61,8 +62,9 @@ def write_set(root: Path, count: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     images_dir = root / "train2017"
     images_dir.mkdir(parents=True)
+    pixels = Image.fromarray(rng.integers(0, 255, (SIZE[1], SIZE[0], 3), dtype=np.uint8))
+    pixels.save(images_dir / ".template.jpg", quality=80)
     template = images_dir / ".template.jpg"
-    Image.fromarray(rng.integers(0, 255, (SIZE[1], SIZE[0], 3), dtype=np.uint8)).save(template, quality=80)
     w, h = SIZE
     images, annotations = [], []
     ann_id = 0
@@ -70,7 +72,11 @@ def write_set(root: Path, count: int, seed: int = 0) -> Path:
     per_image[rng.uniform(size=count) < 0.01] = 0
     for image_id in range(1, count + 1):
         name = f"{image_id:012d}.jpg"
-        os.link(template, images_dir / name)
+        if image_id % _LINKS_PER_FILE == 1:  # ext4 allows 65,000 links to a file: the next group gets its own
+            template = images_dir / name
+            shutil.copyfile(images_dir / ".template.jpg", template)
+        else:
+            os.link(template, images_dir / name)
         images.append({"id": image_id, "file_name": name, "width": w, "height": h, "license": 1})
         for _ in range(per_image[image_id - 1]):
             ann_id += 1
@@ -95,7 +101,7 @@ def write_set(root: Path, count: int, seed: int = 0) -> Path:
                     "iscrowd": crowd,
                 }
             )
-    template.unlink()
+    (images_dir / ".template.jpg").unlink()
     categories = [{"id": c, "name": f"class{c}", "supercategory": "thing"} for c in range(1, 81)]
     (root / "annotations").mkdir()
     path = root / "annotations" / "instances_train2017.json"
