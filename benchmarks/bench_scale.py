@@ -459,6 +459,7 @@ def floor_phase(version: Version, work: Path, timeout: float) -> float:
     if not data.exists():
         write_set(data, 64, seed=1)
     out = work / f"{version.name}-floor"
+    shutil.rmtree(out, ignore_errors=True)  # a kept run's metrics would read as a first step at once
     run = run_until(
         train_argv("local", data, out, 0), version, work / f"{out.name}.log", out / "metrics.jsonl", 0, timeout
     )
