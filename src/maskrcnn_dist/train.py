@@ -37,6 +37,7 @@ from .data import CocoInstanceDataset, DataSources, build_train_loader, load_dat
 from .data.augment import AugmentedDataset, build_augmentation
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .data.copy_paste import CopyPaste
+from .data.layout import cache_dir
 from .data.loader import collate
 from .data.resolve import names_data, resolve_sources
 from .engines.base import Engine
@@ -134,7 +135,10 @@ def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lam
         return
     # Evaluation reads only the val split.
     splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
-    reports = run_once(lambda: check_datasets(splits, CheckRules.of(cfg)))
+    where = cache_dir(cfg, training=True)
+    reports = run_once(
+        lambda: check_datasets(splits, CheckRules.of(cfg), cache_dir=where, cache_wait_s=cfg.peers.timeout)
+    )
     settle(splits, reports, cfg.data.skip_bad_images)
 
 

@@ -135,6 +135,13 @@ class DataConfig:
         choices=EXIF_ORIENTATIONS,
     )
 
+    # A restart must not parse COCO's 450 MB of JSON and check 118k images again (data/cache.py).
+    data_cache: str = option(
+        "auto",
+        "where the parsed annotations and the data check's verdicts are cached for the next start: auto "
+        "(OUTPUT_DIR/cache for train and eval; none for the other commands), off, or a folder",
+    )
+
     def sized_by_data(self) -> bool:
         """Whether the augmentation gives the model its training sizes (torchvision's `_skip_resize`)."""
         return self.data_augmentation in SIZED_BY_DATA

@@ -33,6 +33,7 @@ from typing import Protocol, TextIO
 from ..config import CHECK_MODES, TrainConfig
 from ..errors import DatasetError, one_line
 from ..lifetime.stop import detach_pool_worker
+from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
 from .orientation import AS_STORED, Frame, FrameMismatch, frame_of, frame_size
 from .resize import degenerate_size_reason
@@ -115,6 +116,7 @@ class CheckReport:
     # image id -> its frame, for every good image; none with --check-data off (each image's frame is
     # then decided when it is first read)
     frames: Mapping[int, Frame] = field(default_factory=dict)
+    reused: int = 0  # verdicts taken from the cache (data/check_cache.py), not checked again
 
     @property
     def read_as_stored_though_turned(self) -> list[int]:
@@ -126,8 +128,9 @@ class CheckReport:
         return self.checked / self.seconds if self.seconds > 0 else float("inf")
 
     def summary(self) -> str:
+        reused = f", {self.reused} unchanged since the cached check" if self.reused else ""
         return (
-            f"{self.source}: {self.checked} images checked ({self.mode}), {len(self.bad)} bad, "
+            f"{self.source}: {self.checked} images checked ({self.mode}{reused}), {len(self.bad)} bad, "
             f"{self.seconds:.1f} s, {self.images_per_second:.0f} images/s"
         )
 
@@ -178,17 +181,27 @@ def check_images(
     source: str = "",
     processes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    known: Mapping[int, Frame | str] | None = None,
 ) -> CheckReport:
-    """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish."""
+    """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish. `known`: verdicts
+    already reached for some of them (data/check_cache.py), taken as they are."""
     if rules.mode not in CHECK_MODES:
         raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")
     start = time.perf_counter()
-    chunks = [(entries[i : i + _CHUNK], rules) for i in range(0, len(entries), _CHUNK)]
-    processes = min(processes or available_cores(), len(chunks))
+    known = known or {}
+    todo = [entry for entry in entries if entry.image_id not in known]
+    chunks = [(todo[i : i + _CHUNK], rules) for i in range(0, len(todo), _CHUNK)]
+    processes = min(processes or available_cores(), max(len(chunks), 1))
     bad: list[BadImage] = []
     frames: dict[int, Frame] = {}
-    done = 0
-    for count, chunk_bad, chunk_frames in _map(chunks, processes if len(entries) >= _IN_PROCESS_BELOW else 1):
+    for entry in entries:
+        if (verdict := known.get(entry.image_id)) is not None:
+            if isinstance(verdict, str):
+                bad.append(BadImage(entry.image_id, entry.path, verdict))
+            else:
+                frames[entry.image_id] = verdict
+    done = len(entries) - len(todo)
+    for count, chunk_bad, chunk_frames in _map(chunks, processes if len(todo) >= _IN_PROCESS_BELOW else 1):
         bad.extend(chunk_bad)
         frames.update(chunk_frames)
         done += count
@@ -196,7 +209,8 @@ def check_images(
             progress(done, len(entries))
     order = {entry.image_id: i for i, entry in enumerate(entries)}
     bad.sort(key=lambda b: order[b.image_id])  # chunks finish in any order; report in file order
-    return CheckReport(source, rules.mode, len(entries), tuple(bad), time.perf_counter() - start, frames)
+    seconds = time.perf_counter() - start
+    return CheckReport(source, rules.mode, len(entries), tuple(bad), seconds, frames, len(entries) - len(todo))
 
 
 def _map(chunks: list, processes: int) -> Iterable[_Checked]:
@@ -255,15 +269,30 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
 
 
 def check_datasets(
-    datasets: Sequence[CheckedDataset], rules: CheckRules, *, announce: bool = True
+    datasets: Sequence[CheckedDataset],
+    rules: CheckRules,
+    *,
+    announce: bool = True,
+    cache_dir: Path | None = None,
+    cache_wait_s: float = 1800.0,
 ) -> list[CheckReport]:
     """Check every image of each split (with a progress bar or log lines), one report per split, each
     summary logged when `announce` (check-data prints them itself: logged too, each showed twice); one
-    warning per split counts the images read as stored though a viewer shows them turned."""
+    warning per split counts the images read as stored though a viewer shows them turned. `cache_dir`:
+    reuse the verdicts of images unchanged since a check cached there, and cache this one's (not in
+    mode off, which only looks that the files exist)."""
     reports = []
     for dataset in datasets:
         source = str(dataset.annotation_file)
-        report = check_images(dataset.image_entries(), rules, source=source, progress=Progress(f"checking {source}"))
+        entries = dataset.image_entries()
+        cache = None
+        if cache_dir is not None and rules.mode != "off":
+            cache = VerdictCache.open(cache_dir, dataset.annotation_file, rules, cache_wait_s)
+            stamps = stamps_of(entries)
+        known = cache.known(entries, stamps) if cache else None
+        report = check_images(entries, rules, source=source, progress=Progress(f"checking {source}"), known=known)
+        if cache and report.reused < report.checked:
+            cache.save(report, entries, stamps)
         if announce:
             log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:
