@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -287,12 +287,12 @@ def check_datasets(
         entries = dataset.image_entries()
         cache = None
         if cache_dir is not None and rules.mode != "off":
-            cache = VerdictCache.open(cache_dir, dataset.annotation_file, rules, cache_wait_s)
+            cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
             stamps = stamps_of(entries)
         known = cache.known(entries, stamps) if cache else None
         report = check_images(entries, rules, source=source, progress=Progress(f"checking {source}"), known=known)
         if cache and report.reused < report.checked:
-            cache.save(report, entries, stamps)
+            cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
         if announce:
             log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:

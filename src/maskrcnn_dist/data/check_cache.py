@@ -14,21 +14,27 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .cache import CacheFile, CacheInvalid, cache_name
 from .orientation import AS_STORED, Frame
-
-if TYPE_CHECKING:  # check.py uses this module
-    from .check import CheckReport, CheckRules, ImageEntry
 
 log = logging.getLogger(__name__)
 
 VERDICTS_VERSION = 2
 Verdict = Frame | str  # a frame: usable, read in it; a string: why not
 _Stamp = tuple[str, int, int, int | None, int | None]  # path, size, mtime_ns, annotated width, height
+
+
+class CheckedImage(Protocol):
+    """What this module reads of check.py's ImageEntry (check.py uses this module, not the reverse)."""
+
+    image_id: int
+    path: Path
+    width: int | None
+    height: int | None
 
 
 @dataclass
@@ -39,10 +45,13 @@ class VerdictCache:
     entries: dict[int, tuple[_Stamp, Verdict]]
 
     @classmethod
-    def open(cls, cache_dir: Path, annotation_file: Path, rules: CheckRules, wait_s: float = 1800.0) -> VerdictCache:
-        """What the cache holds, verified; empty (with the reason logged) when it cannot be used."""
-        key = {"annotations": str(annotation_file.resolve()), "rules": asdict(rules), "version": VERDICTS_VERSION}
-        name = f"{cache_name(annotation_file)}.check-{rules.mode}"
+    def open(
+        cls, cache_dir: Path, annotation_file: Path, rules: Mapping[str, Any], wait_s: float = 1800.0
+    ) -> VerdictCache:
+        """What the cache holds, verified; empty (with the reason logged) when it cannot be used. `rules`:
+        the check's rules as a dict (its `mode` names the file; all of them key it)."""
+        key = {"annotations": str(annotation_file.resolve()), "rules": dict(rules), "version": VERDICTS_VERSION}
+        name = f"{cache_name(annotation_file)}.check-{rules['mode']}"
         file = CacheFile(cache_dir / name, "check-verdicts", key, wait_s)
         try:
             entries = _decode(file.read())
@@ -52,7 +61,7 @@ class VerdictCache:
             entries = {}
         return cls(file, entries)
 
-    def known(self, entries: Sequence[ImageEntry], stamps: Mapping[int, _Stamp]) -> dict[int, Verdict]:
+    def known(self, entries: Sequence[CheckedImage], stamps: Mapping[int, _Stamp]) -> dict[int, Verdict]:
         """The verdicts still valid for these entries (their stamps unchanged since they were checked)."""
         found = {}
         for entry in entries:
@@ -61,16 +70,19 @@ class VerdictCache:
                 found[entry.image_id] = cached[1]
         return found
 
-    def save(self, report: CheckReport, entries: Sequence[ImageEntry], stamps: Mapping[int, _Stamp]) -> None:
-        """Record the report's verdicts (under the stamps taken before the check: a file changed while it
-        was read is checked again next time) beside the other images' verdicts, atomically."""
-        bad = {b.image_id: b.reason for b in report.bad}
+    def save(
+        self,
+        bad: Mapping[int, str],
+        frames: Mapping[int, Frame],
+        entries: Sequence[CheckedImage],
+        stamps: Mapping[int, _Stamp],
+    ) -> None:
+        """Record a check's verdicts (why each bad image is bad, the frame of the others) under the stamps
+        taken before the check (a file changed while it was read is checked again next time) beside the
+        other images' verdicts, atomically."""
         for entry in entries:
             if (stamp := stamps.get(entry.image_id)) is not None:
-                self.entries[entry.image_id] = (
-                    stamp,
-                    bad.get(entry.image_id) or report.frames.get(entry.image_id, AS_STORED),
-                )
+                self.entries[entry.image_id] = (stamp, bad.get(entry.image_id) or frames.get(entry.image_id, AS_STORED))
         try:
             with self.file.writer_lock():
                 self.file.write([_encode(self.entries)])
@@ -78,7 +90,7 @@ class VerdictCache:
             log.warning("%s: cannot write the data check's cache (%s): the next start checks again", self.file.path, e)
 
 
-def stamps_of(entries: Sequence[ImageEntry]) -> dict[int, _Stamp]:
+def stamps_of(entries: Sequence[CheckedImage]) -> dict[int, _Stamp]:
     """Each existing file's stamp (path, size, mtime_ns, annotated size); a missing one has none."""
     stamps = {}
     for entry in entries:
