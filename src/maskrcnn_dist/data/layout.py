@@ -187,7 +187,10 @@ def check_split(cfg: TrainConfig, splits: Sequence[str]) -> tuple[OpenSplits, li
     if len(splits) == 1 and sources.get(splits[0]) is None:
         raise DatasetError(f"{sources.layout}: no {splits[0]} split found")
     if "val" in splits and sources.get("val") is None:
-        log.warning("no val split (%s): training would run without validation loss or COCO AP", sources.layout)
+        log.warning(
+            "no val split (%s): training would run without validation loss or COCO AP; --val-fraction F carves one",
+            sources.layout,
+        )
     opened = open_splits(sources, cfg, train_split=None)
     if "train" in splits and "train" in opened.datasets and not len(opened.datasets["train"]):
         raise empty_train_split(opened.datasets["train"].annotation_file)
