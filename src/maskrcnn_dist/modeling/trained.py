@@ -49,6 +49,7 @@ from ..config import (
 from ..data.sources import DataSources
 from ..errors import CheckpointError, ConfigError, UserError, WeightsError
 from .model import CLASS_SCORE_WEIGHT, builder_kwargs, state_num_classes
+from .perf import CHANNELS_LAST_MODULES
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class TrainedModel:
             "backbone": TORCHVISION_BACKBONES[model.name],
             "frozen_batchnorm": model.resolved_backbone_norm() == "frozen",
             "kwargs": every_setting(builder_kwargs(model, self.num_classes)),
+            # The modules the kit holds in channels_last: the same layout gives the same numbers.
+            "channels_last": list(CHANNELS_LAST_MODULES) if model.channels_last else [],
         }
 
     def to_record(self) -> dict[str, Any]:
