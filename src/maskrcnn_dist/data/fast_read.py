@@ -11,6 +11,7 @@ is refused in the stdlib path's words.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,8 @@ def read_columns(path: Path, where: str) -> tuple[Columns, list[dict[str, Any]]]
         raw = path.read_bytes()
     except OSError as e:
         raise NotPlain(str(e)) from e
-    # json.load reads text: a byte order mark or bad UTF-8 (even in a field this decoder skips) is an
-    # error there. ASCII, the usual case, is told in a fraction of a second.
-    _require(not raw.startswith(b"\xef\xbb\xbf"), "byte order mark")
+    # json.load reads text: bad UTF-8 is an error there, even in a field this decoder skips (a byte
+    # order mark too: msgspec refuses it itself). ASCII, the usual case, is told in a fraction of a second.
     if not raw.isascii():
         try:
             raw.decode("utf-8")
@@ -81,7 +81,7 @@ def read_columns(path: Path, where: str) -> tuple[Columns, list[dict[str, Any]]]
     image_id = np.array([i.id for i in images], dtype=np.int64)
     width = np.array([i.width for i in images], dtype=np.int64)
     height = np.array([i.height for i in images], dtype=np.int64)
-    _require(len(np.unique(image_id)) == len(images), "duplicate image id")
+    _require(_unique(image_id), "duplicate image id")
     _require(all(i.file_name for i in images), "empty file_name")
     _require(bool(((width > 0) & (height > 0) & (width < 2**31) & (height < 2**31)).all()), "image size")
     by_id = np.argsort(image_id, kind="stable")
@@ -93,8 +93,8 @@ def read_columns(path: Path, where: str) -> tuple[Columns, list[dict[str, Any]]]
     category_id = np.array([a.category_id for a in anns], dtype=np.int64)
     iscrowd = np.array([a.iscrowd for a in anns], dtype=np.int64)
     area = np.array([a.area for a in anns], dtype=np.float64)
-    bbox = np.array([a.bbox for a in anns], dtype=np.float64).reshape(-1, 4)
-    _require(len(np.unique(ann_id)) == len(anns), "duplicate annotation id")
+    bbox = np.fromiter(itertools.chain.from_iterable(a.bbox for a in anns), np.float64, 4 * len(anns)).reshape(-1, 4)
+    _require(_unique(ann_id), "duplicate annotation id")
     rows = np.minimum(np.searchsorted(image_id, ann_image_id), max(len(image_id) - 1, 0))
     _require(len(image_id) > 0 or not len(anns), "annotations without images")
     _require(bool((image_id[rows] == ann_image_id).all()) if len(anns) else True, "unknown image id")
@@ -128,11 +128,21 @@ def read_columns(path: Path, where: str) -> tuple[Columns, list[dict[str, Any]]]
 
 
 def _check_segmentations(anns: list[_Annotation], heights: np.ndarray, widths: np.ndarray, where: str) -> None:
-    """annotations.check_polygons' shape rule (points are checked on the store) and check_rle."""
+    """annotations.check_polygons' shape rule (points are checked on the store) and check_rle (its rule
+    for uncompressed runs in numpy: a crowd region has thousands)."""
     for k, ann in enumerate(anns):
         segm = ann.segmentation
         if isinstance(segm, list):
-            _require(bool(segm) and all(len(p) >= 6 and not len(p) % 2 for p in segm), "polygon shape")
+            _require(bool(segm), "no polygon")
+            for polygon in segm:
+                if len(polygon) < 6 or len(polygon) % 2:
+                    raise NotPlain("polygon shape")
+        elif isinstance(segm.counts, list):
+            pixels = int(heights[k]) * int(widths[k])
+            runs = np.array(segm.counts, dtype=np.int64)
+            # (no run above the pixel count: the int64 sum cannot wrap around to it)
+            ok = runs.min(initial=0) >= 0 and runs.max(initial=0) <= pixels and runs.sum() == pixels
+            _require(segm.size == (heights[k], widths[k]) and bool(ok), "uncompressed RLE")
         else:  # raises the DatasetError the stdlib path would: this path gives up on it
             check_rle(_as_json(segm), int(heights[k]), int(widths[k]), where)
 
@@ -141,6 +151,11 @@ def _as_json(segm: list[list[float]] | _Rle) -> list[list[float]] | dict[str, An
     if isinstance(segm, list):
         return segm
     return {"size": list(segm.size), "counts": segm.counts}
+
+
+def _unique(values: np.ndarray) -> bool:
+    ordered = np.sort(values)
+    return bool((ordered[1:] != ordered[:-1]).all())
 
 
 def _require(condition: bool, what: str) -> None:

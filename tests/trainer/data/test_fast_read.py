@@ -118,6 +118,8 @@ def test_a_file_json_takes_in_ways_the_fast_read_does_not_gives_jsons_store(
         ('"bbox": [-0.0, 1E1, 12, 3.5e0]', '"bbox": [1e400, 1, 2, 3]'),
         ('"bbox": [1, 1, 5, 5],\n   "segmentation": {"size"', '"bbox": [1, 1, 5, 5],\n   "segmentation": {"sizes"'),
         ('"counts": [600, 600]', '"counts": [600, 601]'),
+        ('"size": [30, 40], "counts": [600', '"size": [40, 30], "counts": [600'),  # the runs' sum is right
+        ('"counts": [600, 600]', '"counts": [9223372036854775807, 9223372036854775807, 1202]'),  # int64 sum: 1200
         ('[1, 2, 3, 4, 5, 6]]},\n  {"id": 3', '[1, 2, 3, 4, 5]]},\n  {"id": 3'),
         ('"segmentation": [[1, 2, 3, 4, 5, 6]]},\n  {"id": 9', '"segmentation": []},\n  {"id": 9'),
         ('[1, 2, 3, 4, 5, 6]]},\n  {"id": 3', '[1, 2, 3, 4, 5, 1e300]]},\n  {"id": 3'),  # a far point
