@@ -164,7 +164,7 @@ def _check_segmentation(segm: Any, height: int, width: int, ctx: str, *, points:
     if isinstance(segm, list):
         check_polygons(segm, height, width, ctx, points=points)
     elif isinstance(segm, dict):
-        _check_rle(segm, height, width, ctx)
+        check_rle(segm, height, width, ctx)
     else:
         raise DatasetError(f"{ctx}: 'segmentation' must be a list of polygons or an RLE object")
 
@@ -197,7 +197,8 @@ def check_polygons(polygons: list[Any], height: int, width: int, ctx: str, *, po
             )
 
 
-def _check_rle(rle: dict, height: int, width: int, ctx: str) -> None:
+def check_rle(rle: dict, height: int, width: int, ctx: str) -> None:
+    """An RLE segmentation: its size is the image's, its runs cover the image exactly."""
     size, counts = rle.get("size"), rle.get("counts")
     if size != [height, width]:
         raise DatasetError(f"{ctx}: RLE 'size' is {size!r}, the image is [height, width] = {[height, width]}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DatasetError
+from ..errors import DatasetError, one_line
 from .annotations import (
     check_polygons,
     read_annotation_file,
@@ -42,6 +43,10 @@ from .annotations import (
     validate_images,
 )
 from .cache import CacheFile, cache_name, file_identity, load_or_build
+from .columns import Columns
+from .fast_read import read_columns
+
+log = logging.getLogger(__name__)
 
 POLYGONS, RLE, COUNTS = 0, 1, 2
 STORE_VERSION = 1  # the layout below; a cache of another layout is rebuilt
@@ -196,15 +201,25 @@ def read_store(annotation_file: Path) -> SampleStore:
     # growing heap (40% of json.load at COCO's size); JSON builds no cycles, so the scans find nothing.
     gc.disable()
     try:
-        data = read_annotation_file(annotation_file)
-        images = validate_images(data["images"], where)
-        categories = validate_categories(data["categories"], where)
-        kept, dropped = validate_annotations(data["annotations"], images, categories, where, points_later=True)
-        store = build_store(images, kept, list(categories.values()), dropped, where)
+        try:
+            columns, categories = read_columns(annotation_file, where)
+        except Exception as e:  # noqa: BLE001 - the fast path only accepts; json and the checks decide
+            log.debug("%s: read with json (%s: %s)", where, type(e).__name__, one_line(e))
+            columns, categories = _read_columns_json(annotation_file, where)
+        store = store_from_columns(columns, categories, where)
     finally:
         gc.enable()
     check_polygon_points(store, where)
     return store
+
+
+def _read_columns_json(annotation_file: Path, where: str) -> tuple[Columns, list[dict[str, Any]]]:
+    """json.load and the per-record checks: any file, and every refusal's message."""
+    data = read_annotation_file(annotation_file)
+    images = validate_images(data["images"], where)
+    categories = validate_categories(data["categories"], where)
+    kept, dropped = validate_annotations(data["annotations"], images, categories, where, points_later=True)
+    return columns_of(images, kept, dropped), list(categories.values())
 
 
 def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 1800.0) -> SampleStore:
@@ -254,50 +269,62 @@ def check_polygon_points(store: SampleStore, where: str) -> None:
     raise DatasetError(f"{ctx}: a polygon point is not finite or lies far outside the {w}x{h} image")
 
 
-def build_store(
-    images: Mapping[int, Mapping[str, Any]],
-    kept: Sequence[Mapping[str, Any]],
-    categories: Sequence[Mapping],
-    dropped: Sequence[int] = (),
-    where: str = "",
-) -> SampleStore:
-    """The store of validated images (by id) and kept annotations (data/annotations.py)."""
-    ids = np.array(sorted(images), dtype=np.int64)
-    row_of = {int(iid): row for row, iid in enumerate(ids)}
-    records = [images[int(iid)] for iid in ids]
-    names = [r["file_name"].encode("utf-8") for r in records]
-    # Annotations grouped by image, in file order within an image (a stable sort).
-    ann_rows = np.array([row_of[a["image_id"]] for a in kept], dtype=np.int64)
+def columns_of(
+    images: Mapping[int, Mapping[str, Any]], kept: Sequence[Mapping[str, Any]], dropped: Sequence[int]
+) -> Columns:
+    """The columns of validated images (by id) and kept annotations (data/annotations.py)."""
+    ids = sorted(images)
+    records = [images[iid] for iid in ids]
+    return Columns(
+        image_id=np.array(ids, dtype=np.int64),
+        width=np.array([r["width"] for r in records], dtype=np.int32),
+        height=np.array([r["height"] for r in records], dtype=np.int32),
+        file_names=[r["file_name"] for r in records],
+        ann_id=np.array([a["id"] for a in kept], dtype=np.int64),
+        ann_image_id=np.array([a["image_id"] for a in kept], dtype=np.int64),
+        category_id=np.array([a["category_id"] for a in kept], dtype=np.int64),
+        iscrowd=np.array([a["iscrowd"] for a in kept], dtype=np.uint8),
+        area=np.array([a["area"] for a in kept], dtype=np.float64),
+        bbox=np.array([a["bbox"] for a in kept], dtype=np.float64).reshape(-1, 4),
+        segmentations=[a["segmentation"] for a in kept],
+        dropped=dropped,
+    )
+
+
+def store_from_columns(columns: Columns, categories: Sequence[Mapping], where: str = "") -> SampleStore:
+    """The store of validated columns: annotations grouped by image, in file order within an image."""
+    c = columns
+    names = [name.encode("utf-8") for name in c.file_names]
+    ann_rows = np.searchsorted(c.image_id, c.ann_image_id)
     order = np.argsort(ann_rows, kind="stable")
-    anns = [kept[i] for i in order]
     segments = _Segments()
-    for ann in anns:
-        segments.add(ann["segmentation"])
+    for k in order.tolist():
+        segments.add(c.segmentations[k])
     try:
         segment_arrays = segments.arrays()
     except (TypeError, ValueError):  # a polygon holds something that is not a number: name it
-        for ann in anns:
-            if isinstance(ann["segmentation"], list):
-                img = images[ann["image_id"]]
-                ctx = f"{where}: annotation id {ann['id']} (image id {ann['image_id']})"
-                check_polygons(ann["segmentation"], img["height"], img["width"], ctx)
+        for k in order.tolist():  # the first offender in the store's order, as the check goes
+            if isinstance(segm := c.segmentations[k], list):
+                row = int(ann_rows[k])
+                ctx = f"{where}: annotation id {int(c.ann_id[k])} (image id {int(c.ann_image_id[k])})"
+                check_polygons(segm, int(c.height[row]), int(c.width[row]), ctx)
         raise
     arrays = {
-        "image_id": ids,
-        "width": np.array([r["width"] for r in records], dtype=np.int32),
-        "height": np.array([r["height"] for r in records], dtype=np.int32),
+        "image_id": c.image_id,
+        "width": c.width.astype(np.int32),
+        "height": c.height.astype(np.int32),
         "name_start": _offsets([len(n) for n in names]),
         "names": np.frombuffer(b"".join(names), dtype=np.uint8),
-        "ann_start": np.searchsorted(ann_rows[order], np.arange(len(ids) + 1), side="left").astype(np.int64),
-        "ann_id": np.array([a["id"] for a in anns], dtype=np.int64),
-        "category_id": np.array([a["category_id"] for a in anns], dtype=np.int64),
-        "iscrowd": np.array([a["iscrowd"] for a in anns], dtype=np.uint8),
-        "area": np.array([a["area"] for a in anns], dtype=np.float64),
-        "bbox": np.array([a["bbox"] for a in anns], dtype=np.float64).reshape(-1, 4),
+        "ann_start": np.searchsorted(ann_rows[order], np.arange(len(c.image_id) + 1), side="left").astype(np.int64),
+        "ann_id": c.ann_id[order],
+        "category_id": c.category_id[order],
+        "iscrowd": c.iscrowd[order].astype(np.uint8),
+        "area": c.area[order].astype(np.float64),
+        "bbox": c.bbox.reshape(-1, 4)[order].astype(np.float64),
         **segment_arrays,
-        "dropped": np.array(dropped, dtype=np.int64),
+        "dropped": np.array(c.dropped, dtype=np.int64),
     }
-    return SampleStore(arrays, tuple(dict(c) for c in categories))
+    return SampleStore(arrays, tuple(dict(cat) for cat in categories))
 
 
 def _offsets(lengths: Sequence[int]) -> np.ndarray:

@@ -50,11 +50,12 @@ def _rle(rng: np.random.Generator, compressed: bool) -> dict[str, Any]:
     return {"size": [H, W], "counts": [*runs, count]}
 
 
-def write_mixed_set(root: Path, seed: int = 0) -> tuple[Path, Path]:
+def write_mixed_set(root: Path, seed: int = 0, missing_area: bool = True) -> tuple[Path, Path]:
     """Every kind of annotation the store holds: polygons (one and several, float and integer points),
-    compressed and uncompressed RLE, crowd regions, a missing area, a box clipped by the image, a
-    degenerate box (dropped), images with no annotation, non-contiguous category ids, and a JPEG stored
-    turned under EXIF orientation 6, annotated in the frame a viewer shows."""
+    compressed and uncompressed RLE, crowd regions, a missing area (unless not `missing_area`: a file
+    data/fast_read.py takes), a box clipped by the image, a degenerate box (dropped), images with no
+    annotation, non-contiguous category ids, and a JPEG stored turned under EXIF orientation 6,
+    annotated in the frame a viewer shows."""
     rng = np.random.default_rng(seed)
     images_dir = root / "images"
     images_dir.mkdir(parents=True)
@@ -89,7 +90,7 @@ def write_mixed_set(root: Path, seed: int = 0) -> tuple[Path, Path]:
                 "area": float(rng.uniform(1, 99)),
                 "iscrowd": int(kind.startswith("crowd")),
             }
-            if kind == "no-area":
+            if kind == "no-area" and missing_area:
                 del ann["area"]
             annotations.append(ann)
     annotations.append({**annotations[0], "id": 999, "bbox": [W + 1, 2, 3, 3]})  # degenerate: dropped
@@ -146,8 +147,11 @@ def assert_same_target(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("crowd_as_instances", [False, True])
-def test_targets_and_ground_truth_are_the_jsons(tmp_path: Path, cached: bool, crowd_as_instances: bool) -> None:
-    images_dir, ann_file = write_mixed_set(tmp_path)
+@pytest.mark.parametrize("missing_area", [True, False], ids=["json-path", "fast-path"])
+def test_targets_and_ground_truth_are_the_jsons(
+    tmp_path: Path, cached: bool, crowd_as_instances: bool, missing_area: bool
+) -> None:
+    images_dir, ann_file = write_mixed_set(tmp_path, missing_area=missing_area)
     want, coco = reference(ann_file, crowd_as_instances)
     cache = tmp_path / "cache" if cached else None
     for _ in range(2 if cached else 1):  # cached: built, then read back from the file
