@@ -22,6 +22,7 @@ import logging
 import mmap
 import multiprocessing
 import os
+import sys
 import time
 import uuid
 import zlib
@@ -80,6 +81,15 @@ class CacheFile:
             raise CacheInvalid("checksum mismatch (damaged)")
         return payload
 
+    def made_for_key(self) -> bool:
+        """Whether a file made for this key is there, by its header alone (read() verifies the rest)."""
+        try:
+            with open(self.path, "rb") as f:
+                header = _parse_header(f.read(HEADER_SIZE))
+        except (OSError, CacheInvalid):
+            return False
+        return header.get("kind") == self.kind and header.get("key") == _plain(self.key)
+
     def write(self, chunks: Iterable[bytes]) -> None:
         """Write the payload atomically: a private temporary file, synced, then renamed over the path."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,12 +135,17 @@ class CacheFile:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def load_or_build(cache: CacheFile | None, build: Callable[[], Iterable[bytes]], what: str) -> memoryview | bytes:
+# Builds a payload; the list it is given takes the objects the build made and no longer needs, for a
+# caller about to exit to keep rather than free (millions of them after a JSON parse: seconds).
+Build = Callable[[list[object]], Iterable[bytes]]
+
+
+def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryview | bytes:
     """The payload `cache` holds, verified; else built by `build` (in one process: the others wait and
     then read what it wrote) and written. Without a cache, or where it cannot be written, the payload is
     built and kept in memory."""
     if cache is None:
-        return b"".join(build())
+        return b"".join(build([]))
     try:
         return cache.read()
     except CacheInvalid as first:
@@ -148,20 +163,20 @@ def load_or_build(cache: CacheFile | None, build: Callable[[], Iterable[bytes]],
             log.info("%s: %s cached in %.1f s", cache.path, what, time.perf_counter() - started)
     except OSError as e:  # the folder cannot be made or written (a read-only volume, a full disk)
         log.warning("%s: cannot write the cache (%s): %s kept in memory only", cache.path, one_line(e), what)
-        return b"".join(build())
+        return b"".join(build([]))
     try:
         return cache.read()
     except CacheInvalid as e:  # written and renamed by this process a moment ago: the volume lost it
         raise DatasetError(f"{cache.path}: the cache just written does not read back ({e})") from e
 
 
-def write_in_child(cache: CacheFile, build: Callable[[], Iterable[bytes]]) -> None:
+def write_in_child(cache: CacheFile, build: Build) -> None:
     """Build the payload and write it in a forked child. The build (a JSON parse: millions of objects)
     lives and dies there: this process's heap would keep much of it after freeing it (small objects'
     memory seldom goes back to the system), and every DataLoader worker forked later would inherit it.
     The child's DatasetError is raised here with its message; its OSError too (no cache then)."""
     if multiprocessing.current_process().daemon:  # (a pool's worker) may not start a child: build here
-        cache.write(build())
+        cache.write(build([]))
         return
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
@@ -183,9 +198,12 @@ def write_in_child(cache: CacheFile, build: Callable[[], Iterable[bytes]]) -> No
     raise DatasetError(f"{cache.path}: building the cache failed (exit code {child.exitcode}) {message}".strip())
 
 
-def _build_and_write(cache: CacheFile, build: Callable[[], Iterable[bytes]], writer: Any) -> None:
+def _build_and_write(cache: CacheFile, build: Build, writer: Any) -> None:
+    """The child: build, write, say how it went, and exit at once, the build's objects never freed one by
+    one (the system takes the whole heap back: at COCO's size freeing them would cost seconds)."""
+    kept: list[object] = []
     try:
-        cache.write(build())
+        cache.write(build(kept))
         outcome: tuple[str, str] | None = None
     except DatasetError as e:
         outcome = ("dataset", str(e))
@@ -195,6 +213,9 @@ def _build_and_write(cache: CacheFile, build: Callable[[], Iterable[bytes]], wri
         outcome = ("error", one_line(e))
     writer.send(outcome)
     writer.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def file_identity(path: Path) -> dict[str, Any]:

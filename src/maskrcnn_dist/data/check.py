@@ -28,14 +28,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from ..config import CHECK_MODES, TrainConfig
 from ..errors import DatasetError, one_line
 from ..lifetime.stop import detach_pool_worker
 from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
-from .orientation import AS_STORED, Frame, FrameMismatch, frame_of, frame_size
+from .orientation import AS_STORED, Frame, FrameMismatch, Oriented, frame_of, frame_size
 from .resize import degenerate_size_reason
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,14 @@ class CheckRules:
         return degenerate_size_reason(*size, self.min_size, self.max_size)
 
 
+class ReadAhead(Protocol):
+    """What the check needs of check_ahead.CheckAhead (which imports this module)."""
+
+    def read(
+        self, entries: Sequence[ImageEntry], rules: CheckRules
+    ) -> tuple[dict[int, Frame | str], dict[int, Any]]: ...
+
+
 class CheckedDataset(Protocol):
     """What the check needs of a split (coco.CocoInstanceDataset)."""
 
@@ -117,6 +125,7 @@ class CheckReport:
     # then decided when it is first read)
     frames: Mapping[int, Frame] = field(default_factory=dict)
     reused: int = 0  # verdicts taken from the cache (data/check_cache.py), not checked again
+    read_ahead: int = 0  # of the checked, those whose files were read while the annotations were parsed
 
     @property
     def read_as_stored_though_turned(self) -> list[int]:
@@ -129,8 +138,9 @@ class CheckReport:
 
     def summary(self) -> str:
         reused = f", {self.reused} unchanged since the cached check" if self.reused else ""
+        ahead = f", {self.read_ahead} read while the annotations were parsed" if self.read_ahead else ""
         return (
-            f"{self.source}: {self.checked} images checked ({self.mode}{reused}), {len(self.bad)} bad, "
+            f"{self.source}: {self.checked} images checked ({self.mode}{reused}{ahead}), {len(self.bad)} bad, "
             f"{self.seconds:.1f} s, {self.images_per_second:.0f} images/s"
         )
 
@@ -141,15 +151,30 @@ def check_image(entry: ImageEntry, rules: CheckRules) -> Frame | str | None:
         if not entry.path.is_file():
             return "file not found"
         return rules.resize_problem(entry.annotated) if entry.annotated else None
+    return decide(entry, file_facts(entry.path, rules.mode), rules)
+
+
+def file_facts(path: Path, mode: str) -> Oriented | str:
+    """What the check learns from the file alone, in `mode` (header or full): its frames, or why it is
+    unusable. No annotation is needed: check_ahead.py reads these while the annotations are parsed."""
     try:
-        with open_checked(entry.path, decode_all=rules.mode == "full") as (_, oriented):
-            frame = frame_of(oriented, entry.annotated, rules.exif_orientation)
-            size = frame_size(oriented.stored, frame)
-    except (ImageFault, FrameMismatch) as exc:
+        with open_checked(path, decode_all=mode == "full") as (_, oriented):
+            return oriented
+    except ImageFault as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - any other failure to read the file is a verdict on the file
         return f"cannot read image: {one_line(exc)}"
-    return rules.resize_problem(size) or frame
+
+
+def decide(entry: ImageEntry, facts: Oriented | str, rules: CheckRules) -> Frame | str:
+    """`entry`'s verdict from its file's facts (file_facts) and the size its annotation gives it."""
+    if isinstance(facts, str):
+        return facts
+    try:
+        frame = frame_of(facts, entry.annotated, rules.exif_orientation)
+    except FrameMismatch as exc:
+        return str(exc)
+    return rules.resize_problem(frame_size(facts.stored, frame)) or frame
 
 
 _Checked = tuple[int, list[BadImage], dict[int, Frame]]  # a chunk's count, bad images and frames
@@ -199,13 +224,16 @@ def check_images(
     processes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     known: Mapping[int, Frame | str] | None = None,
+    read_ahead: Mapping[int, Frame | str] | None = None,
 ) -> CheckReport:
     """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish. `known`: verdicts
-    already reached for some of them (data/check_cache.py), taken as they are."""
+    already reached for some of them (data/check_cache.py), taken as they are. `read_ahead`: verdicts
+    decided from files read while the annotations were parsed (data/check_ahead.py): checked, not reused."""
     if rules.mode not in CHECK_MODES:
         raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")
     start = time.perf_counter()
-    known = known or {}
+    reused = len(entries) - sum(1 for entry in entries if entry.image_id not in (known or {}))
+    known = {**(read_ahead or {}), **(known or {})}
     todo = [entry for entry in entries if entry.image_id not in known]
     chunks = [(i, min(i + _CHUNK, len(todo))) for i in range(0, len(todo), _CHUNK)]
     processes = min(processes or available_cores(), max(len(chunks), 1))
@@ -227,7 +255,8 @@ def check_images(
     order = {entry.image_id: i for i, entry in enumerate(entries)}
     bad.sort(key=lambda b: order[b.image_id])  # chunks finish in any order; report in file order
     seconds = time.perf_counter() - start
-    return CheckReport(source, rules.mode, len(entries), tuple(bad), seconds, frames, len(entries) - len(todo))
+    ahead = len(entries) - len(todo) - reused
+    return CheckReport(source, rules.mode, len(entries), tuple(bad), seconds, frames, reused, ahead)
 
 
 def _map(
@@ -294,22 +323,28 @@ def check_datasets(
     announce: bool = True,
     cache_dir: Path | None = None,
     cache_wait_s: float = 1800.0,
+    ahead: ReadAhead | None = None,
 ) -> list[CheckReport]:
     """Check every image of each split (with a progress bar or log lines), one report per split, each
     summary logged when `announce` (check-data prints them itself: logged too, each showed twice); one
     warning per split counts the images read as stored though a viewer shows them turned. `cache_dir`:
     reuse the verdicts of images unchanged since a check cached there, and cache this one's (not in
-    mode off, which only looks that the files exist)."""
+    mode off, which only looks that the files exist). `ahead`: the files read while the annotations were
+    parsed (data/check_ahead.py)."""
     reports = []
     for dataset in datasets:
         source = str(dataset.annotation_file)
         entries = dataset.image_entries()
-        cache = None
-        if cache_dir is not None and rules.mode != "off":
-            cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
-            stamps = stamps_of(entries)
-        known = cache.known(entries, stamps) if cache else None
-        report = check_images(entries, rules, source=source, progress=Progress(f"checking {source}"), known=known)
+        cache, known, read = None, None, None
+        if rules.mode != "off" and (cache_dir is not None or ahead is not None):
+            read, stamps = ahead.read(entries, rules) if ahead is not None else ({}, {})
+            stamps.update(stamps_of([entry for entry in entries if entry.image_id not in stamps]))
+            if cache_dir is not None:
+                cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
+                known = cache.known(entries, stamps)
+        report = check_images(
+            entries, rules, source=source, progress=Progress(f"checking {source}"), known=known, read_ahead=read
+        )
         if cache and report.reused < report.checked:
             cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
         if announce:

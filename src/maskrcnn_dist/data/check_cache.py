@@ -10,13 +10,14 @@ touched or replaced image is checked again. Missing files are never cached (a st
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import msgspec
 
 from .cache import CacheFile, CacheInvalid, cache_name
 from .orientation import AS_STORED, Frame
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 VERDICTS_VERSION = 2
 Verdict = Frame | str  # a frame: usable, read in it; a string: why not
-_Stamp = tuple[str, int, int, int | None, int | None]  # path, size, mtime_ns, annotated width, height
+# What a verdict holds for: the image's path, its size and mtime_ns, its annotated width and height.
+Stamp = tuple[str, int, int, int | None, int | None]
 
 
 class CheckedImage(Protocol):
@@ -42,7 +44,7 @@ class VerdictCache:
     """The verdicts cached for one annotation file under one set of rules."""
 
     file: CacheFile
-    entries: dict[int, tuple[_Stamp, Verdict]]
+    entries: dict[int, tuple[Stamp, Verdict]]
 
     @classmethod
     def open(
@@ -50,9 +52,7 @@ class VerdictCache:
     ) -> VerdictCache:
         """What the cache holds, verified; empty (with the reason logged) when it cannot be used. `rules`:
         the check's rules as a dict (its `mode` names the file; all of them key it)."""
-        key = {"annotations": str(annotation_file.resolve()), "rules": dict(rules), "version": VERDICTS_VERSION}
-        name = f"{cache_name(annotation_file)}.check-{rules['mode']}"
-        file = CacheFile(cache_dir / name, "check-verdicts", key, wait_s)
+        file = _verdicts_file(cache_dir, annotation_file, rules, wait_s)
         try:
             entries = _decode(file.read())
         except CacheInvalid as e:
@@ -61,7 +61,13 @@ class VerdictCache:
             entries = {}
         return cls(file, entries)
 
-    def known(self, entries: Sequence[CheckedImage], stamps: Mapping[int, _Stamp]) -> dict[int, Verdict]:
+    @staticmethod
+    def written(cache_dir: Path, annotation_file: Path, rules: Mapping[str, Any]) -> bool:
+        """Whether verdicts for this annotation file and these rules are cached (by the file's header:
+        open() verifies the rest)."""
+        return _verdicts_file(cache_dir, annotation_file, rules).made_for_key()
+
+    def known(self, entries: Sequence[CheckedImage], stamps: Mapping[int, Stamp]) -> dict[int, Verdict]:
         """The verdicts still valid for these entries (their stamps unchanged since they were checked)."""
         found = {}
         for entry in entries:
@@ -75,7 +81,7 @@ class VerdictCache:
         bad: Mapping[int, str],
         frames: Mapping[int, Frame],
         entries: Sequence[CheckedImage],
-        stamps: Mapping[int, _Stamp],
+        stamps: Mapping[int, Stamp],
     ) -> None:
         """Record a check's verdicts (why each bad image is bad, the frame of the others) under the stamps
         taken before the check (a file changed while it was read is checked again next time) beside the
@@ -90,7 +96,14 @@ class VerdictCache:
             log.warning("%s: cannot write the data check's cache (%s): the next start checks again", self.file.path, e)
 
 
-def stamps_of(entries: Sequence[CheckedImage]) -> dict[int, _Stamp]:
+def _verdicts_file(
+    cache_dir: Path, annotation_file: Path, rules: Mapping[str, Any], wait_s: float = 1800.0
+) -> CacheFile:
+    key = {"annotations": str(annotation_file.resolve()), "rules": dict(rules), "version": VERDICTS_VERSION}
+    return CacheFile(cache_dir / f"{cache_name(annotation_file)}.check-{rules['mode']}", "check-verdicts", key, wait_s)
+
+
+def stamps_of(entries: Sequence[CheckedImage]) -> dict[int, Stamp]:
     """Each existing file's stamp (path, size, mtime_ns, annotated size); a missing one has none."""
     stamps = {}
     for entry in entries:
@@ -102,23 +115,23 @@ def stamps_of(entries: Sequence[CheckedImage]) -> dict[int, _Stamp]:
     return stamps
 
 
-def _encode(entries: Mapping[int, tuple[_Stamp, Verdict]]) -> bytes:
+def _encode(entries: Mapping[int, tuple[Stamp, Verdict]]) -> bytes:
     """Columns (a JSON array per field: ~3x faster to read back than a record per image), each verdict
     an index into the few distinct ones (AS_STORED for nearly every image)."""
     verdicts: dict[Verdict, int] = {}
     rows = [(iid, *stamp, verdicts.setdefault(verdict, len(verdicts))) for iid, (stamp, verdict) in entries.items()]
     columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(7)]
     table = [v if isinstance(v, str) else [v.applied, v.to_display] for v in verdicts]
-    return json.dumps({"columns": columns, "verdicts": table}, separators=(",", ":")).encode()
+    return msgspec.json.encode({"columns": columns, "verdicts": table})
 
 
-def _decode(payload: memoryview | bytes) -> dict[int, tuple[_Stamp, Verdict]]:
+def _decode(payload: memoryview | bytes) -> dict[int, tuple[Stamp, Verdict]]:
     try:
-        data: dict[str, Any] = json.loads(bytes(payload))
+        data: dict[str, Any] = msgspec.json.decode(payload)
         table = [v if isinstance(v, str) else Frame(int(v[0]), int(v[1])) for v in data["verdicts"]]
         table = [AS_STORED if v == AS_STORED else v for v in table]
         ids, paths, sizes, mtimes, widths, heights, codes = data["columns"]
         stamps = zip(paths, sizes, mtimes, widths, heights, strict=True)
         return {iid: (stamp, table[code]) for iid, stamp, code in zip(ids, stamps, codes, strict=True)}
-    except (ValueError, TypeError, IndexError, KeyError) as e:  # checksummed, yet not what this code writes
+    except (msgspec.DecodeError, ValueError, TypeError, IndexError, KeyError) as e:  # checksummed, not what this writes
         raise CacheInvalid(f"verdicts not readable ({e})") from e

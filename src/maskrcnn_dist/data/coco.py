@@ -22,7 +22,7 @@ from pycocotools.coco import COCO
 
 from maskrcnn_dist.data.annotations import to_rle
 from maskrcnn_dist.data.check import ImageEntry
-from maskrcnn_dist.data.file_names import resolve_image
+from maskrcnn_dist.data.file_names import image_path
 from maskrcnn_dist.data.image_file import read_image
 from maskrcnn_dist.data.masks import decode_masks
 from maskrcnn_dist.data.orientation import Frame
@@ -164,7 +164,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         return [self.image_dir / name for name in self.store.file_names(self._rows.tolist())]
 
     def _path(self, row: int) -> Path:
-        return resolve_image(self.image_dir, self.store.file_name(row))[0]
+        return image_path(self.image_dir, self.store.file_name(row))
 
     def image_entries(self) -> list[ImageEntry]:
         """Every image with the size the annotation file gives it, for data/check.py."""
@@ -172,7 +172,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         names = self.store.file_names(rows.tolist())
         columns = (a["image_id"][rows].tolist(), a["width"][rows].tolist(), a["height"][rows].tolist())
         return [
-            ImageEntry(iid, resolve_image(self.image_dir, name)[0], width, height)
+            ImageEntry(iid, image_path(self.image_dir, name), width, height)
             for name, iid, width, height in zip(names, *columns, strict=True)
         ]
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# A segmentation's kind in the store: polygons, a compressed RLE string, uncompressed RLE runs.
+POLYGONS, RLE, COUNTS = 0, 1, 2
 
 
 @dataclass
 class Columns:
     """What a store is built from: the images in id order, the kept annotations in file order (each
     column one entry per annotation), their segmentations as the JSON has them (polygon lists or RLE
-    dicts), and the ids of the annotations dropped for a degenerate box."""
+    dicts) or already flat (`segments`: the store's segmentation arrays, in its order, built by
+    data/fast_read.py), and the ids of the annotations dropped for a degenerate box."""
 
     image_id: np.ndarray
     width: np.ndarray
@@ -26,3 +30,4 @@ class Columns:
     bbox: np.ndarray
     segmentations: Sequence[list | dict]
     dropped: Sequence[int]
+    segments: Mapping[str, np.ndarray] | None = None

@@ -3,6 +3,7 @@ set, and the classes judged over all the splits at once (data/classes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
 from ..run_dir import output_folder_problem
 from .check import CheckReport, CheckRules, check_datasets
+from .check_ahead import read_ahead
 from .classes import ClassPlan, settle_classes
 from .coco import CocoInstanceDataset
 from .detect import detect
@@ -191,8 +193,10 @@ def check_split(cfg: TrainConfig, splits: Sequence[str]) -> tuple[OpenSplits, li
             "no val split (%s): training would run without validation loss or COCO AP; --val-fraction F carves one",
             sources.layout,
         )
-    opened = open_splits(sources, cfg, train_split=None)
-    if "train" in splits and "train" in opened.datasets and not len(opened.datasets["train"]):
-        raise empty_train_split(opened.datasets["train"].annotation_file)
-    chosen = [opened.datasets[s] for s in splits if s in opened.datasets]
-    return opened, check_datasets(chosen, CheckRules.of(cfg), announce=False, cache_dir=cache_dir(cfg, training=False))
+    rules, where = CheckRules.of(cfg), cache_dir(cfg, training=False)
+    with read_ahead(sources, splits, rules, where) or contextlib.nullcontext() as ahead:
+        opened = open_splits(sources, cfg, train_split=None)
+        if "train" in splits and "train" in opened.datasets and not len(opened.datasets["train"]):
+            raise empty_train_split(opened.datasets["train"].annotation_file)
+        chosen = [opened.datasets[s] for s in splits if s in opened.datasets]
+        return opened, check_datasets(chosen, rules, announce=False, cache_dir=where, ahead=ahead)

@@ -43,12 +43,11 @@ from .annotations import (
     validate_images,
 )
 from .cache import CacheFile, cache_name, file_identity, load_or_build
-from .columns import Columns
+from .columns import COUNTS, POLYGONS, RLE, Columns
 from .fast_read import read_columns
 
 log = logging.getLogger(__name__)
 
-POLYGONS, RLE, COUNTS = 0, 1, 2
 STORE_VERSION = 1  # the layout below; a cache of another layout is rebuilt
 
 _DTYPES: dict[str, str] = {
@@ -193,29 +192,39 @@ def _padded(data: bytes) -> bytes:
     return data + bytes(_aligned(len(data)) - len(data))
 
 
-def read_store(annotation_file: Path) -> SampleStore:
+def read_store(annotation_file: Path, kept: list[object] | None = None) -> SampleStore:
     """Parse and validate a COCO instances file (data/annotations.py) into a store: the slow path, once
-    per change of the file when a cache keeps the result (open_store)."""
+    per change of the file when a cache keeps the result (open_store). `kept`: takes the parsed objects
+    instead of freeing them (cache.Build)."""
     where = str(annotation_file)
     # The parse makes millions of objects, each of which triggers the cyclic collector's scans of a
     # growing heap (40% of json.load at COCO's size); JSON builds no cycles, so the scans find nothing.
     gc.disable()
     try:
         try:
-            columns, categories = read_columns(annotation_file, where)
+            columns, categories = read_columns(annotation_file, where, kept)
         except Exception as e:  # noqa: BLE001 - the fast path only accepts; json and the checks decide
             log.debug("%s: read with json (%s: %s)", where, type(e).__name__, one_line(e))
-            columns, categories = _read_columns_json(annotation_file, where)
+            columns, categories = _read_columns_json(annotation_file, where, kept)
         store = store_from_columns(columns, categories, where)
+        if kept is not None:
+            kept.append(columns)
     finally:
-        gc.enable()
+        # Enabled, the collector's next pass would scan every object just made (a second at COCO's size);
+        # a caller that keeps them instead of freeing them is about to exit (cache.Build): no pass needed.
+        if kept is None:
+            gc.enable()
     check_polygon_points(store, where)
     return store
 
 
-def _read_columns_json(annotation_file: Path, where: str) -> tuple[Columns, list[dict[str, Any]]]:
+def _read_columns_json(
+    annotation_file: Path, where: str, kept: list[object] | None = None
+) -> tuple[Columns, list[dict[str, Any]]]:
     """json.load and the per-record checks: any file, and every refusal's message."""
     data = read_annotation_file(annotation_file)
+    if kept is not None:
+        kept.append(data)
     images = validate_images(data["images"], where)
     categories = validate_categories(data["categories"], where)
     kept, dropped = validate_annotations(data["annotations"], images, categories, where, points_later=True)
@@ -225,16 +234,24 @@ def _read_columns_json(annotation_file: Path, where: str) -> tuple[Columns, list
 def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 1800.0) -> SampleStore:
     """The store of `annotation_file`: mapped from its cache in `cache_dir` when that is valid for the
     file as it is now, else read (by one process; the others wait) and cached. None: no cache."""
-    cache = None
-    if cache_dir is not None:
-        key = {"annotations": file_identity(annotation_file), "store": STORE_VERSION}
-        cache = CacheFile(cache_dir / f"{cache_name(annotation_file)}.samples", "samples", key, wait_s)
-    payload = load_or_build(cache, lambda: read_store(annotation_file).chunks(), "parsed annotations")
+    cache = _samples_file(annotation_file, cache_dir, wait_s) if cache_dir is not None else None
+    payload = load_or_build(cache, lambda kept: read_store(annotation_file, kept).chunks(), "parsed annotations")
     try:
         return SampleStore.from_buffer(payload)
     except (ValueError, KeyError, TypeError) as e:  # a verified file of a layout this code does not read
         where = cache.path if cache is not None else annotation_file
         raise DatasetError(f"{where}: cached samples do not match this program's layout ({e}); delete it") from e
+
+
+def store_cached(annotation_file: Path, cache_dir: Path | None) -> bool:
+    """Whether open_store will map `annotation_file`'s store from `cache_dir` rather than parse the file
+    (by the cache's header: open_store verifies the rest)."""
+    return cache_dir is not None and _samples_file(annotation_file, cache_dir).made_for_key()
+
+
+def _samples_file(annotation_file: Path, cache_dir: Path, wait_s: float = 1800.0) -> CacheFile:
+    key = {"annotations": file_identity(annotation_file), "store": STORE_VERSION}
+    return CacheFile(cache_dir / f"{cache_name(annotation_file)}.samples", "samples", key, wait_s)
 
 
 def check_polygon_points(store: SampleStore, where: str) -> None:
@@ -297,11 +314,8 @@ def store_from_columns(columns: Columns, categories: Sequence[Mapping], where: s
     names = [name.encode("utf-8") for name in c.file_names]
     ann_rows = np.searchsorted(c.image_id, c.ann_image_id)
     order = np.argsort(ann_rows, kind="stable")
-    segments = _Segments()
-    for k in order.tolist():
-        segments.add(c.segmentations[k])
     try:
-        segment_arrays = segments.arrays()
+        segment_arrays = dict(c.segments) if c.segments is not None else _Segments.of(c.segmentations, order)
     except (TypeError, ValueError):  # a polygon holds something that is not a number: name it
         for k in order.tolist():  # the first offender in the store's order, as the check goes
             if isinstance(segm := c.segmentations[k], list):
@@ -345,6 +359,14 @@ class _Segments:
         self.rle_bytes = 0
         self.counts: list[list[int]] = []
         self.counts_len = 0
+
+    @classmethod
+    def of(cls, segmentations: Sequence[list | dict], order: np.ndarray) -> dict[str, np.ndarray]:
+        """The arrays of `segmentations` taken in `order`."""
+        segments = cls()
+        for k in order.tolist():
+            segments.add(segmentations[k])
+        return segments.arrays()
 
     def add(self, segm: list | dict) -> None:
         if isinstance(segm, list):

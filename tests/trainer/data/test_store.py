@@ -297,10 +297,10 @@ def _open_and_digest(args: tuple[Path, Path, Path, Path]) -> str:
     images_dir, ann_file, cache, builds = args
     real = store.read_store
 
-    def counted(path: Path) -> store.SampleStore:
+    def counted(path: Path, kept: list[object] | None = None) -> store.SampleStore:
         with open(builds, "a") as f:
             f.write(f"{os.getpid()}\n")
-        return real(path)
+        return real(path, kept)
 
     store.read_store = counted  # this child's module only
     dataset = CocoInstanceDataset(images_dir, ann_file, cache_dir=cache, cache_wait_s=60)
