@@ -284,14 +284,16 @@ class JobSetController:
         self._delete_pods([p for j in jobs for p in j.pods])
 
     def _delete_pods(self, pods: list[Pod]) -> None:
-        """Every pod still running gets SIGTERM, then SIGKILL after its grace period."""
+        """Every pod still running gets SIGTERM, then SIGKILL after its grace period. A pod that exited
+        on its own since the last look keeps its own exit code, as its status would show it."""
         running = [p for p in pods if self.cluster.state(p.container).running]
-        if not running:
-            return
-        self.cluster.stop([p.container for p in running], grace=max(p.spec.grace_seconds for p in running))
-        for pod in running:
-            pod.record_exit(self.cluster.state(pod.container))
-        self._event(f"deleted pods {', '.join(p.spec.host for p in running)}")
+        if running:
+            self.cluster.stop([p.container for p in running], grace=max(p.spec.grace_seconds for p in running))
+        for pod in pods:
+            if pod.exit_code is None and (state := self.cluster.state(pod.container)).status == "exited":
+                pod.record_exit(state)
+        if running:
+            self._event(f"deleted pods {', '.join(p.spec.host for p in running)}")
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -38,13 +38,26 @@ valFraction: --val-fraction
 crowdAsInstances: --crowd-as-instances
 {{- end -}}
 
-{{/* trainer.data as trainer flags, a YAML list (in the order of dataFlags' keys, sorted). */}}
+{{/*
+trainer.data as trainer flags, a YAML list (in the order of dataFlags' keys, sorted). `path` (default
+/data/coco) gives way to a split file or folder named here or a data flag in trainer.args, so that
+either one names the data without unsetting the default.
+*/}}
 {{- define "maskrcnn-dist.dataArgs" -}}
 {{- $data := .Values.trainer.data | default dict -}}
+{{- $named := false -}}
+{{- range $key := list "trainAnnotations" "trainImages" "valAnnotations" "valImages" -}}
+{{- if not (kindIs "invalid" (index $data $key)) }}{{ $named = true }}{{ end -}}
+{{- end -}}
+{{- $sourceFlags := list "--data-path" "--train-annotations" "--train-images" "--val-annotations" "--val-images" -}}
+{{- range .Values.trainer.args -}}
+{{- if has (regexReplaceAll "=.*$" (toString .) "") $sourceFlags }}{{ $named = true }}{{ end -}}
+{{- end -}}
 {{- $args := list -}}
 {{- range $key, $flag := include "maskrcnn-dist.dataFlags" . | fromYaml -}}
 {{- $value := ternary (index $data $key) nil (hasKey $data $key) -}}
-{{- if eq $key "crowdAsInstances" -}}
+{{- if and (eq $key "path") $named -}}
+{{- else if eq $key "crowdAsInstances" -}}
 {{- if $value }}{{ $args = append $args $flag }}{{ end -}}
 {{- else if not (kindIs "invalid" $value) -}}
 {{- $args = concat $args (list $flag (toString $value)) -}}

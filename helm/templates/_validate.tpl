@@ -37,7 +37,7 @@ which one wins would be a guess (or, --data-path beside a split flag, the traine
 {{- range .Values.trainer.args -}}
 {{- $arg := toString . -}}
 {{- if has (regexReplaceAll "=.*$" $arg "") $flags -}}
-{{- fail (printf "trainer.data and trainer.args both name the data (%s in trainer.args): give it in one place, e.g. remove %s from trainer.args (the default trainer.args hold --data-path /data/coco)" $arg (regexReplaceAll "=.*$" $arg "")) -}}
+{{- fail (printf "trainer.data and trainer.args both name the data (%s in trainer.args): give it in one place: move %s into trainer.data, or trainer.data's keys into trainer.args" $arg (regexReplaceAll "=.*$" $arg "")) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

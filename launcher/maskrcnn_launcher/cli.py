@@ -21,6 +21,7 @@ from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.identity import Cluster, IdentityInputs, resolve_identity
 from maskrcnn_launcher.launch import launch as run_launch
 from maskrcnn_launcher.launch import must_wait, parse_trainer_cmd, trainer_command
+from maskrcnn_launcher.memory import DEFAULT_RANK_MEMORY, MemoryBudget, memory_warnings, quantity_bytes
 from maskrcnn_launcher.peers import WaitPolicy, free_port, wait_until_master_reachable
 from maskrcnn_launcher.plan import derive_job, derive_pod
 from maskrcnn_launcher.render import plan_json, plan_table
@@ -122,6 +123,21 @@ def main() -> None:
 @click.option(
     "--cluster-domain", type=_DnsName(subdomain=True), default=contract.DEFAULT_CLUSTER_DOMAIN, show_default=True
 )
+@click.option(
+    "--pod-memory",
+    default="16Gi",
+    show_default=True,
+    help="Each pod's memory limit (the chart's master/worker.resources.limits.memory).",
+)
+@click.option("--shm", default="2Gi", show_default=True, help="The pods' /dev/shm size (the chart's shmSize).")
+@click.option(
+    "--rank-memory",
+    default=DEFAULT_RANK_MEMORY,
+    show_default=True,
+    help="What one rank and its DataLoader workers take together (PSS), as measured at the dataset's scale "
+    "(benchmarks/bench_scale.py; the default: its figure at COCO 2017 train's scale). A pod whose ranks "
+    "and /dev/shm would exceed --pod-memory is warned about.",
+)
 def plan(
     topology_ref: str | None,
     as_json: bool,
@@ -130,6 +146,9 @@ def plan(
     service: str | None,
     namespace: str,
     cluster_domain: str,
+    pod_memory: str,
+    shm: str,
+    rank_memory: str,
 ) -> None:
     """Print one row per pod and the estimated bytes per link per step. Needs no cluster.
 
@@ -146,6 +165,13 @@ def plan(
     job = derive_job(topology, master[0], master[1] or topology.network.master_port, cluster)
     derived = explain(torch, topology) if torch else []
     click.echo(plan_json(job, derived) if as_json else plan_table(job, derived), nl=False)
+    budget = MemoryBudget(
+        quantity_bytes(pod_memory, "--pod-memory"),
+        quantity_bytes(shm, "--shm"),
+        quantity_bytes(rank_memory, "--rank-memory"),
+    )
+    for line in memory_warnings(job, budget):
+        click.echo(f"warning: {line}", err=True)
 
 
 @main.command()

@@ -7,6 +7,7 @@ arbitrary unpickling of files that may come from a shared volume).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -82,7 +83,7 @@ def save_checkpoint(state: dict[str, Any], directory: Path, step: int, keep: int
     _remove_dead_writers_files(directory)
     final = checkpoint_path(directory, step)
 
-    _replace_atomically(final, lambda tmp: _write(state, tmp))
+    _replace_atomically(final, lambda tmp: _write(state, tmp, final))
     # best.pt does not match CHECKPOINT_NAME: pruning never reaches it.
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
@@ -162,11 +163,44 @@ def _replace_atomically(final: Path, fill: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _write(state: dict[str, Any], path: Path) -> None:
-    with open(path, "wb") as handle:
-        torch.save({"format_version": FORMAT_VERSION, **state}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+def _write(state: dict[str, Any], path: Path, final: Path | None = None) -> None:
+    """Write `state` to `path` (the temporary file beside `final`, the name a failure is reported under)."""
+    try:
+        with open(path, "wb") as handle:
+            torch.save({"format_version": FORMAT_VERSION, **state}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except (OSError, RuntimeError) as failure:
+        raise CheckpointError(_write_failure(path, final or path, failure)) from failure
+
+
+# Below this, a failed write is taken for a full volume even when torch hid the errno behind its own
+# RuntimeError ("unexpected pos ..."), as it does when the write fails inside its zip writer.
+NEARLY_FULL_BYTES = 64 << 20
+
+
+def _write_failure(path: Path, final: Path, failure: BaseException) -> str:
+    """Why writing `path` failed, in words: a full volume names what is free and what was written, since
+    a checkpoint that does not fit is the usual cause (a small PVC, a node's ephemeral storage)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = failure
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    full = any(isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT) for c in chain)
+    try:
+        free = shutil.disk_usage(path.parent).free
+        written = path.stat().st_size if path.is_file() else 0
+    except OSError:
+        free, written = None, 0
+    if full or (free is not None and free < NEARLY_FULL_BYTES):
+        room = f"{free / 2**20:.0f} MiB free" if free is not None else "no space left"
+        return (
+            f"cannot write checkpoint {final}: its volume is full ({room} after {written / 2**20:.0f} MiB of it); "
+            "the checkpoints already written are kept: free space there, lower --keep-checkpoints or give an "
+            "--output-dir on a larger volume"
+        )
+    return f"cannot write checkpoint {final}: {one_line(failure)}"
 
 
 def checkpoint_file(path: Path) -> Path:

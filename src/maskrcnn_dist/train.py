@@ -36,7 +36,9 @@ from .config import TrainConfig, config_to_dict
 from .data import CocoInstanceDataset, DataSources, build_train_loader, load_datasets, num_train_batches
 from .data.augment import AugmentedDataset, build_augmentation
 from .data.check import CheckReport, CheckRules, check_datasets, settle
+from .data.check_ahead import CheckAhead, read_ahead
 from .data.copy_paste import CopyPaste
+from .data.layout import cache_dir
 from .data.loader import collate
 from .data.resolve import names_data, resolve_sources
 from .engines.base import Engine
@@ -101,22 +103,35 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
     sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
     if is_main_process(cfg):
         guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
-    datasets = load_datasets(cfg, sources)
-    if cfg.patience is not None and datasets[1] is None and not cfg.test_only:
-        raise ConfigError(
-            f"--patience counts evaluations, and {cfg.data.data_path or 'the dataset'} has no val split "
-            "(--val-fraction carves one)"
-        )
-    if cfg.engine != "ddp":
-        stop_alone(cfg, stop, "data loading")
-        check_data(cfg, datasets)
-        stop_alone(cfg, stop, "the data check")
-    with _engine_session(cfg, plan, stop) as (make_engine, data_world_size):
-        if cfg.engine == "ddp":
-            from .engines.torch_engine import on_rank0
+    # The process that will check the images reads them while the annotations are parsed (its workers
+    # stop when the check starts; here, should anything before it fail).
+    ahead = read_ahead_of(cfg, sources) if is_main_process(cfg) else None
+    with ahead or contextlib.nullcontext():
+        datasets = load_datasets(cfg, sources)
+        if cfg.patience is not None and datasets[1] is None and not cfg.test_only:
+            raise ConfigError(
+                f"--patience counts evaluations, and {cfg.data.data_path or 'the dataset'} has no val split "
+                "(--val-fraction carves one)"
+            )
+        if cfg.engine != "ddp":
+            stop_alone(cfg, stop, "data loading")
+            check_data(cfg, datasets, ahead=ahead)
+            stop_alone(cfg, stop, "the data check")
+        with _engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+            if cfg.engine == "ddp":
+                from .engines.torch_engine import on_rank0
 
-            check_data(cfg, datasets, on_rank0)
-        return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
+                check_data(cfg, datasets, on_rank0, ahead=ahead)
+            return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
+
+
+def read_ahead_of(cfg: TrainConfig, sources: DataSources | None) -> CheckAhead | None:
+    """Workers reading the image files of the splits check_data will check while the annotations are
+    parsed (data/check_ahead.py); None where they would gain nothing."""
+    if sources is None or cfg.data.synthetic_images:
+        return None
+    splits = ["val"] if cfg.test_only else ["train", "val"]
+    return read_ahead(sources, splits, CheckRules.of(cfg), cache_dir(cfg, training=True))
 
 
 def stop_alone(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
@@ -126,15 +141,24 @@ def stop_alone(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
         raise Stopped.before_any_step(stop, phase)
 
 
-def check_data(cfg: TrainConfig, datasets: Datasets, run_once: CheckRunner = lambda check: check()) -> None:
+def check_data(
+    cfg: TrainConfig,
+    datasets: Datasets,
+    run_once: CheckRunner = lambda check: check(),
+    ahead: CheckAhead | None = None,
+) -> None:
     """Check every image of the splits (--check-data) and stop, or drop the bad ones with
-    --skip-bad-images. `run_once` runs the check in one process and gives every process its result.
+    --skip-bad-images. `run_once` runs the check in one process and gives every process its result;
+    `ahead`: that process's files read while the annotations were parsed (read_ahead_of).
     A generated synthetic set is written by this program and is not checked; --test-only checks val only."""
     if cfg.data.synthetic_images:
         return
     # Evaluation reads only the val split.
     splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
-    reports = run_once(lambda: check_datasets(splits, CheckRules.of(cfg)))
+    where = cache_dir(cfg, training=True)
+    reports = run_once(
+        lambda: check_datasets(splits, CheckRules.of(cfg), cache_dir=where, cache_wait_s=cfg.peers.timeout, ahead=ahead)
+    )
     settle(splits, reports, cfg.data.skip_bad_images)
 
 

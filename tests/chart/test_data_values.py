@@ -42,9 +42,39 @@ def test_data_path_and_val_fraction(template_values) -> None:
     assert "--crowd-as-instances" not in args
 
 
+def _rendered_args(template_values, trainer_values: dict) -> list[str]:
+    proc = template_values({"trainer": trainer_values})
+    assert proc.returncode == 0, proc.stderr
+    (template, *_) = pod_templates([o for o in load_yaml_all(proc.stdout) if o]).values()
+    return trainer(template)["args"][4:]
+
+
+def test_split_keys_alone_train_with_the_default_args(template_values) -> None:
+    """One --set per split, nothing else: the default data folder gives way (beside split flags the
+    trainer refuses a --data-path that does not hold those splits), the default --output-dir and
+    --resume stay."""
+    args = _rendered_args(template_values, {"data": SPLITS})
+    assert "--data-path" not in args and args[args.index("--train-annotations") + 1] == SPLITS["trainAnnotations"]
+    assert args[-4:] == ["--output-dir", "/data/runs/t", "--resume", "auto"]
+
+
+def test_a_data_flag_in_trainer_args_replaces_the_default_folder(template_values) -> None:
+    for given in (["--data-path", "/data/mine"], ["--data-path=/data/mine"], ["--train-annotations", "/d/a.json"]):
+        args = _rendered_args(template_values, {"args": [*given, "--output-dir", "/data/runs/x"]})
+        assert args == [*given, "--output-dir", "/data/runs/x"], args
+
+
+def test_the_default_is_the_coco_folder(template_values) -> None:
+    assert _rendered_args(template_values, {})[:2] == ["--data-path", "/data/coco"]
+
+
 def test_data_in_both_places_is_refused(template_values) -> None:
-    proc = template_values({"trainer": {"data": {"path": "/data/x"}}})  # the default args hold --data-path
-    assert proc.returncode != 0 and "trainer.data and trainer.args both name the data" in proc.stderr
+    for data, args in (
+        ({"valFraction": 0.2}, ["--data-path", "/data/x"]),
+        ({"trainAnnotations": "/d/a.json", "trainImages": "/d/img"}, ["--train-annotations=/d/b.json"]),
+    ):
+        proc = template_values({"trainer": {"data": data, "args": args}})
+        assert proc.returncode != 0 and "trainer.data and trainer.args both name the data" in proc.stderr
 
 
 def test_the_schema_refuses_a_fraction_out_of_range_and_unknown_keys(template_values) -> None:

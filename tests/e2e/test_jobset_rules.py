@@ -236,3 +236,22 @@ def test_only_disruption_reasons_are_taken(jobset_run):
     controller, _ = jobset_run()
     with pytest.raises(ValueError, match="not a DisruptionTarget reason"):
         controller.delete_pod(controller.pods("master")[0], disruption="Evicted")
+
+
+def test_a_pod_that_exits_while_the_jobset_fails_keeps_its_own_exit_code(jobset_run, monkeypatch):
+    """A user error on every rank: the worker exits 2 and fails the JobSet; the master exits 2 a moment
+    later, after the controller looked at its Job and before it deletes the Jobs still active. Its pod
+    shows its own exit code, as a pod's status would, not none (seen in e2e jobset-user-error-ddp)."""
+    controller, cluster = jobset_run()
+    master, worker = controller.pods("master")[0], controller.pods("workers")[0]
+    cluster.exit(worker.container, 2)
+    look = cluster.state
+
+    def state(name: str):
+        if name == worker.container and cluster.states[master.container].running:
+            cluster.exit(master.container, 2)  # the master's Job was looked at already: it is first
+        return look(name)
+
+    monkeypatch.setattr(cluster, "state", state)
+    assert controller.reconcile() == "Failed" and controller.condition.reason == "FailJobSetFailurePolicyAction"
+    assert master.exit_code == 2 and master.container not in cluster.stopped

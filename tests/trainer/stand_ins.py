@@ -42,12 +42,33 @@ class CountingEngine(Engine):
         return 0.01
 
 
+class DataParallelRank(CountingEngine):
+    """One of two data-parallel ranks, the other simulated: every all-reduce adds the other rank's
+    contribution, `others` (rank 0's evaluation, as rank 1 receives it; rank 1's zero, as rank 0 does)."""
+
+    data_world_size = 2
+
+    def __init__(self, rank: int, others: float, stop: StopRequest | None = None) -> None:
+        super().__init__(stop)
+        self.data_rank, self.others = rank, others
+        self.reduced: list[torch.Tensor] = []  # what this rank contributed to each all-reduce
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.reduced.append(tensor.clone())
+        return tensor + self.others
+
+
 def fit_counting(
-    cfg: TrainConfig, train_set, val_set, iters_per_epoch: int, stop: StopRequest | None = None
+    cfg: TrainConfig,
+    train_set,
+    val_set,
+    iters_per_epoch: int,
+    stop: StopRequest | None = None,
+    engine: CountingEngine | None = None,
 ) -> Trainer:
-    """Train as train.py would (its hooks, resume first if asked), with the counting engine."""
-    engine = CountingEngine(stop)
-    with closing(run_metrics(cfg, True, total_steps(cfg, iters_per_epoch))) as metrics:
+    """Train as train.py would (its hooks, resume first if asked), with the counting engine (or `engine`)."""
+    engine = engine if engine is not None else CountingEngine(stop)
+    with closing(run_metrics(cfg, engine.is_main, total_steps(cfg, iters_per_epoch))) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters_per_epoch, metrics, stop)
         resume(trainer, cfg)
         trainer.fit()

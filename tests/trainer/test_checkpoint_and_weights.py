@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from maskrcnn_dist import checkpoint
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from maskrcnn_dist.config import ModelConfig, OptimConfig
 from maskrcnn_dist.errors import CheckpointError, WeightsError
@@ -31,9 +32,27 @@ def test_a_failed_write_leaves_no_partial_checkpoint(tmp_path: Path, monkeypatch
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*checkpoint_00000002\.pt: disk full"):
         save_checkpoint({"model": {}, "step": 2}, tmp_path, 2, keep=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_00000001.pt"]
+
+
+def test_a_full_volume_is_named_and_the_checkpoints_written_stay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A real ENOSPC (writes to /dev/full fail with it), which torch reports behind its own RuntimeError
+    ("unexpected pos ..."), as CI saw on a full disk: the error says the volume is full, names the
+    checkpoint, and the one already written loads."""
+    save_checkpoint({"model": {"w": torch.ones(2)}, "step": 1}, tmp_path, 1, keep=3)
+    real_open = open
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode: real_open("/dev/full", mode), raising=False)
+    state = {"model": {"w": torch.zeros(1 << 20)}, "step": 2}
+    with pytest.raises(CheckpointError) as failure:
+        save_checkpoint(state, tmp_path, 2, keep=3)
+    message = str(failure.value)
+    assert message.startswith(f"cannot write checkpoint {tmp_path / 'checkpoint_00000002.pt'}: its volume is full")
+    assert "--keep-checkpoints" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_00000001.pt"]
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path)["step"] == 1
 
 
 def test_unreadable_or_foreign_checkpoints_are_clear_errors(tmp_path: Path):

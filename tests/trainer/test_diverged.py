@@ -15,18 +15,35 @@ from maskrcnn_dist.outputs.report import draw_report
 from maskrcnn_dist.training import hooks
 
 from .conftest import fast_config
-from .stand_ins import fit_counting
+from .stand_ins import DataParallelRank, fit_counting
 
-STEPS_PER_EPOCH = 2  # 4 training images, batch 2
+STEPS_PER_EPOCH = 2  # 4 training images, batch 2 (or 2 ranks of batch 1)
 
 
-def fit(data: Path, out: Path, val_losses: list[float], aps: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Train 3 epochs with the counting engine; each epoch's validation loss and segm_AP are scripted."""
+def fit(
+    data: Path,
+    out: Path,
+    val_losses: list[float],
+    aps: list[float | None],
+    monkeypatch: pytest.MonkeyPatch,
+    engine: DataParallelRank | None = None,
+) -> None:
+    """Train 3 epochs with the counting engine; each epoch's validation loss and segm_AP are scripted
+    (None: this rank holds no evaluation, as ranks other than 0 do)."""
     losses, values = iter(val_losses), iter(aps)
     monkeypatch.setattr(hooks, "validation_loss", lambda *a, **k: {"loss": next(losses), "loss_mask": 0.5})
-    monkeypatch.setattr(hooks, "evaluate", lambda *a, **k: {"segm_AP": next(values), "bbox_AP": 0.1, "images": 2.0})
-    cfg = fast_config(data, out, **{"min-size": 64, "max-size": 64, "eval-every-epoch": True, "epochs": 3})
-    fit_counting(cfg, *load_datasets(cfg), STEPS_PER_EPOCH)
+
+    def scripted_evaluation(*args, **kwargs) -> dict[str, float] | None:
+        value = next(values)
+        return None if value is None else {"segm_AP": value, "bbox_AP": 0.1, "images": 2.0}
+
+    monkeypatch.setattr(hooks, "evaluate", scripted_evaluation)
+    # Two data-parallel ranks share the 4 images: batches of 1 keep 2 steps an epoch.
+    batch = 2 if engine is None else 1
+    cfg = fast_config(
+        data, out, **{"min-size": 64, "max-size": 64, "eval-every-epoch": True, "epochs": 3, "batch-size": batch}
+    )
+    fit_counting(cfg, *load_datasets(cfg), STEPS_PER_EPOCH, engine=engine)
 
 
 def strict_records(out: Path) -> list[dict]:
@@ -62,6 +79,25 @@ def test_a_non_finite_validation_loss_or_evaluation_fails_the_run_without_a_best
     bad = next(r for r in records if r["step"] == diverged_at and r.get("non_finite"))
     assert bad["non_finite"] == {("loss" if "validation" in message else "segm_AP"): message.split("=")[1]}
     draw_report(tmp_path / "metrics.jsonl", tmp_path / "report.png")  # a diverged run's report still draws
+
+
+@pytest.mark.parametrize(
+    ("rank", "evaluation", "others"),
+    [(0, float("nan"), 0.0), (1, None, float("nan"))],
+    ids=["rank 0, which evaluated", "rank 1, which received rank 0's value"],
+)
+def test_every_data_parallel_rank_stops_on_a_non_finite_evaluation(
+    four_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank, evaluation, others
+):
+    """With ddp only rank 0 evaluates; the value every rank agrees on is what stops them all, so that no
+    rank is left waiting in a collective for one that exited."""
+    engine = DataParallelRank(rank, others)
+    with pytest.raises(TrainingError, match=r"non-finite evaluation at step 2: segm_AP=nan"):
+        fit(four_images, tmp_path, [1.0, 1.0], [evaluation, 0.3], monkeypatch, engine)
+    # Rank 0 too took its part in the all-reduce before it stopped: had it stopped on its own value,
+    # rank 1 would wait in that all-reduce for ever.
+    assert float(engine.reduced[-1][0]) == pytest.approx(evaluation or 0.0, nan_ok=True)
+    assert not (tmp_path / "checkpoints" / "best.pt").exists()
 
 
 def test_metrics_jsonl_is_strict_json_for_every_value(four_images: Path, tmp_path: Path, monkeypatch):

@@ -170,6 +170,20 @@ def test_multiscale_pooler_matches_torchvision_on_every_level() -> None:
         torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-4)
 
 
+def test_eval_mode_pools_with_torchvisions_kernel_to_the_bit() -> None:
+    """Evaluation and predict give torchvision's own numbers (the plain-torchvision snippet's); the
+    sparse product, which adds in another order, is for training."""
+    features, boxes = pyramid(16, seed=4), boxes_on_every_level()
+    sparse = SparseMultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2)
+    reference = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2)
+    with torch.no_grad():
+        expected = reference(features, boxes, IMAGE_SHAPES)
+        assert torch.equal(sparse.eval()(features, boxes, IMAGE_SHAPES), expected)
+        trained = sparse.train()(features, boxes, IMAGE_SHAPES)
+    assert not torch.equal(trained, expected)  # the sparse kind did run in training mode
+    torch.testing.assert_close(trained, expected, rtol=0, atol=1e-5)
+
+
 def test_bf16_features_pool_in_fp32_and_return_bf16_like_torchvisions_autocast_kernel() -> None:
     features, boxes = pyramid(16, seed=6), boxes_on_every_level()
     (ours, grads), (ref, ref_grads) = pool_both(features, boxes, 14, dtype=torch.bfloat16)

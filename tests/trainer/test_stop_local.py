@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 
+from .disk import drop_checkpoints
 from .stop_procs import (
     Job,
     assert_stop_step,
@@ -39,12 +41,13 @@ def run(job: Job, timeout: float = 300) -> Job:
 
 
 @pytest.fixture(scope="module")
-def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The uninterrupted run every stopped-and-resumed one must equal."""
     out = tmp_path_factory.mktemp("local_reference") / "run"
     job = run(Job([*TRAIN, *small_args(stop_coco, out, batch_size=2)], out.parent / "logs", NO_GRACE))
     assert "holds a stop" not in job.stderr and "terminationGracePeriodSeconds" not in job.stderr  # unset: no check
-    return out
+    yield out
+    drop_checkpoints(out)
 
 
 def test_sigterm_after_a_step_saves_it_and_the_resume_trains_the_rest_exactly(stop_coco, reference, tmp_path) -> None:

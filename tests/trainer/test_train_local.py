@@ -18,6 +18,7 @@ from maskrcnn_dist.train import build_trainer, run_metrics, total_steps, train
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config
+from .disk import drop_checkpoints
 
 
 def train_losses(output_dir) -> dict[int, float]:
@@ -30,7 +31,8 @@ def trained_run(tiny_coco, tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")
     # lr 0.01: the lr-0.02 run is chaotic enough that small numeric changes (channels_last) move its AP.
     cfg = fast_config(tiny_coco, out, epochs=8, lr=0.01, **{"max-steps": 42, "val-period": 20})
-    return cfg, train(cfg)
+    yield cfg, train(cfg)
+    drop_checkpoints(out)
 
 
 def test_loss_falls_on_synthetic_data(trained_run):

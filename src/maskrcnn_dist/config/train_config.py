@@ -28,6 +28,7 @@ __all__ = [
     "BY_FLAG",
     "CHECK_MODES",
     "DEVICES",
+    "DATA_PATH_FLAGS",
     "DATA_SOURCE_FLAGS",
     "ENGINES",
     "DATA_AUGMENTATIONS",
@@ -132,6 +133,13 @@ class DataConfig:
         "shown size, as annotation tools export; as stored when it is only the stored size of a turned "
         "image), apply (always as shown) or ignore (always as stored)",
         choices=EXIF_ORIENTATIONS,
+    )
+
+    # A restart must not parse COCO's 450 MB of JSON and check 118k images again (data/cache.py).
+    data_cache: str = option(
+        "auto",
+        "where the parsed annotations and the data check's verdicts are cached for the next start: auto "
+        "(OUTPUT_DIR/cache for train and eval; none for the other commands), off, or a folder",
     )
 
     def sized_by_data(self) -> bool:
@@ -412,15 +420,8 @@ FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(TrainConfig))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
 #: Where a dataset is: every command that reads a split takes these (data/resolve.py resolves them).
-DATA_SOURCE_FLAGS = (
-    "data-path",
-    "train-annotations",
-    "train-images",
-    "val-annotations",
-    "val-images",
-    "val-fraction",
-    "crowd-as-instances",
-)
+DATA_PATH_FLAGS = ("data-path", "train-annotations", "train-images", "val-annotations", "val-images")
+DATA_SOURCE_FLAGS = (*DATA_PATH_FLAGS, "val-fraction", "crowd-as-instances")
 
 # ----------------------------------------------------------------------------------------------
 # Building a config.

@@ -26,15 +26,16 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from ..config import CHECK_MODES, TrainConfig
 from ..errors import DatasetError, one_line
 from ..lifetime.stop import detach_pool_worker
+from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
-from .orientation import AS_STORED, Frame, FrameMismatch, frame_of, frame_size
+from .orientation import AS_STORED, Frame, FrameMismatch, Oriented, frame_of, frame_size
 from .resize import degenerate_size_reason
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,14 @@ class CheckRules:
         return degenerate_size_reason(*size, self.min_size, self.max_size)
 
 
+class ReadAhead(Protocol):
+    """What the check needs of check_ahead.CheckAhead (which imports this module)."""
+
+    def read(
+        self, entries: Sequence[ImageEntry], rules: CheckRules
+    ) -> tuple[dict[int, Frame | str], dict[int, Any]]: ...
+
+
 class CheckedDataset(Protocol):
     """What the check needs of a split (coco.CocoInstanceDataset)."""
 
@@ -115,6 +124,8 @@ class CheckReport:
     # image id -> its frame, for every good image; none with --check-data off (each image's frame is
     # then decided when it is first read)
     frames: Mapping[int, Frame] = field(default_factory=dict)
+    reused: int = 0  # verdicts taken from the cache (data/check_cache.py), not checked again
+    read_ahead: int = 0  # of the checked, those whose files were read while the annotations were parsed
 
     @property
     def read_as_stored_though_turned(self) -> list[int]:
@@ -126,8 +137,10 @@ class CheckReport:
         return self.checked / self.seconds if self.seconds > 0 else float("inf")
 
     def summary(self) -> str:
+        reused = f", {self.reused} unchanged since the cached check" if self.reused else ""
+        ahead = f", {self.read_ahead} read while the annotations were parsed" if self.read_ahead else ""
         return (
-            f"{self.source}: {self.checked} images checked ({self.mode}), {len(self.bad)} bad, "
+            f"{self.source}: {self.checked} images checked ({self.mode}{reused}{ahead}), {len(self.bad)} bad, "
             f"{self.seconds:.1f} s, {self.images_per_second:.0f} images/s"
         )
 
@@ -138,22 +151,36 @@ def check_image(entry: ImageEntry, rules: CheckRules) -> Frame | str | None:
         if not entry.path.is_file():
             return "file not found"
         return rules.resize_problem(entry.annotated) if entry.annotated else None
+    return decide(entry, file_facts(entry.path, rules.mode), rules)
+
+
+def file_facts(path: Path, mode: str) -> Oriented | str:
+    """What the check learns from the file alone, in `mode` (header or full): its frames, or why it is
+    unusable. No annotation is needed: check_ahead.py reads these while the annotations are parsed."""
     try:
-        with open_checked(entry.path, decode_all=rules.mode == "full") as (_, oriented):
-            frame = frame_of(oriented, entry.annotated, rules.exif_orientation)
-            size = frame_size(oriented.stored, frame)
-    except (ImageFault, FrameMismatch) as exc:
+        with open_checked(path, decode_all=mode == "full") as (_, oriented):
+            return oriented
+    except ImageFault as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - any other failure to read the file is a verdict on the file
         return f"cannot read image: {one_line(exc)}"
-    return rules.resize_problem(size) or frame
+
+
+def decide(entry: ImageEntry, facts: Oriented | str, rules: CheckRules) -> Frame | str:
+    """`entry`'s verdict from its file's facts (file_facts) and the size its annotation gives it."""
+    if isinstance(facts, str):
+        return facts
+    try:
+        frame = frame_of(facts, entry.annotated, rules.exif_orientation)
+    except FrameMismatch as exc:
+        return str(exc)
+    return rules.resize_problem(frame_size(facts.stored, frame)) or frame
 
 
 _Checked = tuple[int, list[BadImage], dict[int, Frame]]  # a chunk's count, bad images and frames
 
 
-def _check_chunk(args: tuple[Sequence[ImageEntry], CheckRules]) -> _Checked:
-    entries, rules = args
+def _check_chunk(entries: Sequence[ImageEntry], rules: CheckRules) -> _Checked:
     bad, frames = [], {}
     for entry in entries:
         verdict = check_image(entry, rules)
@@ -162,6 +189,24 @@ def _check_chunk(args: tuple[Sequence[ImageEntry], CheckRules]) -> _Checked:
         elif verdict is not None:  # one AS_STORED object for most images: a report pickles small
             frames[entry.image_id] = AS_STORED if verdict == AS_STORED else verdict
     return len(entries), bad, frames
+
+
+# A pool worker's images and rules, given once when it starts (inherited through the fork): a task is a
+# range of them. Pickling every entry (its Path) into the tasks cost the trainer as much CPU as the
+# workers spent checking (118k headers on 2 shared cores: 2.6 s in the parent; 10.7 s to check, now 6.8).
+_worker_entries: Sequence[ImageEntry] = ()
+_worker_rules: CheckRules | None = None
+
+
+def _start_worker(entries: Sequence[ImageEntry], rules: CheckRules) -> None:
+    global _worker_entries, _worker_rules
+    detach_pool_worker()
+    _worker_entries, _worker_rules = entries, rules
+
+
+def _check_range(bounds: tuple[int, int]) -> _Checked:
+    assert _worker_rules is not None  # set by _start_worker
+    return _check_chunk(_worker_entries[bounds[0] : bounds[1]], _worker_rules)
 
 
 def available_cores() -> int:
@@ -178,17 +223,30 @@ def check_images(
     source: str = "",
     processes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    known: Mapping[int, Frame | str] | None = None,
+    read_ahead: Mapping[int, Frame | str] | None = None,
 ) -> CheckReport:
-    """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish."""
+    """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish. `known`: verdicts
+    already reached for some of them (data/check_cache.py), taken as they are. `read_ahead`: verdicts
+    decided from files read while the annotations were parsed (data/check_ahead.py): checked, not reused."""
     if rules.mode not in CHECK_MODES:
         raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")
     start = time.perf_counter()
-    chunks = [(entries[i : i + _CHUNK], rules) for i in range(0, len(entries), _CHUNK)]
-    processes = min(processes or available_cores(), len(chunks))
+    reused = len(entries) - sum(1 for entry in entries if entry.image_id not in (known or {}))
+    known = {**(read_ahead or {}), **(known or {})}
+    todo = [entry for entry in entries if entry.image_id not in known]
+    chunks = [(i, min(i + _CHUNK, len(todo))) for i in range(0, len(todo), _CHUNK)]
+    processes = min(processes or available_cores(), max(len(chunks), 1))
     bad: list[BadImage] = []
     frames: dict[int, Frame] = {}
-    done = 0
-    for count, chunk_bad, chunk_frames in _map(chunks, processes if len(entries) >= _IN_PROCESS_BELOW else 1):
+    for entry in entries:
+        if (verdict := known.get(entry.image_id)) is not None:
+            if isinstance(verdict, str):
+                bad.append(BadImage(entry.image_id, entry.path, verdict))
+            else:
+                frames[entry.image_id] = verdict
+    done = len(entries) - len(todo)
+    for count, chunk_bad, chunk_frames in _map(todo, rules, chunks, processes if len(todo) >= _IN_PROCESS_BELOW else 1):
         bad.extend(chunk_bad)
         frames.update(chunk_frames)
         done += count
@@ -196,19 +254,23 @@ def check_images(
             progress(done, len(entries))
     order = {entry.image_id: i for i, entry in enumerate(entries)}
     bad.sort(key=lambda b: order[b.image_id])  # chunks finish in any order; report in file order
-    return CheckReport(source, rules.mode, len(entries), tuple(bad), time.perf_counter() - start, frames)
+    seconds = time.perf_counter() - start
+    ahead = len(entries) - len(todo) - reused
+    return CheckReport(source, rules.mode, len(entries), tuple(bad), seconds, frames, reused, ahead)
 
 
-def _map(chunks: list, processes: int) -> Iterable[_Checked]:
+def _map(
+    todo: Sequence[ImageEntry], rules: CheckRules, chunks: list[tuple[int, int]], processes: int
+) -> Iterable[_Checked]:
     if processes <= 1:
-        yield from map(_check_chunk, chunks)
+        yield from (_check_chunk(todo[start:end], rules) for start, end in chunks)
         return
     # fork: the children need nothing but PIL, and spawning would re-import torch in each of them.
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
     # Out of the trainer's process group: a SIGTERM to the group (dumb-init) must not kill a worker, whose
     # chunk would then never come back (stop.detach_pool_worker).
-    with context.Pool(processes, initializer=detach_pool_worker) as pool:
-        yield from pool.imap_unordered(_check_chunk, chunks)
+    with context.Pool(processes, initializer=_start_worker, initargs=(todo, rules)) as pool:
+        yield from pool.imap_unordered(_check_range, chunks)
 
 
 class Progress:
@@ -255,15 +317,36 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
 
 
 def check_datasets(
-    datasets: Sequence[CheckedDataset], rules: CheckRules, *, announce: bool = True
+    datasets: Sequence[CheckedDataset],
+    rules: CheckRules,
+    *,
+    announce: bool = True,
+    cache_dir: Path | None = None,
+    cache_wait_s: float = 1800.0,
+    ahead: ReadAhead | None = None,
 ) -> list[CheckReport]:
     """Check every image of each split (with a progress bar or log lines), one report per split, each
     summary logged when `announce` (check-data prints them itself: logged too, each showed twice); one
-    warning per split counts the images read as stored though a viewer shows them turned."""
+    warning per split counts the images read as stored though a viewer shows them turned. `cache_dir`:
+    reuse the verdicts of images unchanged since a check cached there, and cache this one's (not in
+    mode off, which only looks that the files exist). `ahead`: the files read while the annotations were
+    parsed (data/check_ahead.py)."""
     reports = []
     for dataset in datasets:
         source = str(dataset.annotation_file)
-        report = check_images(dataset.image_entries(), rules, source=source, progress=Progress(f"checking {source}"))
+        entries = dataset.image_entries()
+        cache, known, read = None, None, None
+        if rules.mode != "off" and (cache_dir is not None or ahead is not None):
+            read, stamps = ahead.read(entries, rules) if ahead is not None else ({}, {})
+            stamps.update(stamps_of([entry for entry in entries if entry.image_id not in stamps]))
+            if cache_dir is not None:
+                cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
+                known = cache.known(entries, stamps)
+        report = check_images(
+            entries, rules, source=source, progress=Progress(f"checking {source}"), known=known, read_ahead=read
+        )
+        if cache and report.reused < report.checked:
+            cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
         if announce:
             log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:

@@ -27,11 +27,32 @@ def candidates(folder: Path, file_name: str) -> list[Path]:
 
 def resolve_image(folder: Path, file_name: str) -> tuple[Path, bool]:
     """(the image's path, whether it is a file) by the rule above."""
+    if _plain(file_name):  # the rule's first candidate is FOLDER/file_name as written: most names, found at once
+        path = folder / file_name
+        if path.is_file():
+            return path, True
     looked = candidates(folder, file_name)
     for path in looked:
         if path.is_file():
             return path, True
     return folder / file_name, False  # an absolute file_name stays itself
+
+
+def image_path(folder: Path, file_name: str) -> Path:
+    """resolve_image's path alone. A plain name of one part has nothing to drop: it is FOLDER/file_name
+    whether or not that is a file, so it is not looked for (a stat per image: 0.5 s for COCO's 118k)."""
+    one_plain_part = "/" not in file_name and "\\" not in file_name and ":" not in file_name  # _plain's rule
+    if one_plain_part and file_name not in ("", ".", ".."):
+        return folder / file_name
+    return resolve_image(folder, file_name)[0]
+
+
+def _plain(file_name: str) -> bool:
+    """A relative name of plain parts (no `.`, `..`, empty part, drive or backslash): `candidates` would
+    look at FOLDER/file_name first. (A shortcut: COCO's 118k images are named so.)"""
+    if not file_name or "\\" in file_name or ":" in file_name or file_name.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in file_name.split("/"))
 
 
 def stripped(folder: Path, file_name: str) -> int | None:

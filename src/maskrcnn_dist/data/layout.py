@@ -3,6 +3,7 @@ set, and the classes judged over all the splits at once (data/classes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
 from ..run_dir import output_folder_problem
 from .check import CheckReport, CheckRules, check_datasets
+from .check_ahead import read_ahead
 from .classes import ClassPlan, settle_classes
 from .coco import CocoInstanceDataset
 from .detect import detect
@@ -59,11 +61,25 @@ class OpenSplits:
     classes: ClassPlan
 
 
-def open_splits(sources: DataSources, cfg: TrainConfig, *, train_split: str | None = "train") -> OpenSplits:
+def cache_dir(cfg: TrainConfig, *, training: bool) -> Path | None:
+    """Where --data-cache puts the caches of a run: `auto` is OUTPUT_DIR/cache for train and eval (the
+    output dir outlives a restart, and is shared by the ranks that write it), nowhere for the other
+    commands (whose --output-dir is not a run's)."""
+    choice = cfg.data.data_cache
+    if choice == "off" or (choice == "auto" and not training):
+        return None
+    return cfg.output_dir / "cache" if choice == "auto" else Path(choice)
+
+
+def open_splits(
+    sources: DataSources, cfg: TrainConfig, *, train_split: str | None = "train", training: bool = False
+) -> OpenSplits:
     """Open every split of `sources` (the one named `train_split` with the training flips), give them the
     same classes (data/classes.py), and refuse splits whose categories differ. A val split listing no
-    images is left out with a warning (no validation loss or AP)."""
+    images is left out with a warning (no validation loss or AP). `training`: for train or eval (where
+    --data-cache auto caches)."""
     datasets: dict[str, CocoInstanceDataset] = {}
+    where = cache_dir(cfg, training=training)
     for name, source in sources.splits.items():
         dataset = CocoInstanceDataset(
             source.images,
@@ -74,6 +90,8 @@ def open_splits(sources: DataSources, cfg: TrainConfig, *, train_split: str | No
             exif_orientation=cfg.data.exif_orientation,
             image_ids=source.image_ids,
             crowd_as_instances=cfg.data.crowd_as_instances,
+            cache_dir=where,
+            cache_wait_s=cfg.peers.timeout,
         )
         if name == "val" and not len(dataset):
             log.warning("%s lists no images: no validation loss or COCO AP", source.annotations)
@@ -150,7 +168,7 @@ def load_datasets(
     sources = sources or run_sources(cfg)
     if sources.get("train") is None:
         raise DatasetError(f"{sources.layout}: no train split")
-    opened = open_splits(sources, cfg)
+    opened = open_splits(sources, cfg, training=True)
     train_set, val_set = opened.datasets["train"], opened.datasets.get("val")
     if not len(train_set) and not cfg.test_only:  # no steps: the run would "finish" having trained nothing
         raise empty_train_split(train_set.annotation_file)
@@ -171,9 +189,14 @@ def check_split(cfg: TrainConfig, splits: Sequence[str]) -> tuple[OpenSplits, li
     if len(splits) == 1 and sources.get(splits[0]) is None:
         raise DatasetError(f"{sources.layout}: no {splits[0]} split found")
     if "val" in splits and sources.get("val") is None:
-        log.warning("no val split (%s): training would run without validation loss or COCO AP", sources.layout)
-    opened = open_splits(sources, cfg, train_split=None)
-    if "train" in splits and "train" in opened.datasets and not len(opened.datasets["train"]):
-        raise empty_train_split(opened.datasets["train"].annotation_file)
-    chosen = [opened.datasets[s] for s in splits if s in opened.datasets]
-    return opened, check_datasets(chosen, CheckRules.of(cfg), announce=False)
+        log.warning(
+            "no val split (%s): training would run without validation loss or COCO AP; --val-fraction F carves one",
+            sources.layout,
+        )
+    rules, where = CheckRules.of(cfg), cache_dir(cfg, training=False)
+    with read_ahead(sources, splits, rules, where) or contextlib.nullcontext() as ahead:
+        opened = open_splits(sources, cfg, train_split=None)
+        if "train" in splits and "train" in opened.datasets and not len(opened.datasets["train"]):
+            raise empty_train_split(opened.datasets["train"].annotation_file)
+        chosen = [opened.datasets[s] for s in splits if s in opened.datasets]
+        return opened, check_datasets(chosen, rules, announce=False, cache_dir=where, ahead=ahead)

@@ -44,10 +44,17 @@ class StepSeeder:
         """Hook the random modules among `modules` (name -> module, names as in GeneralizedRCNN)."""
         for name, module in modules.items():
             if name in RANDOM_MODULES:
-                self._handles.append(module.register_forward_pre_hook(self._reseed_hook(name)))
+                self._handles.append(module.register_forward_pre_hook(Reseed(self, name)))
 
-    def _reseed_hook(self, name: str):
-        def hook(_module: nn.Module, _inputs: object) -> None:
-            torch.manual_seed(derive_seed(self.base_seed, self.step, self.micro, name))
 
-        return hook
+class Reseed:
+    """The forward pre-hook of one random module: reseed for it at its seeder's position. An object,
+    not a closure, so that a hooked module pickles: with TensorPipe device maps, an RPC's result is
+    pickled to find its CUDA tensors, a pipeline stage's RRef type query included (seen on a GPU)."""
+
+    def __init__(self, seeder: StepSeeder, name: str) -> None:
+        self.seeder, self.name = seeder, name
+
+    def __call__(self, _module: nn.Module, _inputs: object) -> None:
+        seeder = self.seeder
+        torch.manual_seed(derive_seed(seeder.base_seed, seeder.step, seeder.micro, self.name))

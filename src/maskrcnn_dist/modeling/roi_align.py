@@ -19,8 +19,8 @@ differs, so results agree to float rounding (tests/trainer/test_roi_align.py).
 
 The computation is in fp32 whatever the features' dtype (under --amp the features are bf16):
 RoI ops are on the list of what keeps full precision. The result returns in the features' dtype,
-as torchvision's own autocast kernel does. On CUDA, and for an adaptive sampling ratio
-(`sampling_ratio <= 0`, a different number of samples per RoI), torchvision's kernels run.
+as torchvision's own autocast kernel does. In eval mode, on CUDA, and for an adaptive sampling
+ratio (`sampling_ratio <= 0`, a different number of samples per RoI), torchvision's kernels run.
 """
 
 from __future__ import annotations
@@ -157,11 +157,14 @@ def sparse_roi_align(
 
 class SparseMultiScaleRoIAlign(MultiScaleRoIAlign):
     """torchvision's MultiScaleRoIAlign (same levels, scales and output), pooling each level with
-    `sparse_roi_align` on CPU. Elsewhere, or with an adaptive sampling ratio, it is torchvision's."""
+    `sparse_roi_align` on CPU in training mode. In eval mode (evaluation, predict, the gallery), on
+    other devices, or with an adaptive sampling ratio, it is torchvision's: a checkpoint's detections
+    are then torchvision's own to the bit (docs/predict-and-report.md), at the cost of the forward
+    pooling only; the backward, where the sparse product gains most, exists in training alone."""
 
     def forward(self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]) -> Tensor:
         features = _filter_input(x, self.featmap_names)
-        if features[0].device.type != "cpu" or self.sampling_ratio <= 0:
+        if not self.training or features[0].device.type != "cpu" or self.sampling_ratio <= 0:
             return super().forward(x, boxes, image_shapes)
         if self.scales is None or self.map_levels is None:
             self.scales, self.map_levels = _setup_scales(

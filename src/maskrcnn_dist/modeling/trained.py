@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..categories import Categories
 from ..checkpoint import checkpoint_file, load_checkpoint, read_torch_file, resolve_resume
 from ..config import (
     BY_FLAG,
+    DATA_PATH_FLAGS,
     DATA_SOURCE_FLAGS,
     FIELDS,
     ModelConfig,
@@ -47,6 +49,7 @@ from ..config import (
 from ..data.sources import DataSources
 from ..errors import CheckpointError, ConfigError, UserError, WeightsError
 from .model import CLASS_SCORE_WEIGHT, builder_kwargs, state_num_classes
+from .perf import CHANNELS_LAST_MODULES
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ class TrainedModel:
             cfg.data.exif_orientation,
             categories.num_classes,
             categories,
-            saved_data_flags(saved),
+            _absolute_paths(saved_data_flags(saved)),
             data,
         )
 
@@ -100,6 +103,8 @@ class TrainedModel:
             "backbone": TORCHVISION_BACKBONES[model.name],
             "frozen_batchnorm": model.resolved_backbone_norm() == "frozen",
             "kwargs": every_setting(builder_kwargs(model, self.num_classes)),
+            # The modules the kit holds in channels_last: the same layout gives the same numbers.
+            "channels_last": list(CHANNELS_LAST_MODULES) if model.channels_last else [],
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -235,3 +240,9 @@ def _checkpoint_named(cfg: TrainConfig) -> tuple[TrainedModel, str] | None:
         return None
     trained = TrainedModel.of_weights_file(Path(weights))
     return None if trained is None else (trained, f"--weights {weights}")
+
+
+def _absolute_paths(flags: dict[str, Any]) -> dict[str, Any]:
+    """The data flags with their paths made absolute: a relative one meant the training run's working
+    directory, and `eval --resume` or `predict` may run from another (symlinks kept, as given)."""
+    return {f: os.path.abspath(v) if f in DATA_PATH_FLAGS and isinstance(v, str) else v for f, v in flags.items()}

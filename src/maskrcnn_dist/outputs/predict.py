@@ -169,7 +169,7 @@ def _output_inside(folder: Path, out: Path | None) -> Path | None:
 
 def dataset_images(dataset: CocoInstanceDataset) -> list[InputImage]:
     """A split's images in dataset order (the order of eval's loader)."""
-    return _named([(iid, dataset.image_dir / dataset.coco.imgs[iid]["file_name"]) for iid in dataset.image_ids])
+    return _named(list(zip(dataset.image_ids, dataset.file_names(), strict=True)))
 
 
 def _named(items: list[tuple[int, Path]]) -> list[InputImage]:

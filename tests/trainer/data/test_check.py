@@ -174,7 +174,11 @@ def test_check_data_judges_a_set_without_val_as_training_does(broken_coco: Path,
     shutil.copytree(broken_coco / "val", train_only / "train")  # the good split, as the only one
     both = _check_data_cli("--data-path", str(train_only))
     assert both.returncode == 0, both.stderr
-    assert "no val split (" in both.stderr and "4 images checked" in both.stdout
+    assert (
+        "no val split (" in both.stderr
+        and "--val-fraction F carves one" in both.stderr
+        and "4 images checked" in both.stdout
+    )
     val = _check_data_cli("--data-path", str(train_only), "--split", "val")
     assert val.returncode == 2 and "no val split found" in val.stderr
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
+from ..disk import drop_checkpoints
 from ..procs import torchrun
 from ..stop_procs import (
     Job,
@@ -54,14 +56,15 @@ def stop_lines(job: Job) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("ddp_reference") / "run"
     job = ddp_job(stop_coco, out, pick_free_port(), out.parent / "logs").start()
     try:
         assert job.finish(300) == 0, job.output
     finally:
         job.kill()
-    return out
+    yield out
+    drop_checkpoints(out)
 
 
 def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_is_exact(

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from maskrcnn_dist.checkpoint import latest_checkpoint
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
+from ..disk import drop_checkpoints
 
 # Enough steps from scratch for a non-zero AP on tiny_coco (24 steps: bbox AP50 about 0.1), so that a
 # results file that lost detections scores differently.
@@ -22,7 +24,7 @@ STEPS = 24
 
 
 @pytest.fixture(scope="package")
-def sparse_coco(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sparse_coco(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """tiny_coco with sparse category ids, as COCO's own (1..90 with gaps): a results file or a drawing
     that used label indices as category ids would then name categories the dataset does not have."""
     root = tmp_path_factory.mktemp("sparse_coco") / "data"
@@ -41,14 +43,15 @@ def sparse_coco(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="package")
-def trained(sparse_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained(sparse_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A checkpoint of the small model after STEPS steps on sparse_coco."""
     out = tmp_path_factory.mktemp("predict_run")
     cfg = fast_config(sparse_coco, out, **{"max-steps": STEPS, "epochs": 100, "lr-steps": "1000", "val-period": 0})
     train(cfg)
     checkpoint = latest_checkpoint(out / "checkpoints")
     assert checkpoint is not None
-    return checkpoint
+    yield checkpoint
+    drop_checkpoints(out)
 
 
 def write_png(path: Path, size: tuple[int, int] = (40, 30)) -> Path:

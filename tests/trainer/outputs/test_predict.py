@@ -64,16 +64,25 @@ def test_a_split_the_split_flags_name_carved_with_the_checkpoints_seed(trained: 
     from maskrcnn_dist.data.sources import DataSources, SplitSource
 
     train_split = SplitSource(sparse_coco / "train" / "annotations.json", sparse_coco / "train" / "images")
+    sources = DataSources("flags", {"train": train_split})
+    # A run trained with a seed that carves other images than the default's, so that the default
+    # cannot pass for the checkpoint's.
+    seed = 4242
+    default = carve_val(sources, 0.25, build_config(None, {}).seed).splits["val"].image_ids
+    expected = carve_val(sources, 0.25, seed).splits["val"].image_ids
+    assert set(expected) != set(default)
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["config"]["seed"] = seed
+    checkpoint["trained_model"]["data_flags"]["seed"] = seed
+    torch.save(checkpoint, tmp_path / "seeded.pt")
     flags = {
-        "resume": trained,
+        "resume": tmp_path / "seeded.pt",
         "device": "cpu",
         "train-annotations": train_split.annotations,
         "train-images": train_split.images,
         "val-fraction": 0.25,
     }
     predict_images([], PredictConfig(out=tmp_path / "pred"), flags)
-    seed = load_checkpoint(trained)["config"]["seed"]
-    expected = carve_val(DataSources("flags", {"train": train_split}), 0.25, seed).splits["val"].image_ids
     predicted = json.loads((tmp_path / "pred" / RESULTS_FILE).read_text())
     assert len(expected) == 3 and {r["image_id"] for r in predicted} <= set(expected)
     assert {image["id"] for image in json.loads((tmp_path / "pred" / IMAGES_FILE).read_text())["images"]} == set(

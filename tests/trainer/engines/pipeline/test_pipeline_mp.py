@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
+from ...disk import drop_checkpoints
 from .pipeline_procs import spawn, stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
@@ -33,11 +35,12 @@ def run_job(tmp: Path, port: int, scenario: str, timeout: float, replicas=(1, 1)
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory) -> dict:
+def compared(tmp_path_factory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("compare")
     code, log, _ = run_job(tmp, pick_free_port(), "compare", timeout=400, micro_batches=2)
     assert code == 0, log
-    return torch.load(tmp / "result.pt", weights_only=False)
+    yield torch.load(tmp / "result.pt", weights_only=False)
+    drop_checkpoints(tmp)
 
 
 def _max_diff(a: dict, b: dict, buffers: bool = True) -> float:

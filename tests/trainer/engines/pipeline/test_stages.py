@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -100,3 +101,18 @@ def test_stage_state_dict_keys_are_the_models(model) -> None:
 def test_placement_must_be_contiguous_runs(bad) -> None:
     with pytest.raises(ValueError, match="contiguous"):
         validate_placement(bad)
+
+
+def test_a_seeded_stage_pickles_and_draws_alike_after(model) -> None:
+    """With TensorPipe device maps an RPC's result is pickled to find its CUDA tensors, a stage's RRef
+    type query included: a stage with its reseeding hooks must pickle (a closure hook could not, seen
+    on a GPU), and the copy draws what the original draws at the same position."""
+    _, _, stages = _seeded_pair(model, PLACEMENTS[0])
+    stage = stages[1]  # rpn + roi_heads: both hooked
+    copied = pickle.loads(pickle.dumps(stage))
+    draws = []
+    for module in (stage.parts()["rpn"], copied.parts()["rpn"]):
+        for hook in module._forward_pre_hooks.values():
+            hook(module, ())
+        draws.append(torch.rand(4))
+    assert torch.equal(draws[0], draws[1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.training.metrics import read_metrics
 
+from ...disk import drop_checkpoints
 from ...stop_procs import Job, assert_stop_step, assert_stopped_cleanly, rank_pids, small_args, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -50,10 +52,11 @@ def stop_after_step(job: Job, out: Path, step: int, send) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("pipeline_reference") / "run"
     finished(local_job(stop_coco, out, out.parent / "logs"))
-    return out
+    yield out
+    drop_checkpoints(out)
 
 
 def test_sigterm_to_the_runner_stops_every_pod_and_the_resume_trains_the_rest(stop_coco, reference, tmp_path) -> None:

@@ -1,0 +1,198 @@
+"""Read the image files while the annotation file is parsed, so that a first start does not do the two
+one after the other.
+
+At COCO's size the parse takes one core for ~10 s (data/store.py), and only then does the data check
+(data/check.py) read 118k image files on every core. Yet what the check learns from a file needs no
+annotation: whether it is whole, its stored size, its EXIF orientation (check.file_facts). So, while
+the parse runs, processes on the cores it leaves idle list each split's image folder and read those
+facts of its files; the check then decides each image's verdict from its facts and the size its
+annotation gives it (check.decide), and reads itself only the images the listing did not reach.
+
+What keeps it safe and bounded:
+- a fact is used only for the path it was read from, and its verdict is cached (data/check_cache.py)
+  under the file's size and modification time as they were before it was read: a file changed after
+  its read is read again at the next start, as one changed after any check is (within this run the
+  loader reads the file as it is then, and names it if it cannot);
+- it starts only where the check will read every image (no cached verdicts for the split yet) and in
+  the process that runs the check (ddp's rank 0), and only in modes that read files (not `off`);
+- only the folder's own files are listed, not its sub-folders (a `file_name` with folders is checked
+  as before), and the reading stops when the check starts: the work it may waste (files the
+  annotation file does not list) is bounded by the parse's time, on cores that were idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .check import CheckRules, ImageEntry, available_cores, decide, file_facts
+from .check_cache import Stamp, VerdictCache
+from .orientation import Frame, Oriented
+from .sources import DataSources
+from .store import store_cached
+
+log = logging.getLogger(__name__)
+
+# Annotation files smaller than this parse in a fraction of a second (~2,000 COCO images): too little
+# time to read files in, for the cost of starting the workers.
+WORTH_FROM_BYTES = 8 << 20
+# Files a worker reads between looks at its stop message: ~10 ms of work.
+_POLL_EVERY = 64
+# What a worker learned of one file: its size and mtime_ns before it was read, and its facts (why it is
+# unusable, or its Oriented as a plain tuple: stored width, height, orientation, delivered; tuples of
+# ints unpickle ten times faster than dataclasses, 0.08 s for COCO's 118k files).
+Facts = tuple[int, int, str | tuple[int, int, int, int]]
+_STOP = "stop"
+
+
+class CheckAhead:
+    """Worker processes reading the image files of `folders` until `facts()` stops them. `processes`:
+    how many (the parse keeps one core busy: by default every other core)."""
+
+    def __init__(self, folders: Iterable[Path], mode: str, processes: int | None = None) -> None:
+        self.folders = tuple(dict.fromkeys(Path(f) for f in folders))
+        count = processes if processes is not None else available_cores() - 1
+        context = multiprocessing.get_context("fork")
+        self._workers: list[tuple[Any, Connection]] = []
+        for index in range(max(count, 0)):
+            mine, theirs = context.Pipe()
+            worker = context.Process(
+                target=_read_files, args=(self.folders, mode, index, count, theirs), daemon=True, name="check-ahead"
+            )
+            worker.start()
+            theirs.close()
+            self._workers.append((worker, mine))
+        self._facts: dict[str, Facts] | None = None
+
+    def facts(self, wait_s: float = 30.0) -> dict[str, Facts]:
+        """Stop the workers and gather what they read: path -> (size, mtime_ns, facts). A worker that
+        does not answer within `wait_s` (killed, stuck on a dead volume) adds nothing."""
+        if self._facts is not None:
+            return self._facts
+        for _, conn in self._workers:
+            try:
+                conn.send(_STOP)
+            except OSError:  # it has finished, or died
+                pass
+        facts: dict[str, Facts] = {}
+        for _, conn in self._workers:
+            try:
+                if conn.poll(wait_s):
+                    facts.update(conn.recv())
+            except (OSError, EOFError):  # died before it could say
+                pass
+        self.close()
+        self._facts = facts
+        return facts
+
+    def finished(self, timeout: float) -> bool:
+        """Whether every worker has read all its files (or died) within `timeout` seconds: for tests and
+        benchmarks, which must know what facts() will hold."""
+        return all(conn.poll(timeout) for _, conn in self._workers)
+
+    def read(self, entries: Sequence[ImageEntry], rules: CheckRules) -> tuple[dict[int, Frame | str], dict[int, Stamp]]:
+        """The verdicts of the `entries` whose files were read ahead, and those files' stamps as they were
+        before the read (a file changed since is checked again at the next start, as after any check)."""
+        facts = self.facts()
+        verdicts: dict[int, Frame | str] = {}
+        stamps: dict[int, Stamp] = {}
+        decided: dict[tuple[Any, int | None, int | None], Frame | str] = {}  # few distinct sizes: decide each once
+        for entry in entries:
+            path = str(entry.path)
+            if (fact := facts.get(path)) is None:
+                continue
+            key = (fact[2], entry.width, entry.height)
+            if (verdict := decided.get(key)) is None:
+                verdict = decided[key] = decide(entry, _oriented(fact[2]), rules)
+            verdicts[entry.image_id] = verdict
+            stamps[entry.image_id] = (path, fact[0], fact[1], entry.width, entry.height)
+        return verdicts, stamps
+
+    def close(self) -> None:
+        for worker, conn in self._workers:
+            conn.close()
+            if worker.is_alive():
+                worker.terminate()
+            worker.join()
+        self._workers = []
+
+    def __enter__(self) -> CheckAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_ahead(
+    sources: DataSources,
+    splits: Sequence[str],
+    rules: CheckRules,
+    cache_dir: Path | None,
+    worth_from_bytes: int | None = None,
+) -> CheckAhead | None:
+    """Workers reading the image folders of those `splits` of `sources` whose images the check will read
+    (no verdicts cached for them in `cache_dir`), while annotation files are parsed (no store cached
+    for them); None where that gains nothing: mode `off`, one core, nothing to parse of
+    `worth_from_bytes` (default WORTH_FROM_BYTES) or more, or nothing to check."""
+    if rules.mode == "off" or available_cores() < 2:
+        return None
+    chosen = [source for split in splits if (source := sources.get(split)) is not None]
+    to_parse = {s.annotations for s in chosen if not store_cached(s.annotations, cache_dir)}
+    if sum(_size(path) for path in to_parse) < (WORTH_FROM_BYTES if worth_from_bytes is None else worth_from_bytes):
+        return None
+    if cache_dir is not None:
+        chosen = [s for s in chosen if not VerdictCache.written(cache_dir, s.annotations, asdict(rules))]
+    return CheckAhead([s.images for s in chosen], rules.mode) if chosen else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_files(folders: Sequence[Path], mode: str, index: int, count: int, conn: Connection) -> None:
+    """A worker: every `count`-th image file of the folders, from the `index`-th, until all are read or
+    it is told to stop; then it sends what it read."""
+    # Dies with the trainer's process group (a pod's SIGTERM): what it read is optional.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    facts: dict[str, Facts] = {}
+    try:
+        paths = [path for folder in folders for path in _listing(folder)][index::count]
+        for n, path in enumerate(paths):
+            if n % _POLL_EVERY == 0 and conn.poll():
+                break
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            facts[path] = (st.st_size, st.st_mtime_ns, _plain(file_facts(Path(path), mode)))
+        conn.send(facts)
+    except (OSError, EOFError):  # the trainer has gone
+        return
+
+
+def _plain(facts: Oriented | str) -> str | tuple[int, int, int, int]:
+    return facts if isinstance(facts, str) else (*facts.stored, facts.orientation, facts.delivered)
+
+
+def _oriented(plain: str | tuple[int, int, int, int]) -> Oriented | str:
+    return plain if isinstance(plain, str) else Oriented((plain[0], plain[1]), plain[2], plain[3])
+
+
+def _listing(folder: Path) -> list[str]:
+    """The folder's own files (not its sub-folders'), sorted: every worker lists the same."""
+    try:
+        with os.scandir(folder) as found:
+            return sorted(e.path for e in found if e.is_file())
+    except OSError:
+        return []
