@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"MASKRCNN-DIST-CACHE\n"
 VERSION = 1
 HEADER_SIZE = 4096  # fixed: the payload starts on a page boundary, so its arrays map aligned
-_CRC_CHUNK = 64 << 20
+_CRC_CHUNK = 16 << 20
 
 
 class CacheInvalid(Exception):
@@ -73,13 +73,14 @@ class CacheFile:
                 raise CacheInvalid(f"{size} bytes where the header promises {HEADER_SIZE} + {length} (truncated?)")
             if length == 0:
                 return memoryview(b"")
+            # Read, not through the mapping: pages touched there would count in this process's memory
+            # until its DataLoader workers map them too (the whole store, for pages only they read).
+            if _file_crc(fd, HEADER_SIZE, length) != header.get("crc32"):
+                raise CacheInvalid("checksum mismatch (damaged)")
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)  # a mapping keeps its own reference to the file
-        payload = memoryview(mapped)[HEADER_SIZE:]
-        if _crc(payload) != header.get("crc32"):
-            raise CacheInvalid("checksum mismatch (damaged)")
-        return payload
+        return memoryview(mapped)[HEADER_SIZE:]
 
     def made_for_key(self) -> bool:
         """Whether a file made for this key is there, by its header alone (read() verifies the rest)."""
@@ -245,10 +246,17 @@ def cache_name(path: Path) -> str:
     return f"{path.stem}-{where:08x}"
 
 
-def _crc(payload: memoryview) -> int:
-    crc = 0
-    for start in range(0, len(payload), _CRC_CHUNK):
-        crc = zlib.crc32(payload[start : start + _CRC_CHUNK], crc)
+def _file_crc(fd: int, offset: int, length: int) -> int:
+    """The CRC-32 of `length` bytes of the file from `offset`; CacheInvalid if it ends before them."""
+    buffer = bytearray(min(_CRC_CHUNK, length))
+    crc, done = 0, 0
+    while done < length:
+        view = memoryview(buffer)[: min(len(buffer), length - done)]
+        got = os.preadv(fd, [view], offset + done)
+        if got == 0:
+            raise CacheInvalid(f"ends {length - done} bytes early (truncated while read?)")
+        crc = zlib.crc32(view[:got], crc)
+        done += got
     return crc
 
 
