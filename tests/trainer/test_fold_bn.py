@@ -94,15 +94,15 @@ def test_eval_mode_computes_exactly_what_torchvision_computes():
 @pytest.mark.parametrize(
     ("options", "folds"),
     [
-        ({"fold": True}, True),
-        ({"fold": False}, False),
-        ({"fold": True, "exportable": True}, False),  # export: torchvision's own modules
+        ({}, True),  # on by default: it pays (docs/performance.md)
+        ({"fold_frozen_bn": True}, True),
+        ({"fold_frozen_bn": False}, False),  # --no-fold-frozen-bn
+        ({"exportable": True}, False),  # export: torchvision's own modules
     ],
 )
-def test_build_model_folds_only_when_asked_and_never_for_export(options, folds):
-    cfg = ModelConfig(
-        name="maskrcnn_resnet18_fpn", backbone_norm="frozen", min_size=64, max_size=96, fold_frozen_bn=options["fold"]
-    )
+def test_build_model_folds_by_default_unless_turned_off_and_never_for_export(options, folds):
+    flags = {k: v for k, v in options.items() if k != "exportable"}
+    cfg = ModelConfig(name="maskrcnn_resnet18_fpn", backbone_norm="frozen", min_size=64, max_size=96, **flags)
     model = build_model(cfg, num_classes=3, exportable=options.get("exportable", False))
     kinds = {type(m) for m in model.modules()}
     assert (FoldedConv2d in kinds and FoldedFrozenBatchNorm2d in kinds) is folds

@@ -174,11 +174,11 @@ class ModelConfig:
     )
 
     # Fine-tuning's frozen BatchNorm computed inside the convolution before it (modeling/fold_bn.py):
-    # training steps only; evaluation, prediction and export compute as torchvision does. Off: on the CPU
-    # measured it did not pay (R50 800 px --amp: 1.21x and 0.98x with mixed sizes, 0.75x and 0.70x with
-    # one size; docs/performance.md).
+    # training steps only; evaluation, prediction and export compute as torchvision does. On: a --amp step
+    # of R50-FPN at 800 px took 1.18-1.31x less time with it (benchmarks/bench_step.py, docs/performance.md).
+    # Nothing to fold with batch statistics (--backbone-norm batch, the default without weights).
     fold_frozen_bn: bool = option(
-        False, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
+        True, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
     )
 
     def resolved_backbone_norm(self) -> str:
