@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,7 @@ def read_columns(path: Path, where: str, kept: list[object] | None = None) -> tu
         kept.append(data)
     categories = validate_categories(json.loads(bytes(data.categories)), where)
     images = data.images
-    image_id = np.array([i.id for i in images], dtype=np.int64)
-    width = np.array([i.width for i in images], dtype=np.int64)
-    height = np.array([i.height for i in images], dtype=np.int64)
+    image_id, width, height = (_column(images, name, np.int64) for name in ("id", "width", "height"))
     _require(_unique(image_id), "duplicate image id")
     _require(all(i.file_name for i in images), "empty file_name")
     _require(bool(((width > 0) & (height > 0) & (width < 2**31) & (height < 2**31)).all()), "image size")
@@ -91,11 +90,10 @@ def read_columns(path: Path, where: str, kept: list[object] | None = None) -> tu
     image_id, width, height = image_id[by_id], width[by_id], height[by_id]
 
     anns = data.annotations
-    ann_id = np.array([a.id for a in anns], dtype=np.int64)
-    ann_image_id = np.array([a.image_id for a in anns], dtype=np.int64)
-    category_id = np.array([a.category_id for a in anns], dtype=np.int64)
-    iscrowd = np.array([a.iscrowd for a in anns], dtype=np.int64)
-    area = np.array([a.area for a in anns], dtype=np.float64)
+    ann_id, ann_image_id, category_id, iscrowd = (
+        _column(anns, name, np.int64) for name in ("id", "image_id", "category_id", "iscrowd")
+    )
+    area = _column(anns, "area", np.float64)
     bbox = np.fromiter(itertools.chain.from_iterable(a.bbox for a in anns), np.float64, 4 * len(anns)).reshape(-1, 4)
     _require(_unique(ann_id), "duplicate annotation id")
     rows = np.minimum(np.searchsorted(image_id, ann_image_id), max(len(image_id) - 1, 0))
@@ -204,6 +202,11 @@ def _as_json(segm: list[list[float]] | _Rle) -> list[list[float]] | dict[str, An
     if isinstance(segm, list):
         return segm
     return {"size": list(segm.size), "counts": segm.counts}
+
+
+def _column(records: list, name: str, dtype: type) -> np.ndarray:
+    """One field of every record, as an array (OverflowError for an int beyond int64, as np.array)."""
+    return np.fromiter(map(attrgetter(name), records), dtype, len(records))
 
 
 def _unique(values: np.ndarray) -> bool:
