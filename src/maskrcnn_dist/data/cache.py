@@ -66,7 +66,7 @@ class CacheFile:
         try:
             size = os.fstat(fd).st_size
             header = _parse_header(os.pread(fd, HEADER_SIZE, 0))
-            if header.get("kind") != self.kind or header.get("key") != _plain(self.key):
+            if not self._made_for(header):
                 raise CacheInvalid("made for another file or settings (stale)")
             length = header.get("length")
             if not isinstance(length, int) or size != HEADER_SIZE + length:
@@ -89,6 +89,9 @@ class CacheFile:
                 header = _parse_header(f.read(HEADER_SIZE))
         except (OSError, CacheInvalid):
             return False
+        return self._made_for(header)
+
+    def _made_for(self, header: Mapping[str, Any]) -> bool:
         return header.get("kind") == self.kind and header.get("key") == _plain(self.key)
 
     def write(self, chunks: Iterable[bytes]) -> None:

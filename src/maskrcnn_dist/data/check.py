@@ -232,7 +232,7 @@ def check_images(
     if rules.mode not in CHECK_MODES:
         raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")
     start = time.perf_counter()
-    reused = len(entries) - sum(1 for entry in entries if entry.image_id not in (known or {}))
+    reused = sum(1 for entry in entries if entry.image_id in (known or {}))
     known = {**(read_ahead or {}), **(known or {})}
     todo = [entry for entry in entries if entry.image_id not in known]
     chunks = [(i, min(i + _CHUNK, len(todo))) for i in range(0, len(todo), _CHUNK)]

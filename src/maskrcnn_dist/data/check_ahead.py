@@ -22,7 +22,6 @@ What keeps it safe and bounded:
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import signal
@@ -37,8 +36,6 @@ from .check_cache import Stamp, VerdictCache
 from .orientation import Frame, Oriented
 from .sources import DataSources
 from .store import store_cached
-
-log = logging.getLogger(__name__)
 
 # Annotation files smaller than this parse in a fraction of a second (~2,000 COCO images): too little
 # time to read files in, for the cost of starting the workers.

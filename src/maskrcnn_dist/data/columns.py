@@ -11,6 +11,13 @@ import numpy as np
 POLYGONS, RLE, COUNTS = 0, 1, 2
 
 
+def offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Where each of consecutive items of these lengths starts, and where the last ends (int64)."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
 @dataclass
 class Columns:
     """What a store is built from: the images in id order, the kept annotations in file order (each

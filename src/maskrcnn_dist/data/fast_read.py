@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from .annotations import check_rle, validate_categories
-from .columns import COUNTS, POLYGONS, RLE, Columns
+from .columns import COUNTS, POLYGONS, RLE, Columns, offsets
 
 _EXACT = float(2**53)  # below this, integer boxes add up in float64 exactly as Python's ints do
 
@@ -151,15 +151,15 @@ def _check_segmentations(
         run_lengths = np.fromiter(map(len, counts), np.int64, len(counts))
         _require(bool((run_lengths > 0).all()), "uncompressed RLE")  # no runs: cannot sum to a pixel count
         flat = np.fromiter(itertools.chain.from_iterable(counts), np.int64, int(run_lengths.sum()))
-        starts = _offsets(run_lengths)[:-1]
+        starts = offsets(run_lengths)[:-1]
         pixels = heights[rows].astype(np.int64) * widths[rows].astype(np.int64)
         # (no run above the pixel count: the int64 sums cannot wrap around to it)
         ok = (np.minimum.reduceat(flat, starts) >= 0) & (np.maximum.reduceat(flat, starts) <= pixels)
         _require(bool(ok.all()) and bool((np.add.reduceat(flat, starts) == pixels).all()), "uncompressed RLE")
     for k in rles:
-        if not isinstance(segm := segmentations[k], list) and isinstance(segm.counts, str):
+        if isinstance(segmentations[k].counts, str):  # type: ignore[union-attr]
             # raises the DatasetError the stdlib path would: this path gives up on it
-            check_rle(_as_json(segm), int(heights[k]), int(widths[k]), where)
+            check_rle(_as_json(segmentations[k]), int(heights[k]), int(widths[k]), where)
 
 
 def _segment_arrays(segmentations: list[list[list[float]] | _Rle]) -> dict[str, np.ndarray]:
@@ -173,14 +173,14 @@ def _segment_arrays(segmentations: list[list[list[float]] | _Rle]) -> dict[str, 
     runs = [s.counts for s in segmentations if type(s) is not list and not isinstance(s.counts, str)]  # type: ignore[union-attr]
     every = list(itertools.chain.from_iterable(polygons))
     point_counts = np.fromiter(map(len, every), np.int64, len(every))
-    poly_start = _offsets(point_counts)
+    poly_start = offsets(point_counts)
     lengths = np.zeros(len(segmentations), dtype=np.int64)
     for kind, items in ((POLYGONS, polygons), (RLE, texts), (COUNTS, runs)):
         lengths[kinds == kind] = np.fromiter(map(len, items), np.int64, len(items))
     starts = np.zeros(len(segmentations), dtype=np.int64)
     for kind in (POLYGONS, RLE, COUNTS):
         of_kind = kinds == kind
-        starts[of_kind] = _offsets(lengths[of_kind])[:-1]
+        starts[of_kind] = offsets(lengths[of_kind])[:-1]
     return {
         "seg_kind": kinds,
         "seg_start": starts,
@@ -190,12 +190,6 @@ def _segment_arrays(segmentations: list[list[list[float]] | _Rle]) -> dict[str, 
         "rle": np.frombuffer(b"".join(texts), dtype=np.uint8),
         "counts": np.fromiter(itertools.chain.from_iterable(runs), np.int64, int(lengths[kinds == COUNTS].sum())),
     }
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 def _as_json(segm: list[list[float]] | _Rle) -> list[list[float]] | dict[str, Any]:

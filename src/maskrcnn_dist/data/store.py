@@ -43,7 +43,7 @@ from .annotations import (
     validate_images,
 )
 from .cache import CacheFile, cache_name, file_identity, load_or_build
-from .columns import COUNTS, POLYGONS, RLE, Columns
+from .columns import COUNTS, POLYGONS, RLE, Columns, offsets
 from .fast_read import read_columns
 
 log = logging.getLogger(__name__)
@@ -227,8 +227,8 @@ def _read_columns_json(
         kept.append(data)
     images = validate_images(data["images"], where)
     categories = validate_categories(data["categories"], where)
-    kept, dropped = validate_annotations(data["annotations"], images, categories, where, points_later=True)
-    return columns_of(images, kept, dropped), list(categories.values())
+    valid, dropped = validate_annotations(data["annotations"], images, categories, where, points_later=True)
+    return columns_of(images, valid, dropped), list(categories.values())
 
 
 def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 1800.0) -> SampleStore:
@@ -327,7 +327,7 @@ def store_from_columns(columns: Columns, categories: Sequence[Mapping], where: s
         "image_id": c.image_id,
         "width": c.width.astype(np.int32),
         "height": c.height.astype(np.int32),
-        "name_start": _offsets([len(n) for n in names]),
+        "name_start": offsets([len(n) for n in names]),
         "names": np.frombuffer(b"".join(names), dtype=np.uint8),
         "ann_start": np.searchsorted(ann_rows[order], np.arange(len(c.image_id) + 1), side="left").astype(np.int64),
         "ann_id": c.ann_id[order],
@@ -339,12 +339,6 @@ def store_from_columns(columns: Columns, categories: Sequence[Mapping], where: s
         "dropped": np.array(c.dropped, dtype=np.int64),
     }
     return SampleStore(arrays, tuple(dict(cat) for cat in categories))
-
-
-def _offsets(lengths: Sequence[int]) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 class _Segments:
@@ -389,7 +383,7 @@ class _Segments:
             self.counts_len += len(segm["counts"])
 
     def arrays(self) -> dict[str, np.ndarray]:
-        poly_start = _offsets([len(p) for p in self.polygons])
+        poly_start = offsets([len(p) for p in self.polygons])
         coords = np.fromiter(itertools.chain.from_iterable(self.polygons), dtype=np.float64, count=int(poly_start[-1]))
         return {
             "seg_kind": np.array(self.kind, dtype=np.uint8),
