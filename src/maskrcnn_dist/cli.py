@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -100,17 +101,20 @@ def main(verbose: bool) -> None:
 def _run_train(config_file: Path | None, values: dict[str, Any]):
     """train.train of the config these flags make (with the trained model of a checkpoint they name:
     modeling/trained.py), and on a stop request its closing line and EXIT_STOPPED (stop.py): a separate
-    process only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill)."""
+    process only. The stop handlers go in before torch loads (seconds in which a SIGTERM would otherwise kill),
+    and so does the parse of a large annotation file (those seconds on another core)."""
+    from .data.parse_ahead import parse_ahead
     from .lifetime.stop import Stopped, exit_stopped, stop_on_signals
 
-    config_mod.build_config(config_file, values)  # a bad flag or file is refused before torch loads
+    cfg = config_mod.build_config(config_file, values)  # a bad flag or file is refused before torch loads
     # This process's one stop request; a finished run gives the signals back (a test's CliRunner, a later command).
-    with stop_on_signals() as stop:
+    # A large annotation file is parsed while torch loads (data/parse_ahead.py); train() has it written.
+    with stop_on_signals() as stop, parse_ahead(cfg) or contextlib.nullcontext() as parsing:
         from .modeling.trained import train_command_config
         from .train import train as run_train
 
         try:
-            return run_train(train_command_config(config_file, values), stop=stop)
+            return run_train(train_command_config(config_file, values), stop=stop, parsing=parsing)
         except Stopped as stopped:
             exit_stopped(stopped.closing_line())
 

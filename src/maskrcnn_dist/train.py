@@ -38,9 +38,9 @@ from .data.augment import AugmentedDataset, build_augmentation
 from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .data.check_ahead import CheckAhead, read_ahead
 from .data.copy_paste import CopyPaste
-from .data.layout import cache_dir
 from .data.loader import collate
-from .data.resolve import names_data, resolve_sources
+from .data.parse_ahead import ParseAhead, released
+from .data.resolve import cache_dir, names_data, resolve_sources
 from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
@@ -74,16 +74,23 @@ EngineFactory = Callable[[int, int], Engine]
 CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
 
-def train(cfg: TrainConfig, plan: PodPlan | None = None, stop: StopRequest | None = None) -> TrainResult | None:
+def train(
+    cfg: TrainConfig,
+    plan: PodPlan | None = None,
+    stop: StopRequest | None = None,
+    parsing: ParseAhead | None = None,
+) -> TrainResult | None:
     """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
     None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
     `plan`: the pipeline's pod plan (default: from the launcher's MASKRCNN_POD_PLAN). `stop`: the process's
     stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
-    one that no signal feeds: nothing asks a library caller's run to stop."""
-    return _train(cfg, plan, stop if stop is not None else StopRequest())
+    one that no signal feeds: nothing asks a library caller's run to stop. `parsing`: the annotation files
+    its entry point started parsing (data/parse_ahead.py): released to write their caches once the flags
+    and the output folder are accepted, and done once the data is loaded."""
+    return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing)
 
 
-def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainResult | None:
+def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: ParseAhead | None) -> TrainResult | None:
     check_best_metric(cfg.best_metric)  # on every process, stage workers too: they all refuse it alike
     if cfg.engine == "pipeline":
         plan = plan or PodPlan.from_env()
@@ -107,7 +114,8 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> TrainRe
     # stop when the check starts; here, should anything before it fail).
     ahead = read_ahead_of(cfg, sources) if is_main_process(cfg) else None
     with ahead or contextlib.nullcontext():
-        datasets = load_datasets(cfg, sources)
+        with released(parsing):  # the flags and the output folder accepted: what was parsed ahead is written
+            datasets = load_datasets(cfg, sources)
         if cfg.patience is not None and datasets[1] is None and not cfg.test_only:
             raise ConfigError(
                 f"--patience counts evaluations, and {cfg.data.data_path or 'the dataset'} has no val split "

@@ -1,48 +1,52 @@
-"""The trainer's data: COCO instances dataset, synthetic COCO generator, batching and loaders."""
+"""The trainer's data: COCO instances dataset, synthetic COCO generator, batching and loaders.
 
-from maskrcnn_dist.data.coco import CocoInstanceDataset, flip_decision, hflip
-from maskrcnn_dist.data.image_file import read_image
-from maskrcnn_dist.data.layout import ensure_synthetic, find_split, load_datasets
-from maskrcnn_dist.data.loader import (
-    aspect_ratio_groups,
-    build_eval_loader,
-    build_train_loader,
-    collate,
-    epoch_batches,
-    eval_indices,
-    eval_rounds,
-    num_train_batches,
-    rank_indices,
-)
-from maskrcnn_dist.data.sources import DataSources, SplitSource
-from maskrcnn_dist.data.synthetic import (
-    SyntheticCoco,
-    SyntheticSplits,
-    generate_synthetic_coco,
-    write_train_val,
-)
+The names below are imported when first asked for (PEP 562), not with the package: the modules that
+find, parse and cache a dataset (resolve, store, cache, parse_ahead) need no torch, and the command line
+starts parsing a large annotation file with them while torch is still being imported (parse_ahead.py).
+"""
 
-__all__ = [
-    "DataSources",
-    "SplitSource",
-    "ensure_synthetic",
-    "find_split",
-    "load_datasets",
-    "CocoInstanceDataset",
-    "SyntheticCoco",
-    "SyntheticSplits",
-    "aspect_ratio_groups",
-    "build_eval_loader",
-    "build_train_loader",
-    "collate",
-    "epoch_batches",
-    "eval_indices",
-    "eval_rounds",
-    "flip_decision",
-    "generate_synthetic_coco",
-    "hflip",
-    "read_image",
-    "num_train_batches",
-    "rank_indices",
-    "write_train_val",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Each public name and the module of this package that defines it.
+_HOME = {
+    "CocoInstanceDataset": "coco",
+    "flip_decision": "coco",
+    "hflip": "coco",
+    "read_image": "image_file",
+    "ensure_synthetic": "layout",
+    "find_split": "layout",
+    "load_datasets": "layout",
+    "aspect_ratio_groups": "loader",
+    "build_eval_loader": "loader",
+    "build_train_loader": "loader",
+    "collate": "loader",
+    "epoch_batches": "loader",
+    "eval_indices": "loader",
+    "eval_rounds": "loader",
+    "num_train_batches": "loader",
+    "rank_indices": "loader",
+    "DataSources": "sources",
+    "SplitSource": "sources",
+    "SyntheticCoco": "synthetic",
+    "SyntheticSplits": "synthetic",
+    "generate_synthetic_coco": "synthetic",
+    "write_train_val": "synthetic",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # asked once: later lookups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

@@ -9,8 +9,10 @@ to the checksum, is not used (the caller rebuilds it, and says why).
 One process writes it: writers take an exclusive lock (flock on FILE.lock), look again (another may
 have written it while they waited), and write to a private temporary file renamed into place, so a
 reader sees the old file or the new one, whole, never a part; the writer builds the payload in a forked
-child, so the parse's garbage never stays in the trainer's heap. The payload is memory-mapped,
-read-only: every process of a node that maps the file shares its pages.
+child, so the parse's garbage never stays in the trainer's heap. A process that builds the payload
+ahead of the trainer's need (data/parse_ahead.py) holds a node-local lock meanwhile, and the others wait
+for it before they would build. The payload is memory-mapped, read-only: every process of a node that
+maps the file shares its pages.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import mmap
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 import uuid
 import zlib
@@ -121,22 +124,54 @@ class CacheFile:
         network volumes pass it on to other nodes too). Waits at most `wait_s`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            deadline = time.monotonic() + self.wait_s
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise DatasetError(
-                            f"{self.path}: waited {self.wait_s:.0f} s for another process writing this cache "
-                            "(--rpc-timeout); if none is running, delete the file and its .lock"
-                        ) from None
-                    time.sleep(0.1)
+            if not _flock_within(lock.fileno(), fcntl.LOCK_EX, self.wait_s):
+                raise DatasetError(
+                    f"{self.path}: waited {self.wait_s:.0f} s for another process writing this cache "
+                    "(--rpc-timeout); if none is running, delete the file and its .lock"
+                )
             try:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def ahead_lock_path(self) -> Path:
+        """The lock a process holds while it builds this payload ahead of the trainer's need for it
+        (data/parse_ahead.py). In the temporary folder, not beside the file: it is taken before the run
+        may write in its folders; every process of a node (ddp's ranks in one pod) sees it."""
+        where = zlib.crc32(str(self.path.resolve()).encode())
+        return Path(tempfile.gettempdir()) / f"maskrcnn-dist-{where:08x}.building"
+
+    def wait_for_builder_ahead(self) -> float | None:
+        """Wait while a process of this node builds the payload ahead (it writes the file, or gives up,
+        then lets go); the seconds waited, None where none was building it. At most `wait_s`: then the
+        writer lock decides."""
+        try:
+            fd = os.open(self.ahead_lock_path(), os.O_RDONLY)
+        except OSError:  # never built ahead on this node
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return None
+            except BlockingIOError:
+                started = time.monotonic()
+            _flock_within(fd, fcntl.LOCK_SH, self.wait_s)
+            return time.monotonic() - started
+        finally:
+            os.close(fd)  # and with it the shared lock
+
+
+def _flock_within(fd: int, operation: int, wait_s: float) -> bool:
+    """flock `operation` on `fd`, trying every 0.1 s for at most `wait_s`; whether it was taken."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
 
 # Builds a payload; the list it is given takes the objects the build made and no longer needs, for a
@@ -154,6 +189,14 @@ def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryvie
         return cache.read()
     except CacheInvalid as first:
         reason = first
+    waited = cache.wait_for_builder_ahead()
+    if waited is not None:
+        try:
+            payload = cache.read()
+            log.info("%s: %s cached while this process started (waited %.1f s for it)", cache.path, what, waited)
+            return payload
+        except CacheInvalid as second:  # it wrote nothing (or another file): build it here, as before
+            reason = second
     try:
         with cache.writer_lock():
             try:

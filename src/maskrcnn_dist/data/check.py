@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any, Protocol, TextIO
 
 from ..config import CHECK_MODES, TrainConfig
 from ..errors import DatasetError, one_line
+from ..lifetime.cores import available_cores
 from ..lifetime.stop import detach_pool_worker
 from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
@@ -207,13 +207,6 @@ def _start_worker(entries: Sequence[ImageEntry], rules: CheckRules) -> None:
 def _check_range(bounds: tuple[int, int]) -> _Checked:
     assert _worker_rules is not None  # set by _start_worker
     return _check_chunk(_worker_entries[bounds[0] : bounds[1]], _worker_rules)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def check_images(

@@ -34,12 +34,10 @@ from typing import Any
 from .check import CheckRules, ImageEntry, available_cores, decide, file_facts
 from .check_cache import Stamp, VerdictCache
 from .orientation import Frame, Oriented
+from .parse_ahead import WORTH_FROM_BYTES, file_size
 from .sources import DataSources
 from .store import store_cached
 
-# Annotation files smaller than this parse in a fraction of a second (~2,000 COCO images): too little
-# time to read files in, for the cost of starting the workers.
-WORTH_FROM_BYTES = 8 << 20
 # Files a worker reads between looks at its stop message: ~10 ms of work.
 _POLL_EVERY = 64
 # What a worker learned of one file: its size and mtime_ns before it was read, and its facts (why it is
@@ -142,18 +140,11 @@ def read_ahead(
         return None
     chosen = [source for split in splits if (source := sources.get(split)) is not None]
     to_parse = {s.annotations for s in chosen if not store_cached(s.annotations, cache_dir)}
-    if sum(_size(path) for path in to_parse) < (WORTH_FROM_BYTES if worth_from_bytes is None else worth_from_bytes):
+    if sum(file_size(path) for path in to_parse) < (WORTH_FROM_BYTES if worth_from_bytes is None else worth_from_bytes):
         return None
     if cache_dir is not None:
         chosen = [s for s in chosen if not VerdictCache.written(cache_dir, s.annotations, asdict(rules))]
     return CheckAhead([s.images for s in chosen], rules.mode) if chosen else None
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def _read_files(folders: Sequence[Path], mode: str, index: int, count: int, conn: Connection) -> None:

@@ -185,8 +185,9 @@ def tool_name(root: Path, found: list[Found]) -> str:
     return "COCO instances files"
 
 
-def detect(root: Path) -> DataSources:
-    """The train and val splits under `root` (val may be missing), or a DatasetError that helps."""
+def detect(root: Path, announce: bool = True) -> DataSources:
+    """The train and val splits under `root` (val may be missing), or a DatasetError that helps.
+    `announce`: log what was found (and a val split left out)."""
     if not root.is_dir():
         raise DatasetError(f"--data-path {root}: no such folder")
     found, others = find_files(root)
@@ -206,10 +207,13 @@ def detect(root: Path) -> DataSources:
     if val is None and (problem := broken_split_file(root, others, "val")):
         raise DatasetError(problem)
     if val is not None and val.images is None:
-        log.warning("--data-path %s: %s: none of its images is under %s; no val split", root, val.annotations, root)
+        if announce:
+            log.warning("--data-path %s: %s: none of its images is under %s; no val split", root, val.annotations, root)
     elif val is not None:
         splits["val"] = SplitSource(val.annotations, val.images)
     sources = DataSources(tool_name(root, found), splits)
+    if not announce:
+        return sources
     log.info("--data-path %s: %s layout", root, sources.layout)
     for name, source in splits.items():
         log.info("  %s: %s", name, source.describe())

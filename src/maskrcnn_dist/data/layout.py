@@ -20,7 +20,7 @@ from .check_ahead import read_ahead
 from .classes import ClassPlan, settle_classes
 from .coco import CocoInstanceDataset
 from .detect import detect
-from .resolve import carve_val, resolve_sources
+from .resolve import cache_dir, carve_val, resolve_sources
 from .sources import DataSources, SplitSource
 from .synthetic import write_train_val
 
@@ -59,16 +59,6 @@ class OpenSplits:
     sources: DataSources
     datasets: dict[str, CocoInstanceDataset]
     classes: ClassPlan
-
-
-def cache_dir(cfg: TrainConfig, *, training: bool) -> Path | None:
-    """Where --data-cache puts the caches of a run: `auto` is OUTPUT_DIR/cache for train and eval (the
-    output dir outlives a restart, and is shared by the ranks that write it), nowhere for the other
-    commands (whose --output-dir is not a run's)."""
-    choice = cfg.data.data_cache
-    if choice == "off" or (choice == "auto" and not training):
-        return None
-    return cfg.output_dir / "cache" if choice == "auto" else Path(choice)
 
 
 def open_splits(

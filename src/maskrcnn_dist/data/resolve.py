@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..config import DataConfig
+from ..config import DataConfig, TrainConfig
 from ..errors import ConfigError, DatasetError
 from .annotations import read_annotation_file, validate_images
 from .detect import detect
@@ -54,9 +54,11 @@ def names_data(data: DataConfig) -> bool:
     )
 
 
-def resolve_sources(data: DataConfig, seed: int) -> DataSources:
+def resolve_sources(data: DataConfig, seed: int, *, ahead: bool = False) -> DataSources:
     """The run's splits: the split flags, else (or for the splits they leave out) --data-path's, then
-    the val split --val-fraction carves. ConfigError/DatasetError naming the flag otherwise."""
+    the val split --val-fraction carves. ConfigError/DatasetError naming the flag otherwise. `ahead`: only
+    the files the run will read, quietly (data/parse_ahead.py, before the trainer resolves them again
+    and says what it found): no val split carved, which would read the train split's file whole."""
     given = split_flags(data)
     if data.data_path is None and not given:
         raise ConfigError(
@@ -66,13 +68,23 @@ def resolve_sources(data: DataConfig, seed: int) -> DataSources:
     if data.data_path is None:
         sources = DataSources("flags", given)
     else:
-        sources = _with_data_path(data.data_path, given)
-    return carve_val(sources, data.val_fraction, seed) if data.val_fraction is not None else sources
+        sources = _with_data_path(data.data_path, given, announce=not ahead)
+    return carve_val(sources, data.val_fraction, seed) if not ahead and data.val_fraction is not None else sources
 
 
-def _with_data_path(root: Path, given: dict[str, SplitSource]) -> DataSources:
+def cache_dir(cfg: TrainConfig, *, training: bool) -> Path | None:
+    """Where --data-cache puts the caches of a run: `auto` is OUTPUT_DIR/cache for train and eval (the
+    output dir outlives a restart, and is shared by the ranks that write it), nowhere for the other
+    commands (whose --output-dir is not a run's)."""
+    choice = cfg.data.data_cache
+    if choice == "off" or (choice == "auto" and not training):
+        return None
+    return cfg.output_dir / "cache" if choice == "auto" else Path(choice)
+
+
+def _with_data_path(root: Path, given: dict[str, SplitSource], announce: bool = True) -> DataSources:
     try:
-        found = detect(root)
+        found = detect(root, announce)
     except DatasetError as exc:
         if not given:
             raise

@@ -234,7 +234,7 @@ def _read_columns_json(
 def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 1800.0) -> SampleStore:
     """The store of `annotation_file`: mapped from its cache in `cache_dir` when that is valid for the
     file as it is now, else read (by one process; the others wait) and cached. None: no cache."""
-    cache = _samples_file(annotation_file, cache_dir, wait_s) if cache_dir is not None else None
+    cache = samples_file(annotation_file, cache_dir, wait_s) if cache_dir is not None else None
     payload = load_or_build(cache, lambda kept: read_store(annotation_file, kept).chunks(), "parsed annotations")
     try:
         return SampleStore.from_buffer(payload)
@@ -246,10 +246,11 @@ def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 18
 def store_cached(annotation_file: Path, cache_dir: Path | None) -> bool:
     """Whether open_store will map `annotation_file`'s store from `cache_dir` rather than parse the file
     (by the cache's header: open_store verifies the rest)."""
-    return cache_dir is not None and _samples_file(annotation_file, cache_dir).made_for_key()
+    return cache_dir is not None and samples_file(annotation_file, cache_dir).made_for_key()
 
 
-def _samples_file(annotation_file: Path, cache_dir: Path, wait_s: float = 1800.0) -> CacheFile:
+def samples_file(annotation_file: Path, cache_dir: Path, wait_s: float = 1800.0) -> CacheFile:
+    """Where `annotation_file`'s store is cached in `cache_dir`, keyed by the file as it is now."""
     key = {"annotations": file_identity(annotation_file), "store": STORE_VERSION}
     return CacheFile(cache_dir / f"{cache_name(annotation_file)}.samples", "samples", key, wait_s)
 

@@ -1,5 +1,6 @@
 """A trainer process's lifetime: how it is set up and how it stops.
 
+- `cores.py`: how many cores the process may run on (torch-free);
 - `process.py`: what every command that runs the model sets once per process (threads, denormal floats);
 - `stop.py`: the stop request on SIGTERM/SIGINT (made and installed once at the entry point, handed to
   the engines and the loop), `Stopped` and `Interrupted`, and the helper processes' detachment from the

@@ -1,0 +1,219 @@
+"""Parse a large annotation file while torch is imported, so that a first start does not do the two one
+after the other.
+
+At COCO's size the parse takes one core for ~10 s (data/store.py), and the trainer used to reach it only
+after 3-4 s of importing torch and torchvision on one core, the other idle. So the command line
+(cli.py), before it imports torch, forks a child for each annotation file the run will read that has no
+cache yet. The child parses the file and keeps the store until the trainer releases it: after the
+trainer's checks of its flags and output folder, so a refused run writes nothing. It then writes the
+cache file as the trainer's own parse would have (cache.py), and the trainer, finding no cache, waits
+for it (cache.load_or_build) rather than parsing the file again.
+
+What keeps it safe and bounded:
+- one process of a node parses a file ahead: the one that takes its lock first (cache.CacheFile's
+  ahead_lock_path, in the temporary folder: ddp's ranks in one pod share it). The others, and the
+  trainer itself, wait in load_or_build while the lock is held, then read the file, or, where the child
+  wrote none, parse it themselves as before;
+- the cache is keyed by the annotation file as it was before the child read it: a file changed while it
+  was parsed is parsed again;
+- it starts only for a run that trains (not `eval`), in a process that loads data (not a pipeline stage
+  worker), with a cache folder (--data-cache not `off`), more than one core, and for files of
+  WORTH_FROM_BYTES or more;
+- a child that was not released is killed once the data is loaded or the run ends: it never writes for
+  a run that was refused, and never outlives the loading;
+- the child reports nothing: what goes wrong there (a damaged file, a full disk) the trainer's own parse
+  meets and reports as it always has (at COCO's size, a damaged file is parsed twice before its error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from maskrcnn_launcher.contract import PodPlan
+
+from ..config import TrainConfig
+from ..errors import DatasetError, UserError
+from ..lifetime.cores import available_cores
+from .cache import CacheFile
+from .resolve import cache_dir, names_data, resolve_sources
+from .store import read_store, samples_file
+
+# Annotation files smaller than this parse in a fraction of a second (~2,000 COCO images): too little
+# to overlap with anything, for the cost of a fork (data/check_ahead.py's workers start from it too).
+WORTH_FROM_BYTES = 8 << 20
+_WRITE = b"w"
+
+
+@dataclass
+class _Child:
+    annotation_file: Path
+    pid: int
+    release_fd: int  # the pipe's end this process writes _WRITE to; closed, it tells the child to give up
+    released: bool = field(default=False)
+
+
+class ParseAhead:
+    """Children parsing annotation files ahead: `release()` lets them write their caches, `close()` kills
+    those never released and waits for the others. Plain forks, not multiprocessing's: a process that
+    exits without closing this must not wait at its exit for a child that waits for it."""
+
+    def __init__(self, children: list[_Child]) -> None:
+        self._children = children
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return tuple(child.annotation_file for child in self._children)
+
+    def release(self) -> None:
+        """The run's flags and output folder are accepted: write what was parsed."""
+        for child in self._children:
+            if not child.released:
+                with contextlib.suppress(OSError):  # it died: the trainer parses the file itself
+                    os.write(child.release_fd, _WRITE)
+                child.released = True
+
+    def close(self) -> None:
+        for child in self._children:
+            if not child.released:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)  # mid-parse or waiting: it has written nothing
+            os.close(child.release_fd)
+        for child in self._children:
+            # A released one finishes its write (the trainer waited for it already).
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child.pid, 0)
+        self._children = []
+
+    def __enter__(self) -> ParseAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def released(parsing: ParseAhead | None) -> Iterator[None]:
+    """Around the loading of the data: what is parsed ahead may be written, and is done when it ends."""
+    if parsing is None:
+        yield
+        return
+    parsing.release()
+    try:
+        yield
+    finally:
+        parsing.close()
+
+
+def parse_ahead(
+    cfg: TrainConfig, env: Mapping[str, str] = os.environ, worth_from_bytes: int | None = None
+) -> ParseAhead | None:
+    """Children parsing the annotation files `cfg`'s run will read (those of `worth_from_bytes`, default
+    WORTH_FROM_BYTES, or more with no cache yet, and not parsed ahead by another process of this node);
+    None where none starts."""
+    least = WORTH_FROM_BYTES if worth_from_bytes is None else worth_from_bytes
+    if cfg.test_only or cfg.data.synthetic_images or not names_data(cfg.data):
+        return None
+    folder = cache_dir(cfg, training=True)
+    if folder is None or available_cores() < 2 or not _loads_data(cfg, env):
+        return None
+    try:
+        sources = resolve_sources(cfg.data, cfg.seed, ahead=True)
+    except UserError:  # the trainer refuses the flags itself, in its order
+        return None
+    files = dict.fromkeys(source.annotations for source in sources.splits.values())
+    children: list[_Child] = []
+    for path in files:
+        if file_size(path) >= least and (child := _start(path, folder, cfg.peers.timeout, children)) is not None:
+            children.append(child)
+    return ParseAhead(children) if children else None
+
+
+def _loads_data(cfg: TrainConfig, env: Mapping[str, str]) -> bool:
+    """Whether this process reads the dataset: every one but a pipeline's stage workers."""
+    if cfg.engine != "pipeline":
+        return True
+    try:
+        return PodPlan.from_env(env).role == "master"
+    except Exception:  # noqa: BLE001 - no plan or a bad one: the trainer says so; nothing to parse here
+        return False
+
+
+def _start(annotation_file: Path, folder: Path, wait_s: float, started: list[_Child]) -> _Child | None:
+    """A child parsing `annotation_file` ahead, holding its lock; None where its store is cached already,
+    another process parses it ahead, or the lock cannot be made. `started`: this process's other children
+    (their pipes are closed in the new one, so each sees its own end close)."""
+    try:
+        cache = samples_file(annotation_file, folder, wait_s)  # keyed by the file as it is before the parse
+    except DatasetError:  # unreadable: the trainer says so
+        return None
+    if cache.made_for_key():
+        return None
+    try:
+        lock = os.open(cache.ahead_lock_path(), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another process of this node parses it ahead: the trainer waits for that one
+            return None
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _in_child(annotation_file, cache, reader, [writer, *(c.release_fd for c in started)])
+        os.close(reader)
+    finally:
+        os.close(lock)  # the child's copy holds the lock until it exits
+    return _Child(annotation_file, pid, writer)
+
+
+def _in_child(annotation_file: Path, cache: CacheFile, release_fd: int, not_mine: list[int]) -> NoReturn:
+    code = 1
+    try:
+        for fd in not_mine:
+            os.close(fd)
+        _parse_then_write(annotation_file, cache, release_fd)
+        code = 0
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)  # nothing of the trainer's (atexit, finalizers) runs in its fork
+
+
+def _parse_then_write(annotation_file: Path, cache: CacheFile, release_fd: int) -> None:
+    """Parse, wait to be released, and write the cache (unless another process has). The parse's objects
+    are never freed one by one: the child exits at once after (cache._build_and_write's reason)."""
+    # The trainer decides what becomes of it (released or killed): a pod's SIGTERM stops the trainer
+    # after its data is loaded, which this child's write is part of.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    kept: list[object] = []
+    try:
+        store = read_store(annotation_file, kept)
+    except Exception:  # noqa: BLE001 - the trainer's own parse meets it and reports it
+        store = None
+    try:
+        write = os.read(release_fd, len(_WRITE)) == _WRITE  # b"" once the trainer's end is closed
+    except OSError:
+        write = False
+    if store is not None and write:
+        with contextlib.suppress(OSError, DatasetError), cache.writer_lock():
+            if not cache.made_for_key():
+                cache.write(store.chunks())
+
+
+def file_size(path: Path) -> int:
+    """Its size in bytes; 0 where it cannot be read (its reader says why)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
