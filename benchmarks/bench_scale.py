@@ -12,9 +12,10 @@ decoding). Then, for each code version (`--baseline`: another checkout's src fol
 it; `new`: this checkout) and engine (local: 1 process; ddp: 2 ranks through maskrcnn_dist.torchrun), with
 2 DataLoader workers per process:
 
-  train     the small CPU model (64 px): seconds from start to the first train record; SIGTERM after
-            step 2, then `--resume auto`: seconds from its start to its first train record. Peak PSS
-            of each process while it runs.
+  train     the small CPU model (64 px): seconds from start to the first train record (`--repeat N`:
+            the median of N such first starts, each on a fresh output dir); SIGTERM after step 2, then
+            `--resume auto`: seconds from its start to its first train record. Peak PSS of each
+            process while it runs.
   loading   the run's data path alone, in the train run's output dir (so the new code finds the cache
             that run wrote, as a restart does): load_datasets, then build_train_loader (2 workers,
             batches of 8) over `--fraction` (default half) of each rank's epoch, every sample built
@@ -35,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -351,10 +353,19 @@ def _stop(proc: subprocess.Popen, timeout: float = 300) -> None:
     _kill(proc, under)
 
 
-def train_phase(version: Version, engine: str, data: Path, work: Path, timeout: float) -> dict[str, Any]:
+def train_phase(
+    version: Version, engine: str, data: Path, work: Path, timeout: float, repeat: int = 1
+) -> dict[str, Any]:
+    """The first start (`repeat` times, each on a fresh output dir: the median counts), then SIGTERM
+    after step 2 and `--resume auto` on the last one's output dir."""
+    firsts = [
+        first_start(version, engine, data, work / f"{version.name}-{engine}-first-{k}", timeout)
+        for k in range(repeat - 1)
+    ]
     out = work / f"{version.name}-{engine}-train"
     argv = train_argv(engine, data, out, _port())
     first = run_until(argv, version, work / f"{out.name}.log", out / "metrics.jsonl", 0, timeout)
+    firsts.append(first["seconds"])
     proc = first.pop("proc")
     while first_step_after(out / "metrics.jsonl", 0) < 2 and proc.poll() is None:
         time.sleep(0.05)
@@ -365,11 +376,23 @@ def train_phase(version: Version, engine: str, data: Path, work: Path, timeout: 
     )
     _kill(resumed.pop("proc"))
     return {
-        "first_step_s": first["seconds"],
+        "first_step_s": statistics.median(firsts),
+        "first_steps_s": firsts,
         "resumed_step_s": resumed["seconds"],
         "train_memory": first["memory"],
         "resumed_memory": resumed["memory"],
     }
+
+
+def first_start(version: Version, engine: str, data: Path, out: Path, timeout: float) -> float:
+    """Seconds from a start on the fresh output dir `out` to its first step (the folder is removed after)."""
+    shutil.rmtree(out, ignore_errors=True)
+    run = run_until(
+        train_argv(engine, data, out, _port()), version, out.with_suffix(".log"), out / "metrics.jsonl", 0, timeout
+    )
+    _kill(run.pop("proc"))
+    shutil.rmtree(out, ignore_errors=True)
+    return run["seconds"]
 
 
 def load_phase(
@@ -458,13 +481,7 @@ def floor_phase(version: Version, work: Path, timeout: float) -> float:
     data = work / "tiny-set"
     if not data.exists():
         write_set(data, 64, seed=1)
-    out = work / f"{version.name}-floor"
-    shutil.rmtree(out, ignore_errors=True)  # a kept run's metrics would read as a first step at once
-    run = run_until(
-        train_argv("local", data, out, 0), version, work / f"{out.name}.log", out / "metrics.jsonl", 0, timeout
-    )
-    _kill(run.pop("proc"))
-    return run["seconds"]
+    return first_start(version, "local", data, work / f"{version.name}-floor", timeout)
 
 
 def main() -> None:
@@ -480,6 +497,7 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.5, help="of each rank's epoch the loading phase reads")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--keep", action="store_true", help="keep the runs and their logs in the work folder")
+    parser.add_argument("--repeat", type=int, default=1, help="first starts per version and engine (the median counts)")
     opts = parser.parse_args()
     work = opts.work or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -511,7 +529,7 @@ def main() -> None:
                 if folder.is_dir():
                     shutil.rmtree(folder)
             row: dict[str, Any] = {"version": version.name, "engine": engine, "images": opts.images}
-            row.update(train_phase(version, engine, data, work, opts.timeout))
+            row.update(train_phase(version, engine, data, work, opts.timeout, opts.repeat))
             row["loading"] = load_phase(version, engine, data, work, opts.fraction, opts.timeout)
             row["cache_mib"] = sum(p.stat().st_size for p in work.glob(f"{version.name}-{engine}-*/cache/*")) / MiB
             rows.append(row)

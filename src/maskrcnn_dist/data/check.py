@@ -32,6 +32,7 @@ from typing import Any, Protocol, TextIO
 from ..config import CHECK_MODES, TrainConfig
 from ..errors import DatasetError, one_line
 from ..lifetime.cores import available_cores
+from ..lifetime.heap import gc_paused
 from ..lifetime.stop import detach_pool_worker
 from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
@@ -327,19 +328,21 @@ def check_datasets(
     reports = []
     for dataset in datasets:
         source = str(dataset.annotation_file)
-        entries = dataset.image_entries()
-        cache, known, read = None, None, None
-        if rules.mode != "off" and (cache_dir is not None or ahead is not None):
-            read, stamps = ahead.read(entries, rules) if ahead is not None else ({}, {})
-            stamps.update(stamps_of([entry for entry in entries if entry.image_id not in stamps]))
-            if cache_dir is not None:
-                cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
-                known = cache.known(entries, stamps)
+        with gc_paused():  # the bookkeeping of every image: entries, stamps, cached verdicts
+            entries = dataset.image_entries()
+            cache, known, read = None, None, None
+            if rules.mode != "off" and (cache_dir is not None or ahead is not None):
+                read, stamps = ahead.read(entries, rules) if ahead is not None else ({}, {})
+                stamps.update(stamps_of([entry for entry in entries if entry.image_id not in stamps]))
+                if cache_dir is not None:
+                    cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
+                    known = cache.known(entries, stamps)
         report = check_images(
             entries, rules, source=source, progress=Progress(f"checking {source}"), known=known, read_ahead=read
         )
         if cache and report.reused < report.checked:
-            cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
+            with gc_paused():
+                cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
         if announce:
             log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:

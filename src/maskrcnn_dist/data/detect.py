@@ -159,19 +159,23 @@ def image_folder(
 
 def find_files(root: Path) -> tuple[list[Found], list[Path]]:
     """Every COCO instances file under `root` with its split and image folder, and the other JSON files."""
-    jsons: list[Path] = []
-    index: dict[str, set[Path]] = {}
-    for folder, files in _walk(root):
-        for name in files:
-            index.setdefault(name, set()).add(folder)
-            if name.lower().endswith(".json"):
-                jsons.append(folder / name)
-    found, others = [], []
+    listings = list(_walk(root))
+    jsons = [folder / name for folder, files in listings for name in files if name.lower().endswith(".json")]
+    instances, others = [], []
     for path in sorted(jsons):
         names = coco_file_names(path)
         if names is None:
             others.append(path)
-            continue
+        else:
+            instances.append((path, names))
+    # Where each sampled file name is (only those: an index of every file is 0.15 s at COCO's size).
+    wanted = {parts[-1] for _, names in instances for name in names if (parts := name_parts(name))}
+    index: dict[str, set[Path]] = {}
+    for folder, files in listings:
+        for name in wanted.intersection(files):
+            index.setdefault(name, set()).add(folder)
+    found = []
+    for path, names in instances:
         split = split_of(path.relative_to(root))
         images = image_folder(names, index, split, root, path) if names else path.parent  # no image to place it by
         found.append(Found(path, split, images, names[0] if names else ""))

@@ -1,6 +1,7 @@
 """A trainer process's lifetime: how it is set up and how it stops.
 
 - `cores.py`: how many cores the process may run on (torch-free);
+- `heap.py`: the cyclic garbage collector paused around bulk bookkeeping (`gc_paused`);
 - `process.py`: what every command that runs the model sets once per process (threads, denormal floats);
 - `stop.py`: the stop request on SIGTERM/SIGINT (made and installed once at the entry point, handed to
   the engines and the loop), `Stopped` and `Interrupted`, and the helper processes' detachment from the
