@@ -174,9 +174,10 @@ def _flock_within(fd: int, operation: int, wait_s: float) -> bool:
             time.sleep(0.1)
 
 
-# Builds a payload; the list it is given takes the objects the build made and no longer needs, for a
-# caller about to exit to keep rather than free (millions of them after a JSON parse: seconds).
-Build = Callable[[list[object]], Iterable[bytes]]
+# Builds a payload; a list it is given takes the objects the build made and no longer needs, for a
+# caller about to exit to keep rather than free (millions of them after a JSON parse: seconds). None: this
+# process goes on, and frees them (and collects garbage) as usual.
+Build = Callable[[list[object] | None], Iterable[bytes]]
 
 
 def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryview | bytes:
@@ -184,7 +185,7 @@ def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryvie
     then read what it wrote) and written. Without a cache, or where it cannot be written, the payload is
     built and kept in memory."""
     if cache is None:
-        return b"".join(build([]))
+        return b"".join(build(None))
     try:
         return cache.read()
     except CacheInvalid as first:
@@ -210,7 +211,7 @@ def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryvie
             log.info("%s: %s cached in %.1f s", cache.path, what, time.perf_counter() - started)
     except OSError as e:  # the folder cannot be made or written (a read-only volume, a full disk)
         log.warning("%s: cannot write the cache (%s): %s kept in memory only", cache.path, one_line(e), what)
-        return b"".join(build([]))
+        return b"".join(build(None))
     try:
         return cache.read()
     except CacheInvalid as e:  # written and renamed by this process a moment ago: the volume lost it
@@ -223,7 +224,7 @@ def write_in_child(cache: CacheFile, build: Build) -> None:
     memory seldom goes back to the system), and every DataLoader worker forked later would inherit it.
     The child's DatasetError is raised here with its message; its OSError too (no cache then)."""
     if multiprocessing.current_process().daemon:  # (a pool's worker) may not start a child: build here
-        cache.write(build([]))
+        cache.write(build(None))
         return
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)

@@ -394,3 +394,20 @@ def test_a_bad_file_is_named_when_the_cache_builds_it(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=f"^{ann_file}: annotation id .*unknown category id 77"):
         CocoInstanceDataset(images_dir, ann_file, cache_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*.samples"))
+
+
+def test_a_store_read_in_this_process_leaves_the_collector_on(tmp_path: Path) -> None:
+    """Only a child about to exit keeps the parse's objects and skips the collector (cache.Build); a process
+    that reads a store and goes on (no cache, an unwritable one, a pool worker) collects garbage as before."""
+    import gc
+
+    from maskrcnn_dist.data import write_train_val
+
+    write_train_val(tmp_path / "coco", num_train=4, num_val=2, seed=0, image_size=(48, 64), max_objects=2)
+    annotations = tmp_path / "coco" / "train" / "annotations.json"
+    assert gc.isenabled()
+    store.open_store(annotations, None)  # --data-cache off, check-data, predict
+    assert gc.isenabled()
+    (tmp_path / "file").write_text("")
+    store.open_store(annotations, tmp_path / "file" / "cache")  # a cache folder that cannot be made
+    assert gc.isenabled()
