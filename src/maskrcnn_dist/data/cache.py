@@ -150,11 +150,9 @@ class CacheFile:
         except OSError:  # never built ahead on this node
             return None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if _flock_within(fd, fcntl.LOCK_SH, 0):  # free at once: none is building it
                 return None
-            except BlockingIOError:
-                started = time.monotonic()
+            started = time.monotonic()
             _flock_within(fd, fcntl.LOCK_SH, self.wait_s)
             return time.monotonic() - started
         finally:

@@ -31,7 +31,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .check import CheckRules, ImageEntry, available_cores, decide, file_facts
+from ..lifetime.cores import available_cores
+from .check import CheckRules, ImageEntry, decide, file_facts
 from .check_cache import Stamp, VerdictCache
 from .orientation import Frame, Oriented
 from .parse_ahead import WORTH_FROM_BYTES, file_size

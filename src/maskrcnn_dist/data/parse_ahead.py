@@ -33,7 +33,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -57,7 +57,7 @@ class _Child:
     annotation_file: Path
     pid: int
     release_fd: int  # the pipe's end this process writes _WRITE to; closed, it tells the child to give up
-    released: bool = field(default=False)
+    released: bool = False
 
 
 class ParseAhead:
