@@ -23,6 +23,16 @@ benchmark times the casts autocast makes per step (every floating-point weight o
 fused copy (`torch._foreach_copy_`) that kept copies would need after each optimizer step instead; the
 difference is the most that lever could save. Graph breaks of the compiled backbone are dynamo's own
 count over the warm-up (what the kit logs as `compile/graph_breaks`).
+
+Where the step goes (`--no-breakdown` skips it): after the rounds, one more step of every variant on the
+same batch runs under torch.profiler, which splits it into the matrix work (oneDNN's convolutions forward
+and backward, `CONVOLUTION_OPS`; the dense GEMMs of the linear layers forward and backward, `GEMM_EVENTS`,
+with their operands' casts) and the rest. Beside it, this host's bf16 units are timed on the step's
+dominant convolution (256 -> 256 channels, 3x3, on the finest FPN level of the first batch) and on a GEMM
+the size of the box head's first layer: a convolution running at the GEMM's rate is at the units' peak,
+and no lever outside it makes it faster. The ceiling printed is what `amp` would gain if a lever removed
+every operation but the matrix work from the fastest variant's step: no fusion of elementwise work, the
+issue's levers included, can give more on this host.
 """
 
 from __future__ import annotations
@@ -53,6 +63,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "amp+fold+compile": {"amp": True, "fold-frozen-bn": True, "compile": True},
     "torchvision": {},
 }
+# The profiler's names for oneDNN's convolution work (forward; backward for data, weights and bias).
+CONVOLUTION_OPS = ("aten::mkldnn_convolution", "aten::convolution_backward")
+# ... and for the linear layers' GEMMs: the forward (aten::linear, under autocast with its operands' casts)
+# and the backward node (its two GEMMs). The sparse RoIAlign product goes through neither.
+GEMM_EVENTS = ("aten::linear", "autograd::engine::evaluate_function: AddmmBackward0")
 # Original image sizes (height, width) before the model's resize, both orientations.
 SIZES = ((480, 640), (640, 480), (427, 640), (640, 427), (512, 512), (600, 800), (800, 600), (500, 375))
 NUM_CLASSES = 5
@@ -168,6 +183,60 @@ def weight_cast_bound(runner: Runner, repeats: int = 5) -> dict[str, float]:
     }
 
 
+def step_breakdown(
+    runners: dict[str, Runner], images: list[torch.Tensor], targets: list[dict[str, torch.Tensor]]
+) -> dict[str, dict[str, float]]:
+    """One profiled step of every variant on the same batch: its seconds, its convolutions' seconds (self
+    time of `CONVOLUTION_OPS`: the kernels themselves) and its dense GEMMs' (`GEMM_EVENTS`, whole)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    found = {}
+    for name, runner in runners.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            seconds = runner.step(images, targets)
+        events = prof.key_averages()
+        convolution_us = sum(e.self_cpu_time_total for e in events if e.key in CONVOLUTION_OPS)
+        gemm_us = sum(e.cpu_time_total for e in events if e.key in GEMM_EVENTS)
+        found[name] = {
+            "step_s": round(seconds, 3),
+            "convolution_s": round(convolution_us / 1e6, 3),
+            "gemm_s": round(gemm_us / 1e6, 3),
+        }
+    return found
+
+
+def unit_rates(feature_shape: tuple[int, ...], repeats: int = 3) -> dict[str, float]:
+    """GFLOP/s of this host's bf16 units: the step's dominant convolution (3x3, 256 -> 256 channels on
+    `feature_shape`, channels_last, as the kit runs it) forward and each backward, and a bf16 GEMM of
+    the box head's first layer (1024 RoIs x 12544 inputs x 1024 outputs)."""
+    batch, channels, height, width = feature_shape
+    x = torch.randn(feature_shape).to(torch.bfloat16, memory_format=torch.channels_last)
+    weight = torch.randn(channels, channels, 3, 3).to(torch.bfloat16, memory_format=torch.channels_last)
+    grad = torch.randn(feature_shape).to(torch.bfloat16, memory_format=torch.channels_last)
+    a, b = torch.randn(1024, 12544, dtype=torch.bfloat16), torch.randn(12544, 1024, dtype=torch.bfloat16)
+
+    def backward(data: bool) -> Any:
+        mask = [data, not data, False]
+        return lambda: torch.ops.aten.convolution_backward(
+            grad, x, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask
+        )
+
+    def rate(work: Any, flop: float) -> float:
+        work()  # oneDNN builds its kernel at the first call
+        started = time.perf_counter()
+        for _ in range(repeats):
+            work()
+        return round(flop * repeats / (time.perf_counter() - started) / 1e9, 1)
+
+    conv_flop = 2.0 * batch * height * width * channels * channels * 9
+    return {
+        "convolution_forward": rate(lambda: torch.nn.functional.conv2d(x, weight, padding=1), conv_flop),
+        "convolution_backward_data": rate(backward(data=True), conv_flop),
+        "convolution_backward_weights": rate(backward(data=False), conv_flop),
+        "gemm": rate(lambda: a @ b, 2.0 * 1024 * 12544 * 1024),
+    }
+
+
 def calibrated_backbone(args: argparse.Namespace, images: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """A ResNet body state as a pretrained one is to frozen BatchNorm: the same seeded weights, with each
     norm's statistics those of one batch (a batch-statistics forward at momentum 1). Freshly built frozen
@@ -244,6 +313,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if "amp" in runners:
         report["weight_cast_bound"] = weight_cast_bound(runners["amp"])
+    if args.breakdown:
+        report["breakdown"] = step_breakdown(runners, *batches[len(batches) // 2])
+        first = next(iter(runners.values()))
+        model = first.engine.model if first.engine is not None else first.model
+        height, width = model.transform(batches[0][0])[0].tensors.shape[-2:]
+        report["unit_gflops"] = unit_rates((args.batch_size, 256, height // 4, width // 4))
     return report
 
 
@@ -271,6 +346,31 @@ def render_table(report: dict[str, Any]) -> str:
             f"{bound['autocast_casts_s'] * 1e3:.1f} ms; kept copies would be refreshed in "
             f"{bound['kept_copies_update_s'] * 1e3:.1f} ms",
         ]
+    if breakdown := report.get("breakdown"):
+        lines += [
+            "",
+            "| one profiled step | seconds | convolutions | dense GEMMs | the rest |",
+            "|---|---|---|---|---|",
+        ]
+        for name, b in breakdown.items():
+            rest = b["step_s"] - b["convolution_s"] - b["gemm_s"]
+            cells = [f"{b[k]:.2f} ({b[k] / b['step_s']:.0%})" for k in ("convolution_s", "gemm_s")]
+            lines.append(
+                f"| {name} | {b['step_s']:.2f} | {' | '.join(cells)} | {rest:.2f} ({rest / b['step_s']:.0%}) |"
+            )
+        rates = report["unit_gflops"]
+        lines += [
+            "",
+            f"bf16 GFLOP/s here: the dominant 3x3 convolution {rates['convolution_forward']:.0f} forward, "
+            f"{rates['convolution_backward_data']:.0f} backward (data), {rates['convolution_backward_weights']:.0f} "
+            f"backward (weights); a 1024 x 12544 x 1024 GEMM {rates['gemm']:.0f}",
+        ]
+        if "amp" in breakdown:
+            floor = min(b["convolution_s"] + b["gemm_s"] for b in breakdown.values())
+            lines.append(
+                f"ceiling: with every operation but the convolutions and GEMMs gone, `amp` would be at most "
+                f"{breakdown['amp']['step_s'] / floor:.2f}x faster ({floor:.2f} s of them a step)"
+            )
     return "\n".join(lines)
 
 
@@ -288,6 +388,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.002)
     parser.add_argument("--variants", default="amp,amp+fold,amp+compile,amp+fold+compile")
     parser.add_argument("--one-size", action="store_true", help="every image the same size (compiles once)")
+    parser.add_argument(
+        "--no-breakdown",
+        dest="breakdown",
+        action="store_false",
+        help="skip the profiled step and the bf16 units' rates (where the step goes)",
+    )
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     if args.steps < 3:
