@@ -192,6 +192,11 @@ def tool_name(root: Path, found: list[Found]) -> str:
 def detect(root: Path, announce: bool = True) -> DataSources:
     """The train and val splits under `root` (val may be missing), or a DatasetError that helps.
     `announce`: log what was found (and a val split left out)."""
+    if root.is_file():
+        raise DatasetError(
+            f"--data-path {root} is a file; it takes the folder the dataset was exported into "
+            "(one annotation file goes to --train-annotations, with --train-images for its images)"
+        )
     if not root.is_dir():
         raise DatasetError(f"--data-path {root}: no such folder")
     found, others = find_files(root)

@@ -37,6 +37,11 @@ def split_flags(data: DataConfig) -> dict[str, SplitSource]:
             )
         if not annotations.is_file():
             raise ConfigError(f"--{split}-annotations {annotations}: no such file")
+        if images.is_file():
+            raise ConfigError(
+                f"--{split}-images {images} is a file; it takes the folder the annotation file's "
+                "file_names are relative to"
+            )
         if not images.is_dir():
             raise ConfigError(f"--{split}-images {images}: no such folder")
         splits[split] = SplitSource(annotations, images)

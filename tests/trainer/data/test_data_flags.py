@@ -88,6 +88,11 @@ def _argv(*words: str) -> list[str]:
             ["--train-annotations", "{ann}", "--train-images", "{root}/nowhere"],
             ["--train-images", "nowhere: no such folder"],
         ),
+        (
+            ["--train-annotations", "{ann}", "--train-images", "{ann}"],
+            ["--train-images", "instances_default.json is a file", "the folder"],
+        ),
+        (["--data-path", "{ann}"], ["--data-path", "instances_default.json is a file", "--train-annotations"]),
         (["--data-path", "{root}", "--val-fraction", "0"], ["--val-fraction must be > 0"]),
         (["--data-path", "{root}", "--val-fraction", "1"], ["--val-fraction must be < 1"]),
         (
@@ -103,6 +108,8 @@ def _argv(*words: str) -> list[str]:
     ids=[
         "annotations-folder",
         "images-missing",
+        "images-a-file",
+        "data-path-a-file",
         "fraction-0",
         "fraction-1",
         "fraction-empty",
