@@ -36,6 +36,7 @@ valAnnotations: --val-annotations
 valImages: --val-images
 valFraction: --val-fraction
 crowdAsInstances: --crowd-as-instances
+cache: --data-cache
 {{- end -}}
 
 {{/*

@@ -80,3 +80,12 @@ def test_data_in_both_places_is_refused(template_values) -> None:
 def test_the_schema_refuses_a_fraction_out_of_range_and_unknown_keys(template_values) -> None:
     assert template_values({"trainer": {"data": {"valFraction": 1}, "args": []}}).returncode != 0
     assert template_values({"trainer": {"data": {"trainAnnotation": "x"}, "args": []}}).returncode != 0
+
+
+def test_a_cache_folder_becomes_the_data_cache_flag_beside_the_default_data(template_values) -> None:
+    """`cache` names where the parsed annotations are kept, not the data: the default folder stays."""
+    args = _rendered_args(template_values, {"data": {"cache": "/scratch/cache"}})
+    assert args[args.index("--data-cache") + 1] == "/scratch/cache"
+    assert args[args.index("--data-path") + 1] == "/data/coco"
+    assert "--data-cache" not in _rendered_args(template_values, {})  # unset: the trainer's own auto
+    assert template_values({"trainer": {"data": {"cache": ""}, "args": []}}).returncode != 0
