@@ -45,6 +45,7 @@ from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
+from .modeling.model import torchvision_weights_hint
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel
 from .run_dir import (
     checkpoint_dir,
@@ -196,7 +197,8 @@ def check_input_files(cfg: TrainConfig) -> None:
     ]
     for flag, path in named:
         if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
-            raise ConfigError(f"{flag} {path}: no such file")
+            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, flag != "--weights")
+            raise ConfigError(f"{flag} {path}: no such file" + (f"; {hint}" if hint else ""))
     if str(cfg.resume) == "best":
         resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
 

@@ -11,7 +11,7 @@ from maskrcnn_dist import checkpoint
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from maskrcnn_dist.config import ModelConfig, OptimConfig
 from maskrcnn_dist.errors import CheckpointError, WeightsError
-from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.model import build_model, torchvision_weights_hint
 from maskrcnn_dist.modeling.optim import lr_factor
 
 SMALL = ModelConfig(name="maskrcnn_resnet18_fpn", min_size=64, max_size=64)
@@ -90,6 +90,25 @@ def test_missing_and_mismatched_weight_files(tmp_path: Path):
     torch.save(r50.state_dict(), tmp_path / "r50.pt")
     with pytest.raises(WeightsError, match="r50.pt does not fit the model: shape mismatch"):
         build_model(ModelConfig(name=SMALL.name, weights=tmp_path / "r50.pt"), num_classes=3)
+
+
+def test_a_torchvision_weights_name_says_which_file_to_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`--weights DEFAULT` as torchvision's builders take it: the kit downloads nothing, so the error says
+    which file those weights are, and where torch's own download cache already holds it."""
+    r50, r18 = ModelConfig(name="maskrcnn_resnet50_fpn"), ModelConfig(name="maskrcnn_resnet18_fpn")
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+    for name in ("DEFAULT", "COCO_V1", "MaskRCNN_ResNet50_FPN_Weights.COCO_V1"):
+        hint = torchvision_weights_hint(name, r50, backbone=False)
+        assert "MaskRCNN_ResNet50_FPN_Weights.COCO_V1" in hint and "maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth" in hint
+        assert "cache" not in hint
+    assert "resnet18-f37072fd.pth" in torchvision_weights_hint("IMAGENET1K_V1", r18, backbone=True)
+    assert "not weights of maskrcnn_resnet50_fpn" in torchvision_weights_hint("ResNet50_Weights.DEFAULT", r50, False)
+    for name, cfg in (("DEFAULT", r18), ("COCO_V9", r50), ("Foo.bar", r50), ("model.pth", r50)):
+        assert torchvision_weights_hint(name, cfg, backbone=False) is None
+    cached = tmp_path / "checkpoints" / "resnet50-11ad3fa6.pth"
+    cached.parent.mkdir()
+    cached.write_bytes(b"")
+    assert str(cached) in torchvision_weights_hint("DEFAULT", r50, backbone=True)
 
 
 def test_schedule_warms_up_linearly_then_steps_down():

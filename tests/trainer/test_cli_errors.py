@@ -208,6 +208,11 @@ TRAIN_CASES = [
     ("resume-missing", ["--resume", "{tmp}/no.pt", "--synthetic-images", "4"], ["--resume", "no such file"]),
     ("weights-missing", ["--weights", "{tmp}/no.pt", "--synthetic-images", "4"], ["--weights", "no such file"]),
     (
+        "weights-backbone-named-as-torchvision-does",
+        ["--weights-backbone", "DEFAULT", "--synthetic-images", "4"],
+        ["--weights-backbone DEFAULT: no such file", "downloads nothing", "resnet18-f37072fd.pth"],
+    ),
+    (
         "resume-another-runs-checkpoint-into-a-run",
         ["--output-dir", "{used-run}", "--resume", "{foreign}"],
         ["--resume", "not a checkpoint of --output-dir", "used-run"],

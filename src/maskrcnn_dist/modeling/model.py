@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchvision.models import resnet18
+from torchvision.models import get_model_weights, get_weight, resnet18
 from torchvision.models.detection import MaskRCNN, maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2
 from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
@@ -98,6 +98,39 @@ def _load_into(
 
 def _load_file(module: nn.Module, path: Path, what: str, skippable: tuple[str, ...]) -> None:
     _load_into(module, read_state_dict(path, what), path, what, skippable=skippable)
+
+
+# torchvision's architecture whose ImageNet weights --weights-backbone takes, per model.
+BACKBONE_ARCHITECTURES = {
+    "maskrcnn_resnet50_fpn": "resnet50",
+    "maskrcnn_resnet50_fpn_v2": "resnet50",
+    "maskrcnn_resnet18_fpn": "resnet18",
+}
+
+
+def torchvision_weights_hint(name: str, cfg: ModelConfig, backbone: bool) -> str | None:
+    """Where `name`, given to --weights (`backbone`: --weights-backbone) and not a file, names torchvision's
+    weights as its builders take them (`DEFAULT`, `COCO_V1`, `MaskRCNN_ResNet50_FPN_Weights.COCO_V1`):
+    how to get that file, since the kit downloads nothing at run time. None for any other name."""
+    architecture = BACKBONE_ARCHITECTURES[cfg.name] if backbone else cfg.name
+    try:
+        expected = get_model_weights(architecture)
+    except ValueError:  # the kit's own maskrcnn_resnet18_fpn: torchvision has no weights for it
+        expected = None
+    try:
+        weights = get_weight(name) if "." in name else expected[name] if expected is not None else None
+    except (ValueError, KeyError, AttributeError):
+        return None
+    if weights is None:
+        return None
+    if type(weights) is not expected:
+        return f"it names torchvision's {weights}, which are not weights of {architecture}"
+    hint = (
+        f"it names torchvision's {weights}, and the kit downloads nothing at run time: fetch "
+        f"{weights.url} once (curl -LO ...) and pass the file"
+    )
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+    return f"{hint}; torch's download cache holds it already: {cached}" if cached.is_file() else hint
 
 
 def builder_kwargs(cfg: ModelConfig, num_classes: int) -> dict[str, int]:
