@@ -41,7 +41,7 @@ from .data.copy_paste import CopyPaste
 from .data.loader import collate
 from .data.parse_ahead import ParseAhead, released
 from .data.resolve import cache_dir, names_data, resolve_sources
-from .engines.base import Engine
+from .engines.base import Engine, resolve_device
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
@@ -105,6 +105,7 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
         require_torchrun_environment()
     setup_process(cfg)
     grace_s = grace_seconds()
+    resolve_device(cfg.device)  # --device cuda on a machine without one: refused before any data is made
     check_input_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)

@@ -371,6 +371,19 @@ def test_what_may_continue_or_evaluate_in_a_run(tmp_path: Path, resume: str | No
     assert (problem is not None) == refused, problem
 
 
+def test_device_cuda_without_one_is_refused_before_any_data_is_made(console, tmp_path: Path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    run = tmp_path / "run"
+    result = console(
+        "maskrcnn-dist", "train", *TINY, "--output-dir", str(run), "--device", "cuda", "--synthetic-images", "4"
+    )
+    result.assert_one_error_line(2, "--device cuda: no CUDA device is visible")
+    assert not run.exists()  # no synthetic set, no cache: nothing to clear up after a wrong flag
+
+
 def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
     for args, env in ((["--debug"], None), ([], {"MASKRCNN_DEBUG": "1"})):
         result = console("maskrcnn-dist", *args, "train", "--threads", "0", env=env)
