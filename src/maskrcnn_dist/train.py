@@ -105,7 +105,8 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
         require_torchrun_environment()
     setup_process(cfg)
     grace_s = grace_seconds()
-    resolve_device(cfg.device)  # --device cuda on a machine without one: refused before any data is made
+    if cfg.engine != "pipeline":  # the pipeline places its stages by the topology, not by --device
+        resolve_device(cfg.device)  # --device cuda on a machine without one: refused before any data is made
     check_input_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
