@@ -119,12 +119,16 @@ class Runner:
         self.last_loss = float("nan")
         if name == "torchvision":
             torch.manual_seed(cfg.seed)
-            self.model = build_model(cfg.model, NUM_CLASSES, exportable=True).train()
-            params = [p for p in self.model.parameters() if p.requires_grad]
+            self._model = build_model(cfg.model, NUM_CLASSES, exportable=True).train()
+            params = [p for p in self._model.parameters() if p.requires_grad]
             self.optimizer = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=0.9, weight_decay=1e-4)
             self.engine = None
         else:
             self.engine = TorchEngine(cfg, NUM_CLASSES, iters_per_epoch=1000)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.engine.model if self.engine is not None else self._model
 
     def step(self, images: list[torch.Tensor], targets: list[dict[str, torch.Tensor]]) -> float:
         """One training step; its wall seconds."""
@@ -267,8 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.backbone_norm == "frozen":
         state = calibrated_backbone(args, batches[0][0])
         for runner in runners.values():
-            model = runner.engine.model if runner.engine is not None else runner.model
-            model.backbone.body.load_state_dict(state)  # frozen norms drop num_batches_tracked themselves
+            runner.model.backbone.body.load_state_dict(state)  # frozen norms drop num_batches_tracked themselves
     results = {name: Result(name, [], []) for name in wanted}
     for name, runner in runners.items():
         if VARIANTS[name].get("compile"):
@@ -315,8 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["weight_cast_bound"] = weight_cast_bound(runners["amp"])
     if args.breakdown:
         report["breakdown"] = step_breakdown(runners, *batches[len(batches) // 2])
-        first = next(iter(runners.values()))
-        model = first.engine.model if first.engine is not None else first.model
+        model = next(iter(runners.values())).model
         height, width = model.transform(batches[0][0])[0].tensors.shape[-2:]
         report["unit_gflops"] = unit_rates((args.batch_size, 256, height // 4, width // 4))
     return report

@@ -199,7 +199,8 @@ def check_input_files(cfg: TrainConfig) -> None:
     ]
     for flag, path in named:
         if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
-            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, flag != "--weights")
+            backbone = flag == "--weights-backbone"
+            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, backbone)
             raise ConfigError(f"{flag} {path}: no such file" + (f"; {hint}" if hint else ""))
     if str(cfg.resume) == "best":
         resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import DatasetError
 from .file_names import name_parts, stripped
-from .sources import DataSources, SplitSource
+from .sources import DataSources, SplitSource, input_folder_problem
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +192,12 @@ def tool_name(root: Path, found: list[Found]) -> str:
 def detect(root: Path, announce: bool = True) -> DataSources:
     """The train and val splits under `root` (val may be missing), or a DatasetError that helps.
     `announce`: log what was found (and a val split left out)."""
-    if root.is_file():
-        raise DatasetError(
-            f"--data-path {root} is a file; it takes the folder the dataset was exported into "
-            "(one annotation file goes to --train-annotations, with --train-images for its images)"
-        )
-    if not root.is_dir():
-        raise DatasetError(f"--data-path {root}: no such folder")
+    takes = (
+        "the folder the dataset was exported into (one annotation file goes to --train-annotations, with "
+        "--train-images for its images)"
+    )
+    if problem := input_folder_problem(root, "--data-path", takes):
+        raise DatasetError(problem)
     found, others = find_files(root)
     by_split: dict[str | None, list[Found]] = {}
     for f in found:

@@ -12,7 +12,7 @@ from ..config import DataConfig, TrainConfig
 from ..errors import ConfigError, DatasetError
 from .annotations import read_annotation_file, validate_images
 from .detect import detect
-from .sources import DataSources, SplitSource
+from .sources import DataSources, SplitSource, input_folder_problem
 
 SPLITS = ("train", "val")
 
@@ -37,13 +37,9 @@ def split_flags(data: DataConfig) -> dict[str, SplitSource]:
             )
         if not annotations.is_file():
             raise ConfigError(f"--{split}-annotations {annotations}: no such file")
-        if images.is_file():
-            raise ConfigError(
-                f"--{split}-images {images} is a file; it takes the folder the annotation file's "
-                "file_names are relative to"
-            )
-        if not images.is_dir():
-            raise ConfigError(f"--{split}-images {images}: no such folder")
+        takes = "the folder the annotation file's file_names are relative to"
+        if problem := input_folder_problem(images, f"--{split}-images", takes):
+            raise ConfigError(problem)
         splits[split] = SplitSource(annotations, images)
     if "val" in splits and "train" not in splits and data.data_path is None:
         raise ConfigError(

@@ -9,6 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
+def input_folder_problem(path: Path, flag: str, takes: str) -> str | None:
+    """Why the folder `flag` names cannot be read from (`takes`: what the flag wants, said when it names a
+    file instead), or None."""
+    if path.is_file():
+        return f"{flag} {path} is a file; it takes {takes}"
+    if not path.is_dir():
+        return f"{flag} {path}: no such folder"
+    return None
+
+
 @dataclass(frozen=True)
 class SplitSource:
     """One split: an annotation file, the folder its images' `file_name`s are relative to, and, for a

@@ -117,11 +117,11 @@ def torchvision_weights_hint(name: str, cfg: ModelConfig, backbone: bool) -> str
         expected = get_model_weights(architecture)
     except ValueError:  # the kit's own maskrcnn_resnet18_fpn: torchvision has no weights for it
         expected = None
-    try:
-        weights = get_weight(name) if "." in name else expected[name] if expected is not None else None
-    except (ValueError, KeyError, AttributeError):
+    if "." not in name and expected is None:
         return None
-    if weights is None:
+    try:
+        weights = get_weight(name) if "." in name else expected[name]
+    except (ValueError, KeyError, AttributeError):
         return None
     if type(weights) is not expected:
         return f"it names torchvision's {weights}, which are not weights of {architecture}"
