@@ -22,7 +22,8 @@ Kubeflow Trainer fills the container named `node` of a TrainJob's pods. Argument
 
 {{/* The trainer's arguments: trainer.data's flags, then trainer.args (each rendered with tpl), as YAML list items. */}}
 {{- define "maskrcnn-dist.trainerArgs" -}}
-{{- range $i, $arg := concat (include "maskrcnn-dist.dataArgs" . | fromYamlArray) .Values.trainer.args }}
+{{- $dataArgs := concat (include "maskrcnn-dist.dataArgs" . | fromYamlArray) (include "maskrcnn-dist.cacheArgs" . | fromYamlArray) -}}
+{{- range $i, $arg := concat $dataArgs .Values.trainer.args }}
 {{- if $i }}{{ "\n" }}{{ end }}- {{ tpl (toString $arg) $ | quote }}
 {{- end -}}
 {{- end -}}
@@ -36,7 +37,15 @@ valAnnotations: --val-annotations
 valImages: --val-images
 valFraction: --val-fraction
 crowdAsInstances: --crowd-as-instances
-cache: --data-cache
+{{- end -}}
+
+{{/*
+trainer.data.cache as --data-cache, a YAML list. Kept apart from dataFlags: where the parsed data is
+cached names no data, so it neither makes `path` give way nor clashes with a data flag in trainer.args.
+*/}}
+{{- define "maskrcnn-dist.cacheArgs" -}}
+{{- $cache := (.Values.trainer.data | default dict).cache -}}
+{{- toYaml (ternary (list "--data-cache" (toString $cache)) list (not (kindIs "invalid" $cache))) -}}
 {{- end -}}
 
 {{/*

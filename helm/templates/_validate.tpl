@@ -41,6 +41,13 @@ which one wins would be a guess (or, --data-path beside a split flag, the traine
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if include "maskrcnn-dist.cacheArgs" . | fromYamlArray -}}
+{{- range .Values.trainer.args -}}
+{{- if eq (regexReplaceAll "=.*$" (toString .) "") "--data-cache" -}}
+{{- fail "trainer.data.cache and --data-cache in trainer.args: give the cache folder in one place" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

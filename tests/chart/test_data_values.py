@@ -89,3 +89,15 @@ def test_a_cache_folder_becomes_the_data_cache_flag_beside_the_default_data(temp
     assert args[args.index("--data-path") + 1] == "/data/coco"
     assert "--data-cache" not in _rendered_args(template_values, {})  # unset: the trainer's own auto
     assert template_values({"trainer": {"data": {"cache": ""}, "args": []}}).returncode != 0
+
+
+def test_a_cache_folder_names_no_data(template_values) -> None:
+    """The cache sits beside a data flag in trainer.args (which the default folder gives way to), and
+    --data-cache in trainer.args beside the default folder is as before; only the cache in both places is
+    refused."""
+    args = _rendered_args(template_values, {"data": {"cache": "off"}, "args": ["--data-path", "/data/mine"]})
+    assert args == ["--data-cache", "off", "--data-path", "/data/mine"]
+    args = _rendered_args(template_values, {"args": ["--data-cache", "off"]})
+    assert args == ["--data-path", "/data/coco", "--data-cache", "off"]
+    both = template_values({"trainer": {"data": {"cache": "/c"}, "args": ["--data-cache=off"]}})
+    assert both.returncode != 0 and "give the cache folder in one place" in both.stderr
