@@ -197,8 +197,8 @@ def check_data(split: str, **kwargs: Any) -> None:
     does at start (--check-data, default header; the frame --exif-orientation reads it in; its size after
     the model's --min-size/--max-size resize): prints each bad file and a summary per split; exit 2 when
     any image is bad."""
-    from .data.check import raise_if_bad
-    from .data.layout import check_split
+    from .data.images.check import raise_if_bad
+    from .data.prepare import check_split
 
     cfg = config_mod.build_config(None, _collect(kwargs))
     splits = ("train", "val") if split == "both" else (split,)

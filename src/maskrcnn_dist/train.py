@@ -5,7 +5,7 @@
     set up the process once (threads, denormal flushing)
     pipeline stage worker?  -> serve the master's stages until it is done
     load the data once (the pipeline master before joining RPC: a bad --data-path stops it alone)
-    check every image once (data/check.py): local and the pipeline master before any session, so
+    check every image once (data/images/check.py): local and the pipeline master before any session, so
         no worker is asked to hold a GPU for a dataset that cannot be read; ddp on rank 0 as soon
         as the group is open, the verdict broadcast so every rank drops the same images
     open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
@@ -34,13 +34,13 @@ from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
 from .config import TrainConfig, config_to_dict
 from .data import CocoInstanceDataset, DataSources, build_train_loader, load_datasets, num_train_batches
-from .data.augment import AugmentedDataset, build_augmentation
-from .data.check import CheckReport, CheckRules, check_datasets, settle
 from .data.check_ahead import CheckAhead, read_ahead
-from .data.copy_paste import CopyPaste
+from .data.images.check import CheckReport, CheckRules, check_datasets, settle
 from .data.loader import collate
 from .data.parse_ahead import ParseAhead, released
-from .data.resolve import cache_dir, names_data, resolve_sources
+from .data.sources.resolve import cache_dir, names_data, resolve_sources
+from .data.transforms.augment import AugmentedDataset, build_augmentation
+from .data.transforms.copy_paste import CopyPaste
 from .engines.base import Engine, resolve_device
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process

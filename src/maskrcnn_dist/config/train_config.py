@@ -57,9 +57,9 @@ ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
-CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
-EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
-DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/augment.py says what each one does
+CHECK_MODES = ("header", "full", "off")  # data/images/check.py says what each one checks
+EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/images/orientation.py says what each one reads
+DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/transforms/augment.py says what each one does
 # Those that give the model its training sizes: the model's own resize would undo them.
 SIZED_BY_DATA = ("multiscale", "lsj")
 LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
@@ -71,7 +71,7 @@ LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference 
 
 @dataclass
 class DataConfig:
-    # data/detect.py finds the splits under it: any COCO instances JSON (the common annotation tools'
+    # data/sources/detect.py finds the splits under it: any COCO instances JSON (the common annotation tools'
     # exports), split names from file and folder names, the image folder where its file_names are.
     data_path: Path | None = option(
         None,
@@ -419,7 +419,7 @@ def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:
 FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(TrainConfig))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
-#: Where a dataset is: every command that reads a split takes these (data/resolve.py resolves them).
+#: Where a dataset is: every command that reads a split takes these (data/sources/resolve.py resolves them).
 DATA_PATH_FLAGS = ("data-path", "train-annotations", "train-images", "val-annotations", "val-images")
 DATA_SOURCE_FLAGS = (*DATA_PATH_FLAGS, "val-fraction", "crowd-as-instances")
 

@@ -12,13 +12,14 @@ from typing import Any
 
 # Each public name and the module of this package that defines it.
 _HOME = {
-    "CocoInstanceDataset": "coco",
-    "flip_decision": "coco",
-    "hflip": "coco",
-    "read_image": "image_file",
-    "ensure_synthetic": "layout",
-    "find_split": "layout",
-    "load_datasets": "layout",
+    "CocoInstanceDataset": "dataset",
+    "flip_decision": "dataset",
+    "hflip": "dataset",
+    "read_image": "images.image_file",
+    "ensure_synthetic": "prepare",
+    "find_split": "prepare",
+    "load_datasets": "prepare",
+    "open_split": "prepare",
     "aspect_ratio_groups": "loader",
     "build_eval_loader": "loader",
     "build_train_loader": "loader",

@@ -1,15 +1,15 @@
 """Read the image files while the annotation file is parsed, so that a first start does not do the two
 one after the other.
 
-At COCO's size the parse takes one core for ~10 s (data/store.py), and only then does the data check
-(data/check.py) read 118k image files on every core. Yet what the check learns from a file needs no
+At COCO's size the parse takes one core for ~10 s (data/annotations/store.py), and only then does the data check
+(data/images/check.py) read 118k image files on every core. Yet what the check learns from a file needs no
 annotation: whether it is whole, its stored size, its EXIF orientation (check.file_facts). So, while
 the parse runs, processes on the cores it leaves idle list each split's image folder and read those
 facts of its files; the check then decides each image's verdict from its facts and the size its
 annotation gives it (check.decide), and reads itself only the images the listing did not reach.
 
 What keeps it safe and bounded:
-- a fact is used only for the path it was read from, and its verdict is cached (data/check_cache.py)
+- a fact is used only for the path it was read from, and its verdict is cached (data/images/check_cache.py)
   under the file's size and modification time as they were before it was read: a file changed after
   its read is read again at the next start, as one changed after any check is (within this run the
   loader reads the file as it is then, and names it if it cannot);
@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from ..lifetime.cores import available_cores
-from .check import CheckRules, ImageEntry, decide, file_facts
-from .check_cache import Stamp, VerdictCache
-from .orientation import Frame, Oriented
+from .annotations.store import store_cached
+from .images.check import CheckRules, ImageEntry, decide, file_facts
+from .images.check_cache import Stamp, VerdictCache
+from .images.orientation import Frame, Oriented
 from .parse_ahead import WORTH_FROM_BYTES, file_size
 from .sources import DataSources
-from .store import store_cached
 
 # Files a worker reads between looks at its stop message: ~10 ms of work.
 _POLL_EVERY = 64

@@ -1,7 +1,7 @@
 """Parse a large annotation file while torch is imported, so that a first start does not do the two one
 after the other.
 
-At COCO's size the parse takes one core for ~10 s (data/store.py), and the trainer used to reach it only
+At COCO's size the parse takes one core for ~10 s (data/annotations/store.py), and the trainer used to reach it only
 after 3-4 s of importing torch and torchvision on one core, the other idle. So the command line
 (cli.py), before it imports torch, forks a child for each annotation file the run will read that has no
 cache yet. The child parses the file and keeps the store until the trainer releases it: after the
@@ -42,9 +42,9 @@ from maskrcnn_launcher.contract import PodPlan
 from ..config import TrainConfig
 from ..errors import DatasetError, UserError
 from ..lifetime.cores import available_cores
+from .annotations.store import read_store, samples_file
 from .cache import CacheFile
-from .resolve import cache_dir, names_data, resolve_sources
-from .store import read_store, samples_file
+from .sources.resolve import cache_dir, names_data, resolve_sources
 
 # Annotation files smaller than this parse in a fraction of a second (~2,000 COCO images): too little
 # to overlap with anything, for the cost of a fork (data/check_ahead.py's workers start from it too).

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from maskrcnn_dist.data.masks import decode_masks
+from maskrcnn_dist.data.annotations.masks import decode_masks
 
 # (name, RGB) per class, in label order. Saturated colours, far from the grey-ish backgrounds.
 CLASSES: tuple[tuple[str, tuple[int, int, int]], ...] = (

@@ -6,7 +6,7 @@ runs under perf.autocast_context and returns CPU detections in original image co
 are evaluation.detections_to_coco's records, the ones `eval` scores: on a dataset split, with the same
 batches, detections.json scores exactly `eval`'s AP.
 
-Frames (data/orientation.py): every image is read in the frame the data check decides for it, so
+Frames (data/images/orientation.py): every image is read in the frame the data check decides for it, so
 detections.json is in the annotation file's frame for a split, and in the display frame for files
 given by themselves; the drawings are turned into the display frame.
 """
@@ -30,9 +30,9 @@ from PIL import Image
 from ..categories import Categories
 from ..checkpoint import load_checkpoint, resolve_resume
 from ..config import DATA_SOURCE_FLAGS, PredictConfig, TrainConfig, build_config
-from ..data import CocoInstanceDataset, build_eval_loader, layout, read_image
-from ..data.check import CheckRules, ImageEntry, bad_images_error, check_images
-from ..data.orientation import Frame, to_display
+from ..data import CocoInstanceDataset, build_eval_loader, open_split, read_image
+from ..data.images.check import CheckRules, ImageEntry, bad_images_error, check_images
+from ..data.images.orientation import Frame, to_display
 from ..engines.torch_engine import TorchEngine
 from ..errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from ..evaluation import detections_to_coco
@@ -192,7 +192,7 @@ def check_readable(
     images: list[InputImage], dataset: CocoInstanceDataset | None, rules: CheckRules
 ) -> dict[int, Frame]:
     """Every image opens, is whole, fits the model's resize and, in a dataset, its annotated size:
-    data/check.py's check by `rules`, before anything is written. The frames decided, by image id (a
+    data/images/check.py's check by `rules`, before anything is written. The frames decided, by image id (a
     dataset reads its images in them too)."""
     if dataset is not None:
         wanted = {item.image_id for item in images}
@@ -344,7 +344,7 @@ def predict_images(
     predictor = load_predictor(flags)
     cfg = predictor.engine.cfg
     split_cfg = data_config(flags, predictor, cfg.data.exif_orientation, default_to_checkpoint=False)
-    dataset = layout.open_split(split_cfg, options.split) if split_cfg is not None else None
+    dataset = open_split(split_cfg, options.split) if split_cfg is not None else None
     images = dataset_images(dataset) if dataset is not None else files
     categories = predictor.categories_for(dataset)
     frames = check_readable(images, dataset, CheckRules.of(cfg, mode="header"))  # before anything is written

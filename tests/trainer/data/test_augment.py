@@ -14,7 +14,8 @@ from torchvision.transforms import v2
 
 from maskrcnn_dist.config import ModelConfig
 from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.augment import (
+from maskrcnn_dist.data.loader import build_train_loader
+from maskrcnn_dist.data.transforms.augment import (
     AugmentedDataset,
     FixedSizeCrop,
     augment_batch,
@@ -23,7 +24,6 @@ from maskrcnn_dist.data.augment import (
     lsj_side,
     multiscale_sides,
 )
-from maskrcnn_dist.data.loader import build_train_loader
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling.model import build_model, side_effect_free_losses
 from maskrcnn_dist.train import build_trainer, run_metrics

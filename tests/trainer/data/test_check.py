@@ -1,4 +1,4 @@
-"""The data check before training (data/check.py): every kind of bad file is found, listed in one
+"""The data check before training (data/images/check.py): every kind of bad file is found, listed in one
 line with the count, dropped exactly with --skip-bad-images, and the check-data command's exit codes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from maskrcnn_dist.data import load_datasets, write_train_val
-from maskrcnn_dist.data.check import MAX_LISTED, CheckRules, ImageEntry, bad_images_error, check_images
+from maskrcnn_dist.data.images.check import MAX_LISTED, CheckRules, ImageEntry, bad_images_error, check_images
 from maskrcnn_dist.errors import DatasetError
 from maskrcnn_dist.train import check_data
 

@@ -1,4 +1,4 @@
-"""data/fast_read.py: a file it takes gives the store json.load gives, bit for bit (odd numbers, escaped
+"""data/annotations/fast_read.py: a file it takes gives the store json.load gives, bit for bit (odd numbers, escaped
 unicode, every segmentation kind); a file it does not take is read by json, with json's store or json's
 error message."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from maskrcnn_dist.data import fast_read, store
+from maskrcnn_dist.data.annotations import fast_read, store
 
 from .test_store import write_mixed_set
 

@@ -1,4 +1,4 @@
-"""EXIF orientation (data/orientation.py): the frame each image is read in, decided once by one function
+"""EXIF orientation (data/images/orientation.py): the frame each image is read in, decided once by one function
 for the check and the loader, and the pixels: the mask lands on the object in the annotation's frame,
 for every orientation, in every container Pillow reads one from."""
 
@@ -13,8 +13,8 @@ import torch
 from PIL import Image, ImageOps
 
 from maskrcnn_dist.data import CocoInstanceDataset, build_eval_loader
-from maskrcnn_dist.data.check import CheckRules, check_datasets, check_images, settle
-from maskrcnn_dist.data.orientation import AS_STORED, DISPLAY_TRANSPOSE, Frame, FrameMismatch, decide_frame
+from maskrcnn_dist.data.images.check import CheckRules, check_datasets, check_images, settle
+from maskrcnn_dist.data.images.orientation import AS_STORED, DISPLAY_TRANSPOSE, Frame, FrameMismatch, decide_frame
 from maskrcnn_dist.errors import DatasetError
 
 from .photos import CONTAINERS, OBJECT, SHOWN, encode, red_box, shown_photo, stored_for, write_coco
@@ -171,7 +171,7 @@ def test_the_checks_frames_are_what_every_rank_reads(tmp_path: Path, monkeypatch
     reports = check_datasets([rank0], CheckRules("header"))
     assert reports[0].frames == {1: Frame(6)}
     other_rank = CocoInstanceDataset(tmp_path / "images", annotations)
-    import maskrcnn_dist.data.image_file as image_file
+    import maskrcnn_dist.data.images.image_file as image_file
 
     monkeypatch.setattr(image_file, "frame_of", lambda *a: pytest.fail("decided again on another rank"))
     settle([other_rank], reports, skip_bad=False)

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 
 from maskrcnn_dist.cli import main
 from maskrcnn_dist.config import small_cpu_run, to_argv
-from maskrcnn_dist.data import load_datasets, parse_ahead, store, write_train_val
+from maskrcnn_dist.data import load_datasets, parse_ahead, write_train_val
+from maskrcnn_dist.data.annotations import store
+from maskrcnn_dist.data.annotations.store import open_store, read_store, samples_file
 from maskrcnn_dist.data.parse_ahead import ParseAhead, released
-from maskrcnn_dist.data.store import open_store, read_store, samples_file
 from maskrcnn_dist.errors import DatasetError
 
 from ..conftest import fast_config

@@ -1,4 +1,4 @@
-"""The compact store (data/store.py) and its cache (data/cache.py): targets and ground truth identical to
+"""The compact store (data/annotations/store.py) and its cache (data/cache.py): targets and ground truth identical to
 what the JSON itself gives, for every kind of annotation; a cache rebuilt when its file changed or is
 damaged, never used then; processes starting at once agree on one cache written once."""
 
@@ -18,11 +18,17 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-from maskrcnn_dist.data import CocoInstanceDataset, store
-from maskrcnn_dist.data.annotations import clipped_xyxy, validate_annotations, validate_categories, validate_images
+from maskrcnn_dist.data import CocoInstanceDataset
+from maskrcnn_dist.data.annotations import store
+from maskrcnn_dist.data.annotations.json_read import (
+    clipped_xyxy,
+    validate_annotations,
+    validate_categories,
+    validate_images,
+)
+from maskrcnn_dist.data.annotations.masks import decode_masks
 from maskrcnn_dist.data.cache import HEADER_SIZE
-from maskrcnn_dist.data.check import CheckRules, check_datasets
-from maskrcnn_dist.data.masks import decode_masks
+from maskrcnn_dist.data.images.check import CheckRules, check_datasets
 from maskrcnn_dist.errors import DatasetError
 
 from .photos import encode, shown_photo, stored_for
@@ -53,7 +59,7 @@ def _rle(rng: np.random.Generator, compressed: bool) -> dict[str, Any]:
 def write_mixed_set(root: Path, seed: int = 0, missing_area: bool = True) -> tuple[Path, Path]:
     """Every kind of annotation the store holds: polygons (one and several, float and integer points),
     compressed and uncompressed RLE, crowd regions, a missing area (unless not `missing_area`: a file
-    data/fast_read.py takes), a box clipped by the image, a degenerate box (dropped), images with no
+    data/annotations/fast_read.py takes), a box clipped by the image, a degenerate box (dropped), images with no
     annotation, non-contiguous category ids, and a JPEG stored turned under EXIF orientation 6,
     annotated in the frame a viewer shows."""
     rng = np.random.default_rng(seed)
@@ -349,7 +355,7 @@ def test_check_verdicts_are_reused_until_an_image_changes(tmp_path: Path, monkey
     assert first.reused == 0 and not first.bad and first.frames[20].applied == 6
 
     checked: list[int] = []
-    from maskrcnn_dist.data import check
+    from maskrcnn_dist.data.images import check
 
     real = check.check_image
 

@@ -1,4 +1,4 @@
-"""Opening a run's splits: the sources its flags resolve to (data/resolve.py), the generated synthetic
+"""Opening a run's splits: the sources its flags resolve to (data/sources/resolve.py), the generated synthetic
 set, and the classes judged over all the splits at once (data/classes.py)."""
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ from pathlib import Path
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
 from ..run_dir import output_folder_problem
-from .check import CheckReport, CheckRules, check_datasets
 from .check_ahead import read_ahead
 from .classes import ClassPlan, settle_classes
-from .coco import CocoInstanceDataset
-from .detect import detect
-from .resolve import cache_dir, carve_val, resolve_sources
+from .dataset import CocoInstanceDataset
+from .images.check import CheckReport, CheckRules, check_datasets
 from .sources import DataSources, SplitSource
+from .sources.detect import detect
+from .sources.resolve import cache_dir, carve_val, resolve_sources
 from .synthetic import write_train_val
 
 log = logging.getLogger(__name__)
 
 
 def find_split(data_path: Path, split: str) -> SplitSource:
-    """Where `split` is under `data_path` (data/detect.py), or an error saying what is there."""
+    """Where `split` is under `data_path` (data/sources/detect.py), or an error saying what is there."""
     if (found := detect(data_path).get(split)) is None:
         raise DatasetError(f"--data-path {data_path}: no {split} split found")
     return found
@@ -154,7 +154,7 @@ def load_datasets(
     cfg: TrainConfig, sources: DataSources | None = None
 ) -> tuple[CocoInstanceDataset, CocoInstanceDataset | None]:
     """The train split and, when there is one, the val split (`sources`: as resolved already, else from
-    the flags). The image files are not opened here: train.py has them checked once (data/check.py)."""
+    the flags). The image files are not opened here: train.py has them checked once (data/images/check.py)."""
     sources = sources or run_sources(cfg)
     if sources.get("train") is None:
         raise DatasetError(f"{sources.layout}: no train split")

@@ -2,7 +2,7 @@
 
 At COCO's size (477 MiB) `json.load` takes 15-25 s and the per-annotation validation another 5 s of the
 first start. Here msgspec decodes the file into typed records (its C decoder checks the types as it
-goes), and the rules of data/annotations.py are applied to whole columns at once. This path only ever
+goes), and the rules of data/annotations/json_read.py are applied to whole columns at once. This path only ever
 accepts: anything it does not take as plain (a missing area to compute, a float where an id belongs,
 NaN, a duplicate id, ...) makes it give up, and the stdlib path (store.read_store) reads the file again
 and decides, with its messages. So what is accepted gives the same store either way, and what is refused
@@ -20,8 +20,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .annotations import check_rle, validate_categories
 from .columns import COUNTS, POLYGONS, RLE, Columns, offsets
+from .json_read import check_rle, validate_categories
 
 _EXACT = float(2**53)  # below this, integer boxes add up in float64 exactly as Python's ints do
 

@@ -1,5 +1,5 @@
 """Where a run's data is, from its flags: the split flags (--train-annotations, --train-images, ...),
-the layout found under --data-path (data/detect.py), and a val split carved by --val-fraction. Every way
+the layout found under --data-path (data/sources/detect.py), and a val split carved by --val-fraction. Every way
 in resolves to one DataSources; a wrong combination is one ConfigError naming the flags, raised before
 anything is read or written."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..config import DataConfig, TrainConfig
-from ..errors import ConfigError, DatasetError
-from .annotations import read_annotation_file, validate_images
+from ...config import DataConfig, TrainConfig
+from ...errors import ConfigError, DatasetError
+from ..annotations.json_read import read_annotation_file, validate_images
+from . import DataSources, SplitSource, input_folder_problem
 from .detect import detect
-from .sources import DataSources, SplitSource, input_folder_problem
 
 SPLITS = ("train", "val")
 

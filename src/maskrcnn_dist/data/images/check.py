@@ -10,7 +10,7 @@ Modes (--check-data):
     full    decode every JPEG as well (what training will do), much slower.
     off     only that the files exist; each image's frame is decided when it is first read.
 In every mode an image whose side the model's resize (--min-size, --max-size) would round to 0 px is
-refused (data/resize.py).
+refused (data/images/resize.py).
 
 The work is spread over a process pool sized to the cores this process may use; small sets are
 checked in-process (starting a pool costs more than checking them). The report carries each good
@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from ..config import CHECK_MODES, TrainConfig
-from ..errors import DatasetError, one_line
-from ..lifetime.cores import available_cores
-from ..lifetime.heap import gc_paused
-from ..lifetime.stop import detach_pool_worker
+from ...config import CHECK_MODES, TrainConfig
+from ...errors import DatasetError, one_line
+from ...lifetime.cores import available_cores
+from ...lifetime.heap import gc_paused
+from ...lifetime.stop import detach_pool_worker
 from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
 from .orientation import AS_STORED, Frame, FrameMismatch, Oriented, frame_of, frame_size
@@ -125,7 +125,7 @@ class CheckReport:
     # image id -> its frame, for every good image; none with --check-data off (each image's frame is
     # then decided when it is first read)
     frames: Mapping[int, Frame] = field(default_factory=dict)
-    reused: int = 0  # verdicts taken from the cache (data/check_cache.py), not checked again
+    reused: int = 0  # verdicts taken from the cache (data/images/check_cache.py), not checked again
     read_ahead: int = 0  # of the checked, those whose files were read while the annotations were parsed
 
     @property
@@ -221,7 +221,7 @@ def check_images(
     read_ahead: Mapping[int, Frame | str] | None = None,
 ) -> CheckReport:
     """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish. `known`: verdicts
-    already reached for some of them (data/check_cache.py), taken as they are. `read_ahead`: verdicts
+    already reached for some of them (data/images/check_cache.py), taken as they are. `read_ahead`: verdicts
     decided from files read while the annotations were parsed (data/check_ahead.py): checked, not reused."""
     if rules.mode not in CHECK_MODES:
         raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")

@@ -102,7 +102,7 @@ def validate_annotations(
 
     Kept annotations get defaults filled in (`iscrowd` 0, `area` from the mask) so that the targets
     and COCOeval read the same values. `points_later`: polygons are checked for their shape only, their
-    points (numbers, finite, near the image) by the caller, all at once (data/store.py's
+    points (numbers, finite, near the image) by the caller, all at once (data/annotations/store.py's
     check_polygon_points: per polygon in numpy is most of the time COCO's 860k annotations take).
     """
     kept: list[dict] = []

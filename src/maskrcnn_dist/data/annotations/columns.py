@@ -1,4 +1,4 @@
-"""The columns a SampleStore (data/store.py) is built from, whichever way the file was read."""
+"""The columns a SampleStore (data/annotations/store.py) is built from, whichever way the file was read."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Columns:
     """What a store is built from: the images in id order, the kept annotations in file order (each
     column one entry per annotation), their segmentations as the JSON has them (polygon lists or RLE
     dicts) or already flat (`segments`: the store's segmentation arrays, in its order, built by
-    data/fast_read.py), and the ids of the annotations dropped for a degenerate box."""
+    data/annotations/fast_read.py), and the ids of the annotations dropped for a degenerate box."""
 
     image_id: np.ndarray
     width: np.ndarray

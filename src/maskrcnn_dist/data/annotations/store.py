@@ -34,17 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DatasetError, one_line
-from .annotations import (
-    check_polygons,
-    read_annotation_file,
-    validate_annotations,
-    validate_categories,
-    validate_images,
-)
-from .cache import CacheFile, cache_name, file_identity, load_or_build
+from ...errors import DatasetError, one_line
+from ..cache import CacheFile, cache_name, file_identity, load_or_build
 from .columns import COUNTS, POLYGONS, RLE, Columns, offsets
 from .fast_read import read_columns
+from .json_read import check_polygons, read_annotation_file, validate_annotations, validate_categories, validate_images
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +187,7 @@ def _padded(data: bytes) -> bytes:
 
 
 def read_store(annotation_file: Path, kept: list[object] | None = None) -> SampleStore:
-    """Parse and validate a COCO instances file (data/annotations.py) into a store: the slow path, once
+    """Parse and validate a COCO instances file (data/annotations/json_read.py) into a store: the slow path, once
     per change of the file when a cache keeps the result (open_store). `kept`: takes the parsed objects
     instead of freeing them (cache.Build)."""
     where = str(annotation_file)
@@ -290,7 +284,7 @@ def check_polygon_points(store: SampleStore, where: str) -> None:
 def columns_of(
     images: Mapping[int, Mapping[str, Any]], kept: Sequence[Mapping[str, Any]], dropped: Sequence[int]
 ) -> Columns:
-    """The columns of validated images (by id) and kept annotations (data/annotations.py)."""
+    """The columns of validated images (by id) and kept annotations (data/annotations/json_read.py)."""
     ids = sorted(images)
     records = [images[iid] for iid in ids]
     return Columns(

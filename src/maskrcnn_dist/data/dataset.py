@@ -1,7 +1,7 @@
 """COCO instance segmentation dataset: a COCO instances JSON + an image folder -> (image, target).
 
-The JSON is read and validated once, up front (data/annotations.py); images are decoded when a sample
-is loaded, in the frame (data/orientation.py) the data check decided for them, or, where no check
+The JSON is read and validated once, up front (data/annotations/json_read.py); images are decoded when a sample
+is loaded, in the frame (data/images/orientation.py) the data check decided for them, or, where no check
 ran, decided by the same function when the image is first read.
 """
 
@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from pycocotools.coco import COCO
 
-from maskrcnn_dist.data.annotations import to_rle
-from maskrcnn_dist.data.check import ImageEntry
-from maskrcnn_dist.data.file_names import image_path
-from maskrcnn_dist.data.image_file import read_image
-from maskrcnn_dist.data.masks import decode_masks
-from maskrcnn_dist.data.orientation import Frame
+from maskrcnn_dist.data.annotations.json_read import to_rle
+from maskrcnn_dist.data.annotations.masks import decode_masks
+from maskrcnn_dist.data.annotations.store import open_store
+from maskrcnn_dist.data.images.check import ImageEntry
+from maskrcnn_dist.data.images.image_file import read_image
+from maskrcnn_dist.data.images.orientation import Frame
 from maskrcnn_dist.data.sources import SplitSource
-from maskrcnn_dist.data.store import open_store
+from maskrcnn_dist.data.sources.file_names import image_path
 from maskrcnn_dist.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,14 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     `train=True` enables a horizontal flip that is a pure function of (flip_seed, epoch, index), so a
     resumed run sees the same flips; call `set_epoch` before each epoch. `flip_seed=None` means 0.
     Category ids are mapped to contiguous labels 1..K sorted by id; label 0 is the background.
-    `check_files=False` leaves missing image files to the caller's check (data/check.py), which can
+    `check_files=False` leaves missing image files to the caller's check (data/images/check.py), which can
     drop them (--skip-bad-images) rather than stop. `exif_orientation` (--exif-orientation) decides the
     frame of an image the check has not decided (orientation.decide_frame). `image_ids`: keep only
     these images of the file (a split carved from it, --val-fraction). `crowd_as_instances`
     (--crowd-as-instances): crowd annotations are instances, in the targets and in COCOeval's ground
-    truth. Images are found by the file_name rule (data/file_names.py).
+    truth. Images are found by the file_name rule (data/sources/file_names.py).
 
-    The samples are held in a SampleStore (data/store.py: flat arrays, mapped from `cache_dir` when
+    The samples are held in a SampleStore (data/annotations/store.py: flat arrays, mapped from `cache_dir` when
     given, so the processes of a node share one copy); each target is built when its sample is loaded,
     and pycocotools' ground truth (`coco`) when evaluation first asks for it. `cache_wait_s`: how long
     to wait for another process writing the cache.
@@ -167,7 +167,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         return image_path(self.image_dir, self.store.file_name(row))
 
     def image_entries(self) -> list[ImageEntry]:
-        """Every image with the size the annotation file gives it, for data/check.py."""
+        """Every image with the size the annotation file gives it, for data/images/check.py."""
         a, rows = self.store.arrays, self._rows
         names = self.store.file_names(rows.tolist())
         columns = (a["image_id"][rows].tolist(), a["width"][rows].tolist(), a["height"][rows].tolist())

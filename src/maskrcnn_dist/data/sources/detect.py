@@ -2,7 +2,7 @@
 
 No list of layouts: one rule over the files. Every JSON file under the folder that is a COCO instances
 file (images, annotations, categories; not captions or keypoints) is a split; its image folder is the
-folder under --data-path where its file_names are found by the file_name rule (data/file_names.py),
+folder under --data-path where its file_names are found by the file_name rule (data/sources/file_names.py),
 preferring the one where most are found, then the one named like the split, then the one needing the
 fewest prefixes dropped, then the one nearest the file; its split is the first split name in the file's
 name, then in its folders' names, nearest first (aliases below: `valid`, `Validation`, `val2017`, ...).
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DatasetError
+from ...errors import DatasetError
+from . import DataSources, SplitSource, input_folder_problem
 from .file_names import name_parts, stripped
-from .sources import DataSources, SplitSource, input_folder_problem
 
 log = logging.getLogger(__name__)
 
