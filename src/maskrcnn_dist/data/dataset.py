@@ -1,18 +1,26 @@
-"""COCO instance segmentation dataset: a COCO instances JSON + an image folder -> (image, target).
+"""A COCO instances split as a dataset: an annotation file and an image folder -> (image, target).
 
-The JSON is read and validated once, up front (data/annotations/json_read.py); images are decoded when a sample
-is loaded, in the frame (data/images/orientation.py) the data check decided for them, or, where no check
-ran, decided by the same function when the image is first read.
+Two steps, so that nothing is decided about a dataset after it is built:
+- `Split.open`: the annotation file's store (annotations/), the rows of the split's images and how they
+  are read (the model's classes, crowd regions, the EXIF rule). Its `image_entries` are what the data
+  check (images/check.py) judges; no image file is read here.
+- `CocoInstanceDataset`: a split with the check's verdicts, built whole: each image read in the frame
+  decided for it, the bad ones left out. Where no check decided a frame (--check-data off), the loader's
+  read decides it by the check's own function (images/orientation.py), each time alike.
+Invariant: a dataset never changes once built; the store builds every target (store.instances) and the
+ground truth (store.ground_truth), so no array of the store is indexed here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
+import functools
 import io
 import logging
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +28,14 @@ import numpy as np
 import torch
 from pycocotools.coco import COCO
 
-from maskrcnn_dist.data.annotations.json_read import to_rle
-from maskrcnn_dist.data.annotations.masks import decode_masks
-from maskrcnn_dist.data.annotations.store import open_store
-from maskrcnn_dist.data.images.check import ImageEntry
-from maskrcnn_dist.data.images.image_file import read_image
-from maskrcnn_dist.data.images.orientation import Frame
-from maskrcnn_dist.data.sources import SplitSource
-from maskrcnn_dist.data.sources.file_names import image_path
-from maskrcnn_dist.errors import DatasetError
+from ..errors import DatasetError
+from .annotations.read import open_store
+from .annotations.store import SampleStore
+from .images.check import ImageEntry
+from .images.image_file import read_image
+from .images.orientation import Frame
+from .sources import SplitSource
+from .sources.file_names import image_path
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +44,116 @@ _MAX_EXAMPLES = 5  # ids quoted in a warning or an error about many items
 Target = dict[str, Any]
 
 
+@dataclass(frozen=True, eq=False)
+class Split:
+    """A split opened: where it is (`source`), its file's store, the store rows of its images (in id
+    order), and how its samples are read: the model's classes (category ids, labels 1..K by id; label 0
+    is the background), crowd regions as instances (--crowd-as-instances) or not, the EXIF rule
+    (--exif-orientation) for an image no check decided a frame for."""
+
+    source: SplitSource
+    store: SampleStore
+    rows: np.ndarray
+    classes: tuple[int, ...]
+    instance_counts: Counter  # per category id, of the split's images (data/classes.py judges them)
+    crowd_counts: Counter
+    crowd_as_instances: bool = False
+    exif_orientation: str = "auto"
+
+    @classmethod
+    def open(
+        cls,
+        source: SplitSource,
+        *,
+        cache_dir: Path | None = None,
+        cache_wait_s: float = 1800.0,
+        crowd_as_instances: bool = False,
+        exif_orientation: str = "auto",
+        check_files: bool = False,
+    ) -> Split:
+        """The split of `source`, its store mapped from `cache_dir` (annotations/read.py), every category
+        a class. `check_files`: refuse missing image files here (else the data check's to find and drop)."""
+        where = str(source.annotations)
+        store = open_store(source.annotations, cache_dir, cache_wait_s)
+        rows = store.rows_of(source.image_ids, where)
+        instances, crowd = store.category_counts(rows)
+        if dropped := store.dropped:
+            log.warning(
+                "%s: dropped %d annotation(s) with a degenerate box (zero or negative width or height "
+                "after clipping to the image), e.g. annotation ids %s",
+                where,
+                len(dropped),
+                dropped[:_MAX_EXAMPLES],
+            )
+        categories = sorted(c["id"] for c in store.categories)
+        split = cls(source, store, rows, tuple(categories), instances, crowd, crowd_as_instances, exif_orientation)
+        if not source.images.is_dir():
+            raise DatasetError(f"{where}: image folder {source.images} does not exist")
+        if check_files:
+            _check_files_exist(split.image_entries(), source.images, where)
+        return split
+
+    def with_classes(self, category_ids: Iterable[int]) -> Split:
+        """This split with these categories as the model's classes (data/classes.py leaves out the
+        placeholders, which have no annotation)."""
+        ids = tuple(sorted(category_ids))
+        if used := sorted(set(self.instance_counts + self.crowd_counts) - set(ids)):
+            raise DatasetError(f"{self.annotation_file}: category ids {used} have annotations and cannot be left out")
+        return dataclasses.replace(self, classes=ids)
+
+    @property
+    def annotation_file(self) -> Path:
+        return self.source.annotations
+
+    @property
+    def image_dir(self) -> Path:
+        return self.source.images
+
+    @property
+    def categories(self) -> dict[int, dict[str, Any]]:
+        """Every category record of the file, placeholders too, by id."""
+        return {c["id"]: c for c in self.store.categories}
+
+    @property
+    def label_to_category_id(self) -> list[int]:
+        """Index = label; label 0 is the background and corresponds to no COCO category (-1)."""
+        return [-1, *self.classes]
+
+    @property
+    def category_names(self) -> list[str]:
+        categories = self.categories
+        return ["__background__", *(categories[c]["name"] for c in self.classes)]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes) + 1
+
+    @property
+    def image_ids(self) -> list[int]:
+        return self.store.image_ids(self.rows)
+
+    def image_entries(self) -> list[ImageEntry]:
+        """Every image with the size the annotation file gives it: what the data check judges."""
+        return _entries(self.store, self.rows, self.image_dir)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _of_split(name: str, doc: str | None = None) -> Any:
+    """A dataset's attribute that is its split's."""
+    return property(lambda self: getattr(self.split, name), doc=doc or f"Split.{name}")
+
+
 class CocoInstanceDataset(torch.utils.data.Dataset):
     """COCO instances dataset returning `(image, target)` per the data contract in docs/architecture.md.
 
-    `train=True` enables a horizontal flip that is a pure function of (flip_seed, epoch, index), so a
-    resumed run sees the same flips; call `set_epoch` before each epoch. `flip_seed=None` means 0.
-    Category ids are mapped to contiguous labels 1..K sorted by id; label 0 is the background.
-    `check_files=False` leaves missing image files to the caller's check (data/images/check.py), which can
-    drop them (--skip-bad-images) rather than stop. `exif_orientation` (--exif-orientation) decides the
-    frame of an image the check has not decided (orientation.decide_frame). `image_ids`: keep only
-    these images of the file (a split carved from it, --val-fraction). `crowd_as_instances`
-    (--crowd-as-instances): crowd annotations are instances, in the targets and in COCOeval's ground
-    truth. Images are found by the file_name rule (data/sources/file_names.py).
-
-    The samples are held in a SampleStore (data/annotations/store.py: flat arrays, mapped from `cache_dir` when
-    given, so the processes of a node share one copy); each target is built when its sample is loaded,
-    and pycocotools' ground truth (`coco`) when evaluation first asks for it. `cache_wait_s`: how long
-    to wait for another process writing the cache.
+    Built from the annotation file and the image folder (every image, every category a class, no check
+    run: `check_files` refuses missing files here), or whole from a Split and the data check's verdicts
+    (`of`). `image_ids`: keep only these images of the file (a split carved from it, --val-fraction).
+    The samples stay in the store (mapped from `cache_dir` when given, so the processes of a node share
+    one copy; `cache_wait_s`: how long to wait for another process writing it); pycocotools' ground truth
+    (`coco`) is built when evaluation first asks for it. Flips and augmentations are transforms/'.
     """
 
     def __init__(
@@ -61,8 +161,6 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         image_dir: Path,
         annotation_file: Path,
         *,
-        train: bool = False,
-        flip_seed: int | None = None,
         check_files: bool = True,
         exif_orientation: str = "auto",
         image_ids: Collection[int] | None = None,
@@ -70,234 +168,129 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         cache_dir: Path | None = None,
         cache_wait_s: float = 1800.0,
     ) -> None:
-        self.image_dir = Path(image_dir)
-        self.annotation_file = Path(annotation_file)
-        self.train = train
-        self.flip_seed = 0 if flip_seed is None else flip_seed
-        self.epoch = 0
-        self.exif_orientation = exif_orientation
-        self._frames: dict[int, Frame] = {}  # image id -> its frame, as decided (by the check, or at first read)
-        self._coco: COCO | None = None
+        kept = None if image_ids is None else tuple(sorted(image_ids))
+        source = SplitSource(Path(annotation_file), Path(image_dir), kept)
+        split = Split.open(
+            source,
+            cache_dir=cache_dir,
+            cache_wait_s=cache_wait_s,
+            crowd_as_instances=crowd_as_instances,
+            exif_orientation=exif_orientation,
+            check_files=check_files,
+        )
+        self._hold(split, {}, ())
 
-        where = str(self.annotation_file)
-        self.store = open_store(self.annotation_file, cache_dir, cache_wait_s)
-        a = self.store.arrays
-        self.kept_ids = None if image_ids is None else tuple(sorted(image_ids))
-        if self.kept_ids is None:
-            rows = np.arange(len(self.store), dtype=np.int64)
-        else:
-            wanted = np.array(self.kept_ids, dtype=np.int64)
-            rows = np.searchsorted(a["image_id"], wanted)
-            known = (rows < len(self.store)) & (a["image_id"][np.minimum(rows, len(self.store) - 1)] == wanted)
-            if unknown := wanted[~known].tolist():
-                raise DatasetError(f"{where}: the split keeps image ids the file does not list, e.g. {unknown[:5]}")
-        self._split_rows = rows  # the split's images (what COCOeval's ground truth holds)
-        self._rows = rows  # the images used: the split's, less any the data check dropped
-        # Per category: instances and crowd regions (data/classes.py judges placeholders and crowd-only classes).
-        anns = _annotation_rows(a["ann_start"], rows)
-        crowd = a["iscrowd"][anns].astype(bool)
-        self.instance_counts = _count(a["category_id"][anns][~crowd])
-        self.crowd_counts = _count(a["category_id"][anns][crowd])
-        self.crowd_as_instances = crowd_as_instances
-        if len(a["dropped"]):
-            log.warning(
-                "%s: dropped %d annotation(s) with a degenerate box (zero or negative width or height "
-                "after clipping to the image), e.g. annotation ids %s",
-                where,
-                len(a["dropped"]),
-                a["dropped"][:_MAX_EXAMPLES].tolist(),
-            )
-        self.num_dropped_annotations = len(a["dropped"])
+    @classmethod
+    def of(
+        cls, split: Split, frames: Mapping[int, Frame] | None = None, dropped: Collection[int] = ()
+    ) -> CocoInstanceDataset:
+        """`split` whole: its images read in `frames` (the data check's, by image id), those `dropped`
+        (bad ones) left out of training and evaluation."""
+        dataset = cls.__new__(cls)
+        dataset._hold(split, dict(frames or {}), dropped)
+        return dataset
 
-        self.categories = {c["id"]: c for c in self.store.categories}  # every record (placeholders too)
-        self.keep_classes(self.categories)
-        if not self.image_dir.is_dir():
-            raise DatasetError(f"{where}: image folder {self.image_dir} does not exist")
-        if check_files:
-            _check_files_exist(self.image_entries(), self.image_dir, where)
+    def _hold(self, split: Split, frames: dict[int, Frame], dropped: Collection[int]) -> None:
+        self.split = split
+        self._frames = frames
+        rows = split.rows
+        if dropped:
+            ids = split.store.arrays["image_id"][rows]
+            rows = rows[~np.isin(ids, np.array(sorted(dropped), dtype=np.int64))]
+        self._rows = rows  # the images used: the split's, less any the data check left out
+        self._label_of = {cid: label for label, cid in enumerate(split.classes, start=1)}
 
-    def keep_classes(self, category_ids: Iterable[int]) -> None:
-        """The model's classes: these categories, labels 1..K by id (data/classes.py leaves out the
-        placeholders, which have no annotation)."""
-        ids = sorted(category_ids)
-        counted = self.instance_counts + self.crowd_counts
-        if used := sorted(set(counted) - set(ids)):
-            raise DatasetError(f"{self.annotation_file}: category ids {used} have annotations and cannot be left out")
-        self._label_of_category = {cid: label for label, cid in enumerate(ids, start=1)}
-        # Index = label; label 0 is the background and corresponds to no COCO category (-1).
-        self.label_to_category_id: list[int] = [-1, *ids]
-        self.category_names: list[str] = ["__background__", *(self.categories[c]["name"] for c in ids)]
-        self.num_classes = len(ids) + 1
+    # --- what the split says (dataset.Split) ---------------------------------------------------
+
+    store = _of_split("store")
+    image_dir = _of_split("image_dir")
+    annotation_file = _of_split("annotation_file")
+    source = _of_split("source", "Where this split's data is (what a checkpoint records of it).")
+    categories = _of_split("categories")
+    instance_counts = _of_split("instance_counts")
+    crowd_counts = _of_split("crowd_counts")
+    crowd_as_instances = _of_split("crowd_as_instances")
+    label_to_category_id = _of_split("label_to_category_id")
+    category_names = _of_split("category_names")
+    num_classes = _of_split("num_classes")
+
+    @property
+    def num_dropped_annotations(self) -> int:
+        return len(self.store.dropped)
+
+    # --- the images used ---------------------------------------------------------------------
 
     @property
     def image_ids(self) -> list[int]:
         """The ids of the images used, in id order (index i of the dataset is image_ids[i])."""
-        return self.store.arrays["image_id"][self._rows].tolist()
-
-    @property
-    def coco(self) -> COCO:
-        """pycocotools' ground truth for COCOeval, built on first use (training alone never needs it): the
-        split's images and their annotations, crowd regions included, degenerate boxes excluded."""
-        if self._coco is None:
-            self._coco = _build_coco(self._coco_dataset())
-        return self._coco
-
-    def _coco_dataset(self) -> dict[str, Any]:
-        a = self.store.arrays
-        iscrowd = 0 if self.crowd_as_instances else None
-        images, annotations = [], []
-        for row in self._split_rows.tolist():
-            images.append(
-                {
-                    "id": int(a["image_id"][row]),
-                    "file_name": self.store.file_name(row),
-                    "width": int(a["width"][row]),
-                    "height": int(a["height"][row]),
-                }
-            )
-            annotations += [self.store.coco_annotation(i, row, iscrowd) for i in self.store.annotation_rows(row)]
-        return {"images": images, "annotations": annotations, "categories": list(self.store.categories)}
+        return self.store.image_ids(self._rows)
 
     def file_names(self) -> list[Path]:
         """IMAGE_DIR/file_name of every image used, in dataset order, as the file gives it (no ground
         truth built, no file looked for)."""
         return [self.image_dir / name for name in self.store.file_names(self._rows.tolist())]
 
-    def _path(self, row: int) -> Path:
-        return image_path(self.image_dir, self.store.file_name(row))
-
     def image_entries(self) -> list[ImageEntry]:
-        """Every image with the size the annotation file gives it, for data/images/check.py."""
-        a, rows = self.store.arrays, self._rows
-        names = self.store.file_names(rows.tolist())
-        columns = (a["image_id"][rows].tolist(), a["width"][rows].tolist(), a["height"][rows].tolist())
-        return [
-            ImageEntry(iid, image_path(self.image_dir, name), width, height)
-            for name, iid, width, height in zip(names, *columns, strict=True)
-        ]
-
-    def use_frames(self, frames: Mapping[int, Frame]) -> None:
-        """Read these images in the frames the data check decided for them."""
-        self._frames.update(frames)
+        """Every image used with the size the annotation file gives it."""
+        return _entries(self.store, self._rows, self.image_dir)
 
     def frame(self, image_id: int) -> Frame:
-        """The frame image `image_id` is read in: the check's decision, else decided now by the loader's
-        own read of the file (so the two cannot differ) and remembered."""
-        if image_id not in self._frames:
-            self._load_image(int(self._rows[self.image_ids.index(image_id)]))
-        return self._frames[image_id]
+        """The frame image `image_id` is read in: the check's decision, else decided by reading it now."""
+        if (frame := self._frames.get(image_id)) is not None:
+            return frame
+        return self._read(int(self._rows[self.image_ids.index(image_id)]))[1]
 
-    def drop_images(self, image_ids: set[int]) -> None:
-        """Leave these images out of training and evaluation (they failed the data check)."""
-        dropped = np.isin(self.store.arrays["image_id"][self._rows], np.array(sorted(image_ids), dtype=np.int64))
-        self._rows = self._rows[~dropped]
-
-    @property
-    def source(self) -> SplitSource:
-        """Where this split's data is (what a checkpoint records of it)."""
-        return SplitSource(self.annotation_file, self.image_dir, self.kept_ids)
+    @functools.cached_property
+    def coco(self) -> COCO:
+        """pycocotools' ground truth for COCOeval, built on first use (training alone never needs it): the
+        split's images and their annotations, crowd regions included, degenerate boxes excluded."""
+        coco = COCO()
+        coco.dataset = self.store.ground_truth(self.split.rows, self.crowd_as_instances)
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress lines
+            coco.createIndex()
+        return coco
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose flips `__getitem__` applies (train=True only)."""
-        self.epoch = epoch
-
     def aspect_ratios(self) -> list[float]:
-        """Width / height of every sample, from the JSON (no image is loaded)."""
-        a = self.store.arrays
-        return (a["width"][self._rows].astype(np.float64) / a["height"][self._rows]).tolist()
+        """Width / height of every sample, from the annotation file (no image is loaded)."""
+        return self.store.aspect_ratios(self._rows)
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, Target]:
         row = int(self._rows[idx])
-        image = self._load_image(row)
-        target = self._target(row)
-        if self.train and flip_decision(self.flip_seed, self.epoch, idx % len(self)):
-            image, target = hflip(image, target)
-        return image, target
+        return self._read(row)[0], self._target(row)
 
-    def _load_image(self, row: int) -> torch.Tensor:
-        a = self.store.arrays
-        image_id, path = int(a["image_id"][row]), self._path(row)
+    def _read(self, row: int) -> tuple[torch.Tensor, Frame]:
+        image_id, path = self.store.image_id(row), image_path(self.image_dir, self.store.file_name(row))
         name = f"{path} (image id {image_id})"
-        size = (int(a["width"][row]), int(a["height"][row]))
-        known = self._frames.get(image_id)
-        image, frame = read_image(path, known, annotated=size, policy=self.exif_orientation, name=name)
-        if known is None:
-            self._frames[image_id] = frame  # decided now; the next read and the drawings use it
+        size = self.store.size(row)
+        policy = self.split.exif_orientation
+        image, frame = read_image(path, self._frames.get(image_id), annotated=size, policy=policy, name=name)
         h, w = image.shape[-2:]
         if (w, h) != size:  # the file changed since the check decided its frame
             raise DatasetError(f"{name}: image is {w}x{h} but the annotation file says {size[0]}x{size[1]}")
-        return image
+        return image, frame
 
     def _target(self, row: int) -> Target:
-        a = self.store.arrays
-        anns = np.arange(a["ann_start"][row], a["ann_start"][row + 1])
-        # Crowd regions (iscrowd=1) never become targets, as in torchvision's detection reference: in
-        # training they are not instances to learn; in evaluation COCOeval reads them from the ground
-        # truth (self.coco) to ignore detections that fall on them. (--crowd-as-instances: they are.)
-        if not self.crowd_as_instances:
-            anns = anns[a["iscrowd"][anns] == 0]
-        h, w = int(a["height"][row]), int(a["width"][row])
-        if len(anns):
-            x, y, bw, bh = a["bbox"][anns].T
-            # annotations.clipped_xyxy, for every box at once (the same float64 arithmetic)
-            xyxy = np.stack([x, y, x + bw, y + bh], axis=1)
-            xyxy = np.minimum(np.maximum(xyxy, 0.0), np.array([w, h, w, h], dtype=np.float64))
-            boxes = torch.from_numpy(xyxy).to(torch.float32)
-            rles = [to_rle(self.store.segmentation(int(i), h, w), h, w) for i in anns]
-            masks = torch.from_numpy(np.ascontiguousarray(decode_masks(rles).transpose(2, 0, 1)))
-        else:
-            boxes = torch.zeros((0, 4), dtype=torch.float32)
-            masks = torch.zeros((0, h, w), dtype=torch.uint8)
-        labels = [self._label_of_category[c] for c in a["category_id"][anns].tolist()]
+        found = self.store.instances(row, self.crowd_as_instances)
         return {
-            "boxes": boxes,
-            "labels": torch.tensor(labels, dtype=torch.int64),
-            "masks": masks,
-            "image_id": int(a["image_id"][row]),
-            "area": torch.from_numpy(a["area"][anns]).to(torch.float32),
-            "iscrowd": torch.zeros((len(anns),), dtype=torch.int64),
+            "boxes": torch.from_numpy(found.boxes).to(torch.float32),
+            "labels": torch.tensor([self._label_of[c] for c in found.category_ids.tolist()], dtype=torch.int64),
+            "masks": torch.from_numpy(found.masks),
+            "image_id": self.store.image_id(row),
+            "area": torch.from_numpy(found.area).to(torch.float32),
+            "iscrowd": torch.zeros((len(found.area),), dtype=torch.int64),
         }
 
 
-def _annotation_rows(ann_start: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The annotation rows of these image rows."""
-    starts, ends = ann_start[rows], ann_start[rows + 1]
-    lengths = ends - starts
-    if not lengths.sum():
-        return np.zeros(0, dtype=np.int64)
-    # each image's range start..end, concatenated, without a Python loop
-    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + offsets
-
-
-def _count(category_ids: np.ndarray) -> Counter:
-    ids, counts = np.unique(category_ids, return_counts=True)
-    return Counter(dict(zip(ids.tolist(), counts.tolist(), strict=True)))
-
-
-def flip_decision(seed: int, epoch: int, index: int) -> bool:
-    """Whether sample `index` is flipped in `epoch`: a hash, so no RNG state to carry or restore."""
-    digest = hashlib.sha256(f"{seed}:{epoch}:{index}".encode()).digest()
-    return digest[0] < 128
-
-
-def hflip(image: torch.Tensor, target: Target) -> tuple[torch.Tensor, Target]:
-    """Mirror an image and its target left-right (boxes, masks)."""
-    width = image.shape[-1]
-    boxes = target["boxes"].clone()
-    boxes[:, [0, 2]] = width - target["boxes"][:, [2, 0]]
-    return image.flip(-1), {**target, "boxes": boxes, "masks": target["masks"].flip(-1)}
-
-
-def _build_coco(dataset: dict[str, Any]) -> COCO:
-    coco = COCO()
-    coco.dataset = dataset
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress lines
-        coco.createIndex()
-    return coco
+def _entries(store: SampleStore, rows: np.ndarray, image_dir: Path) -> list[ImageEntry]:
+    names = store.file_names(rows.tolist())
+    widths, heights = store.sizes(rows)
+    return [
+        ImageEntry(iid, image_path(image_dir, name), width, height)
+        for name, iid, width, height in zip(names, store.image_ids(rows), widths, heights, strict=True)
+    ]
 
 
 def _check_files_exist(entries: list[ImageEntry], image_dir: Path, where: str) -> None:

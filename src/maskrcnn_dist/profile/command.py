@@ -12,7 +12,7 @@ from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.topology import Topology, load_topology
 
 from ..config import ProfileConfig, TrainConfig, fp16_on_cpu_problem
-from ..data.prepare import open_split
+from ..data import open_split
 from ..data.sources.resolve import names_data
 from ..engines.base import resolve_device
 from ..errors import UserError

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from maskrcnn_dist.data import check_ahead, write_train_val
-from maskrcnn_dist.data.annotations.store import open_store
+from maskrcnn_dist.data.annotations.read import open_store
 from maskrcnn_dist.data.check_ahead import CheckAhead, read_ahead
 from maskrcnn_dist.data.images import check
 from maskrcnn_dist.data.images.check import CheckRules, ImageEntry, check_datasets
@@ -43,7 +43,7 @@ SIZE = (60, 40)
 
 @dataclass
 class Split:
-    """What check_datasets needs of a split (data/images/check.py CheckedDataset)."""
+    """What check_datasets needs of a split (data/images/check.py CheckedSplit)."""
 
     annotation_file: Path
     entries: list[ImageEntry]
@@ -173,7 +173,7 @@ def test_the_workers_start_only_where_they_gain(tmp_path: Path, monkeypatch: pyt
     monkeypatch.undo()
     # Verdicts cached: the check reads nothing, nothing to read ahead.
     cfg = fast_config(root, tmp_path / "run")
-    check_datasets([check_split(cfg, ["train"])[0].datasets["train"]], rules, cache_dir=cache)
+    check_datasets([check_split(cfg, ["train"])[0].splits["train"]], rules, cache_dir=cache)
     assert read_ahead(sources, ["train"], rules, cache, worth_from_bytes=0) is None
     with read_ahead(sources, ["train"], CheckRules("full"), cache, worth_from_bytes=1) as ahead:
         assert ahead is not None  # other rules: no verdicts cached for them, and the file is to be parsed

@@ -1,8 +1,8 @@
-"""The COCO instances JSON, read and validated once, up front.
+"""Any COCO instances file, read by json: decoded into records (columns.py) that the rules judge
+(rules.py), whose refusals it words, quoting the file's own values.
 
-A bad file fails at start-up with a message that names the file and the offending image or annotation
-id, instead of deep inside a data-loader worker; and nothing reaches pycocotools that its C code would
-crash on or silently misread (polygons far outside the image, run-length strings of the wrong size).
+This read decodes and nothing else: a record of the wrong shape is a flag for the rules, not an error
+here. It is the read of every file the msgspec read (fast_read.py) does not take, and of every refusal.
 """
 
 from __future__ import annotations
@@ -15,7 +15,24 @@ from typing import Any
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from maskrcnn_dist.errors import DatasetError
+from ...errors import DatasetError
+from .columns import (
+    COUNTS,
+    OTHER,
+    POLYGONS,
+    REQUIRED,
+    RLE,
+    AnnotationRecords,
+    Columns,
+    ImageRecords,
+    PolygonRecords,
+    RleRecords,
+    as_points,
+    int_column,
+    offsets,
+)
+from .masks import to_rle
+from .rules import ImageSizes, annotation_fault, image_fault, validate_categories
 
 _REQUIRED_KEYS = ("images", "annotations", "categories")
 
@@ -39,224 +56,249 @@ def read_annotation_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_columns(path: Path, where: str, kept: list[object] | None = None) -> tuple[Columns, list[dict[str, Any]]]:
+    """The judged columns and the categories of `path`; a DatasetError (naming `where` and the record)
+    for the first rule it breaks. `kept`: takes the decoded objects instead of freeing them (cache.Build)."""
+    data = read_annotation_file(path)
+    if kept is not None:
+        kept.append(data)
+    images = image_records(data["images"])
+    if fault := image_fault(images, where):
+        raise DatasetError(fault.message())
+    categories = validate_categories(data["categories"], where)
+    sizes = image_sizes(images)
+    anns = annotation_records(data["annotations"])
+    fault, keep = annotation_fault(anns, sizes, list(categories), where)
+    if fault:
+        raise DatasetError(fault.message())
+    return columns_of(images, anns, keep, sizes), list(categories.values())
+
+
+def image_ids(path: Path) -> list[int]:
+    """The ids of the images `path` lists, in id order, judged by the image rules."""
+    images = image_records(read_annotation_file(path)["images"])
+    if fault := image_fault(images, str(path)):
+        raise DatasetError(fault.message())
+    return sorted(images.ids.tolist())
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _finite_numbers(values: list[Any]) -> bool:
-    """A flat list of finite numbers; numpy, because COCO has tens of millions of coordinates."""
     try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:  # an int beyond a float's range
         return False
-    return array.ndim == 1 and bool(np.isfinite(array).all())
 
 
-def validate_images(images: list[Any], where: str) -> dict[int, dict]:
-    """The `images` list by id: unique integer ids, a file name, positive integer sizes."""
-    by_id: dict[int, dict] = {}
-    for i, img in enumerate(images):
-        if not isinstance(img, dict) or not _is_int(img.get("id")):
-            raise DatasetError(f"{where}: images[{i}] has no integer 'id'")
-        ctx = f"{where}: image id {img['id']}"
-        if img["id"] in by_id:
-            raise DatasetError(f"{ctx}: duplicate image id")
-        if not isinstance(img.get("file_name"), str) or not img["file_name"]:
-            raise DatasetError(f"{ctx}: missing or empty 'file_name'")
-        for key in ("width", "height"):
-            if not _is_int(img.get(key)) or img[key] <= 0:
-                raise DatasetError(f"{ctx}: {key!r} must be a positive integer, got {img.get(key)!r}")
-        by_id[img["id"]] = img
-    return by_id
+def image_records(records: list[Any]) -> ImageRecords:
+    ok, ids, names, named = [], [], [], []
+    sizes: dict[str, tuple[list[int], list[bool]]] = {"width": ([], []), "height": ([], [])}
+    for img in records:
+        record = img if isinstance(img, dict) else {}
+        iid, name = record.get("id"), record.get("file_name")
+        ok.append(_is_int(iid))
+        ids.append(iid if ok[-1] else 0)
+        named.append(isinstance(name, str) and bool(name))
+        names.append(name if named[-1] else "")
+        for key, (values, valid) in sizes.items():
+            value = record.get(key)
+            valid.append(_is_int(value))
+            values.append(value if valid[-1] else 0)
+    return ImageRecords(
+        int_column(ids),
+        np.array(ok, dtype=bool),
+        names,
+        np.array(named, dtype=bool),
+        int_column(sizes["width"][0]),
+        np.array(sizes["width"][1], dtype=bool),
+        int_column(sizes["height"][0]),
+        np.array(sizes["height"][1], dtype=bool),
+        raw=records,
+    )
 
 
-def validate_categories(categories: list[Any], where: str) -> dict[int, dict]:
-    """The `categories` list by id: unique integer ids with names, at least one."""
-    by_id: dict[int, dict] = {}
-    for i, cat in enumerate(categories):
-        if not isinstance(cat, dict) or not _is_int(cat.get("id")):
-            raise DatasetError(f"{where}: categories[{i}] has no integer 'id'")
-        if cat["id"] in by_id:
-            raise DatasetError(f"{where}: category id {cat['id']}: duplicate category id")
-        if not isinstance(cat.get("name"), str):
-            raise DatasetError(f"{where}: category id {cat['id']}: missing 'name'")
-        by_id[cat["id"]] = cat
-    if not by_id:
-        raise DatasetError(f"{where}: 'categories' is empty; at least one category is needed")
-    return by_id
+def image_sizes(images: ImageRecords) -> ImageSizes:
+    order = np.argsort(images.ids, kind="stable")
+    return ImageSizes(images.ids[order], images.width[order], images.height[order])
 
 
-def validate_annotations(
-    annotations: list[Any],
-    images: dict[int, dict],
-    categories: dict[int, dict],
-    where: str,
-    *,
-    points_later: bool = False,
-) -> tuple[list[dict], list[int]]:
-    """Check every annotation; return (kept annotations, ids dropped for a degenerate box).
-
-    Kept annotations get defaults filled in (`iscrowd` 0, `area` from the mask) so that the targets
-    and COCOeval read the same values. `points_later`: polygons are checked for their shape only, their
-    points (numbers, finite, near the image) by the caller, all at once (data/annotations/store.py's
-    check_polygon_points: per polygon in numpy is most of the time COCO's 860k annotations take).
-    """
-    kept: list[dict] = []
-    dropped: list[int] = []
-    seen: set[int] = set()
-    for i, ann in enumerate(annotations):
-        if not isinstance(ann, dict) or not _is_int(ann.get("id")):
-            raise DatasetError(f"{where}: annotations[{i}] has no integer 'id'")
-        ctx = f"{where}: annotation id {ann['id']} (image id {ann.get('image_id')})"
-        if ann["id"] in seen:
-            raise DatasetError(f"{ctx}: duplicate annotation id")
-        seen.add(ann["id"])
-        img = _check_references(ann, images, categories, ctx)
-        # An area computed from the mask rasterises the polygons here: their points are checked first.
-        points = not points_later or "area" not in ann
-        _check_segmentation(ann["segmentation"], img["height"], img["width"], ctx, points=points)
-        x1, y1, x2, y2 = clipped_xyxy(_check_bbox(ann.get("bbox"), ctx), img["width"], img["height"])
-        if x2 <= x1 or y2 <= y1:
-            dropped.append(ann["id"])
+def annotation_records(records: list[Any]) -> AnnotationRecords:
+    """The annotations as records. Their polygons' points are taken only for an annotation without an
+    area (its mask is rasterised for one: they are judged first); the others' on the store, all at once."""
+    n = len(records)
+    ok, missing, kind, polygon_count = (
+        np.zeros(n, bool),
+        np.full(n, -1, np.int8),
+        np.zeros(n, np.uint8),
+        np.zeros(n, np.int64),
+    )
+    ids, image_ids, category_ids = [0] * n, [0] * n, [0] * n
+    image_ok, category_ok = np.zeros(n, bool), np.zeros(n, bool)
+    bbox, bbox_ok = np.zeros((n, 4)), np.zeros(n, bool)
+    iscrowd, iscrowd_ok = np.zeros(n, np.int64), np.zeros(n, bool)
+    area, area_given, area_ok = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+    segments: list[Any] = [None] * n
+    polygons = _Polygons()
+    rles = _Rles()
+    for i, ann in enumerate(records):
+        if not isinstance(ann, dict):
             continue
-        ann["iscrowd"] = _check_iscrowd(ann.get("iscrowd", 0), ctx)
-        ann["area"] = _check_area(ann, img, ctx)
-        kept.append(ann)
-    return kept, dropped
+        ok[i] = _is_int(ann.get("id"))
+        ids[i] = ann["id"] if ok[i] else 0
+        missing[i] = next((k for k, key in enumerate(REQUIRED) if key not in ann), -1)
+        image_id, category_id = ann.get("image_id"), ann.get("category_id")
+        image_ok[i], category_ok[i] = _is_int(image_id), _is_int(category_id)
+        image_ids[i], category_ids[i] = image_id if image_ok[i] else 0, category_id if category_ok[i] else 0
+        segm = ann.get("segmentation")
+        if isinstance(segm, list):
+            kind[i], polygon_count[i], segments[i] = POLYGONS, len(segm), segm
+            polygons.add(i, segm, judged="area" not in ann)
+        elif isinstance(segm, dict):
+            counts = segm.get("counts")
+            kind[i], segments[i] = (COUNTS if isinstance(counts, list) else RLE), counts
+            rles.add(i, segm)
+        else:
+            kind[i] = OTHER
+        box = ann.get("bbox")
+        bbox_ok[i] = isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)
+        if bbox_ok[i]:
+            bbox[i] = [float(v) for v in box]
+        crowd = ann.get("iscrowd", 0)
+        iscrowd_ok[i] = crowd in (0, 1)
+        iscrowd[i] = int(crowd) if iscrowd_ok[i] else 0
+        area_given[i] = "area" in ann
+        area_ok[i] = area_given[i] and _is_number(ann["area"]) and ann["area"] >= 0
+        area[i] = float(ann["area"]) if area_ok[i] else 0.0
+    return AnnotationRecords(  # the fields in their order: ids, references, segmentation, box, crowd, area
+        int_column(ids),
+        ok,
+        missing,
+        int_column(image_ids),
+        image_ok,
+        int_column(category_ids),
+        category_ok,
+        kind,
+        polygon_count,
+        polygons.records(),
+        rles.records(),
+        bbox,
+        bbox_ok,
+        iscrowd,
+        iscrowd_ok,
+        area,
+        area_given,
+        area_ok,
+        segments,
+        raw=records,
+    )
 
 
-def _check_references(ann: dict, images: dict[int, dict], categories: dict[int, dict], ctx: str) -> dict:
-    for key in ("image_id", "category_id", "bbox", "segmentation"):
-        if key not in ann:
-            raise DatasetError(f"{ctx}: missing key {key!r}")
-    if not _is_int(ann["image_id"]) or ann["image_id"] not in images:
-        raise DatasetError(f"{ctx}: unknown image id {ann['image_id']!r}")
-    if not _is_int(ann["category_id"]) or ann["category_id"] not in categories:
-        raise DatasetError(f"{ctx}: unknown category id {ann['category_id']!r}")
-    return images[ann["image_id"]]
+class _Polygons:
+    """Collects the polygon records (rules: shapes; points for the annotations without an area)."""
 
+    def __init__(self) -> None:
+        self.ann: list[int] = []
+        self.is_list: list[bool] = []
+        self.length: list[int] = []
+        self.judged: list[int] = []
+        self.points: list[np.ndarray] = []
 
-def _check_bbox(bbox: Any, ctx: str) -> list[float]:
-    if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
-        raise DatasetError(f"{ctx}: 'bbox' must be 4 finite numbers [x, y, width, height], got {bbox!r}")
-    return bbox
+    def add(self, ann: int, polygons: list[Any], judged: bool) -> None:
+        for polygon in polygons:
+            if judged:
+                self.judged.append(len(self.ann))
+                self.points.append(as_points(polygon))
+            self.ann.append(ann)
+            self.is_list.append(isinstance(polygon, list))
+            self.length.append(len(polygon) if isinstance(polygon, list) else 0)
 
-
-def _check_iscrowd(value: Any, ctx: str) -> int:
-    if value not in (0, 1):
-        raise DatasetError(f"{ctx}: 'iscrowd' must be 0 or 1, got {value!r}")
-    return int(value)
-
-
-def _check_area(ann: dict, img: dict, ctx: str) -> float:
-    if "area" not in ann:
-        return float(mask_utils.area(to_rle(ann["segmentation"], img["height"], img["width"])))
-    if not _is_number(ann["area"]) or ann["area"] < 0:
-        raise DatasetError(f"{ctx}: 'area' must be a non-negative number, got {ann['area']!r}")
-    return float(ann["area"])
-
-
-def _check_segmentation(segm: Any, height: int, width: int, ctx: str, *, points: bool = True) -> None:
-    if isinstance(segm, list):
-        check_polygons(segm, height, width, ctx, points=points)
-    elif isinstance(segm, dict):
-        check_rle(segm, height, width, ctx)
-    else:
-        raise DatasetError(f"{ctx}: 'segmentation' must be a list of polygons or an RLE object")
-
-
-def check_polygons(polygons: list[Any], height: int, width: int, ctx: str, *, points: bool = True) -> None:
-    """A segmentation's polygons: flat lists of at least 3 points; with `points`, of finite numbers
-    that lie near the image."""
-    if not polygons:
-        raise DatasetError(f"{ctx}: 'segmentation' has no polygon")
-    for k, poly in enumerate(polygons):
-        if not isinstance(poly, list) or (points and not _finite_numbers(poly)):
-            raise DatasetError(f"{ctx}: polygon {k} must be a flat list of numbers [x1, y1, x2, y2, ...]")
-        # Fewer than 3 points is no area; pycocotools would also read 4 numbers as a box.
-        if len(poly) < 6 or len(poly) % 2:
-            raise DatasetError(
-                f"{ctx}: polygon {k} has {len(poly)} coordinates; it needs at least 3 points "
-                "(6 numbers) and an even count"
-            )
-        if not points:
-            continue
-        # pycocotools rasterises a polygon edge by edge in C, sized by the coordinates: points far
-        # outside the image make it allocate without bound or crash the process (SIGSEGV at 1e12).
-        # Real annotations stray from the image by rounding only; one image size either side is lenient.
-        xy = np.asarray(poly, dtype=np.float64).reshape(-1, 2)
-        outside = (np.abs(xy - [width / 2, height / 2]) > [1.5 * width, 1.5 * height]).any(axis=1)
-        if outside.any():
-            x, y = xy[int(np.argmax(outside))]
-            raise DatasetError(
-                f"{ctx}: polygon {k} has the point ({x:g}, {y:g}), far outside the {width}x{height} image"
-            )
-
-
-def check_rle(rle: dict, height: int, width: int, ctx: str) -> None:
-    """An RLE segmentation: its size is the image's, its runs cover the image exactly."""
-    size, counts = rle.get("size"), rle.get("counts")
-    if size != [height, width]:
-        raise DatasetError(f"{ctx}: RLE 'size' is {size!r}, the image is [height, width] = {[height, width]}")
-    if isinstance(counts, list):  # uncompressed: runs must be non-negative and cover the image exactly
-        if not all(_is_int(c) and c >= 0 for c in counts) or sum(counts) != height * width:
-            raise DatasetError(
-                f"{ctx}: uncompressed RLE 'counts' must be non-negative integers summing to "
-                f"height*width = {height * width}"
-            )
-    elif not isinstance(counts, str) or not counts:
-        raise DatasetError(f"{ctx}: RLE 'counts' must be a list of integers or a compressed string")
-    elif (runs := compressed_rle_runs(counts)) is None or min(runs) < 0 or sum(runs) != height * width:
-        # pycocotools decodes whatever it is given: garbage raises a bare ValueError, a short string
-        # silently gives a mask of the wrong size.
-        raise DatasetError(
-            f"{ctx}: compressed RLE 'counts' is not a valid run-length string covering "
-            f"height*width = {height * width} pixels"
+    def records(self) -> PolygonRecords:
+        return PolygonRecords(
+            np.array(self.ann, dtype=np.int64),
+            np.array(self.is_list, dtype=bool),
+            np.array(self.length, dtype=np.int64),
+            np.array(self.judged, dtype=np.int64),
+            np.concatenate(self.points) if self.points else np.zeros(0),
+            offsets([len(p) for p in self.points]),
         )
 
 
-def compressed_rle_runs(text: str) -> list[int] | None:
-    """The runs of a compressed COCO RLE string (pycocotools' rleFrString, in Python), or None when the
-    text is not one: 6 bits per character from '0', 5 of value, the sixth "more follows"; from the
-    third run on, each value is a difference to the run two before."""
-    runs: list[int] = []
-    pos = 0
-    while pos < len(text):
-        value, shift, more = 0, 0, True
-        while more:
-            if pos >= len(text):
-                return None  # the last run was cut off
-            code = ord(text[pos]) - 48
-            if not 0 <= code < 64:
-                return None
-            value |= (code & 0x1F) << shift
-            more = bool(code & 0x20)
-            pos, shift = pos + 1, shift + 5
-            if not more and code & 0x10:
-                value |= -1 << shift  # sign extension of the last group
-        runs.append(value + runs[-2] if len(runs) > 2 else value)
-    return runs or None
+class _Rles:
+    """Collects the RLE records."""
+
+    def __init__(self) -> None:
+        self.ann: list[int] = []
+        self.size: list[tuple[float, float]] = []
+        self.counts_kind: list[int] = []
+        self.texts: list[str | None] = []
+        self.runs: list[int] = []
+        self.run_start: list[int] = [0]
+        self.runs_ints: list[bool] = []
+
+    def add(self, ann: int, rle: dict[str, Any]) -> None:
+        self.ann.append(ann)
+        size, counts = rle.get("size"), rle.get("counts")
+        self.size.append(_pair(size))
+        ints = isinstance(counts, list) and all(_is_int(c) for c in counts)
+        self.runs_ints.append(ints)
+        if ints:
+            self.runs.extend(counts)  # type: ignore[arg-type]
+        self.run_start.append(len(self.runs))
+        text = isinstance(counts, str) and bool(counts)
+        self.counts_kind.append(COUNTS if isinstance(counts, list) else RLE if text else OTHER)
+        self.texts.append(counts if text else None)
+
+    def records(self) -> RleRecords:
+        return RleRecords(
+            np.array(self.ann, dtype=np.int64),
+            np.array(self.size, dtype=np.float64).reshape(-1, 2),
+            np.array(self.counts_kind, dtype=np.uint8),
+            self.texts,
+            int_column(self.runs),
+            np.array(self.run_start, dtype=np.int64),
+            np.array(self.runs_ints, dtype=bool),
+        )
 
 
-def to_rle(segm: list | dict, height: int, width: int) -> dict:
-    """A segmentation as one RLE, exactly as pycocotools' COCO.annToRLE makes it."""
-    if isinstance(segm, list):
-        return mask_utils.merge(mask_utils.frPyObjects(segm, height, width))
-    if isinstance(segm["counts"], list):
-        return mask_utils.frPyObjects(segm, height, width)
-    return segm
+def _pair(size: Any) -> tuple[float, float]:
+    """An RLE's [height, width] as two floats, compared as Python compares the list; NaN where not."""
+    if not isinstance(size, list) or len(size) != 2:
+        return (np.nan, np.nan)
+    pair = []
+    for value in size:
+        try:
+            pair.append(float(value) if isinstance(value, (int, float)) else np.nan)
+        except OverflowError:
+            pair.append(np.nan)
+    return pair[0], pair[1]
 
 
-def clipped_xyxy(bbox: list[float], width: int, height: int) -> tuple[float, float, float, float]:
-    """COCO [x, y, w, h] -> [x1, y1, x2, y2] clipped to the image."""
-    x, y, w, h = bbox
-    return (
-        min(max(x, 0.0), width),
-        min(max(y, 0.0), height),
-        min(max(x + w, 0.0), width),
-        min(max(y + h, 0.0), height),
+def columns_of(images: ImageRecords, anns: AnnotationRecords, keep: np.ndarray, sizes: ImageSizes) -> Columns:
+    """The store's columns of a judged file: images in id order, the kept annotations in file order, an
+    area missing computed from the mask (as pycocotools' COCO.annToRLE rasterises it)."""
+    raw_images = sorted(images.raw or [], key=lambda img: img["id"])
+    kept = np.flatnonzero(keep)
+    raw = [anns.raw[k] for k in kept.tolist()] if anns.raw is not None else []
+    area = anns.area[kept].copy()
+    rows, _ = sizes.rows(anns.image_id[kept], np.ones(len(kept), dtype=bool))
+    for j in np.flatnonzero(~anns.area_given[kept]).tolist():
+        height, width = int(sizes.height[rows[j]]), int(sizes.width[rows[j]])
+        area[j] = float(mask_utils.area(to_rle(raw[j]["segmentation"], height, width)))
+    return Columns(
+        image_id=np.array([img["id"] for img in raw_images], dtype=np.int64),
+        width=np.array([img["width"] for img in raw_images], dtype=np.int32),
+        height=np.array([img["height"] for img in raw_images], dtype=np.int32),
+        file_names=[img["file_name"] for img in raw_images],
+        ann_id=np.array([a["id"] for a in raw], dtype=np.int64),
+        ann_image_id=np.array([a["image_id"] for a in raw], dtype=np.int64),
+        category_id=np.array([a["category_id"] for a in raw], dtype=np.int64),
+        iscrowd=anns.iscrowd[kept].astype(np.uint8),
+        area=area,
+        bbox=np.array([a["bbox"] for a in raw], dtype=np.float64).reshape(-1, 4),
+        kind=anns.kind[kept],
+        segments=[anns.segments[k] for k in kept.tolist()],
+        dropped=[anns.raw[k]["id"] for k in np.flatnonzero(~keep).tolist()] if anns.raw is not None else [],
     )

@@ -1,11 +1,10 @@
 """A split's samples stored once, in flat arrays: what a dataset keeps for the whole run.
 
-A COCO file parsed into Python objects costs ~24 KiB per image at COCO's scale (every polygon
-coordinate a float object) and, in a DataLoader worker, every object read is written to (its reference
-count), so each worker's copy of those pages grows through the epoch. Here the images and their kept
-annotations are numpy arrays (detectron2's `DatasetFromList(serialize=True)` idea, as arrays): a handful
-of objects, whatever the size, that forked workers read without writing, and that a cache file
-(data/cache.py) holds byte for byte, so the ranks of a node map one copy.
+SampleStore owns its layout: the dataset, the ground truth and the data check read a store through its
+per-row views (`image_ids`, `size`, `instances`, `ground_truth`, ...), never through its arrays, so a
+change of layout stays in this module. The arrays are a handful of objects whatever the size (detectron2's
+`DatasetFromList(serialize=True)` idea, as arrays): forked loader workers read them without writing, and a
+cache file (data/cache.py) holds them byte for byte, so the ranks of a node map one copy.
 
 Layout (N images in id order, A kept annotations grouped by image in file order):
     image_id, width, height               [N]
@@ -18,29 +17,25 @@ Layout (N images in id order, A kept annotations grouped by image in file order)
                                           rle; a COUNTS annotation's runs of counts
     poly_start [P+1], coords              polygon p's coordinates are coords[poly_start[p]:poly_start[p+1]]
     rle, counts                           compressed strings (bytes), uncompressed runs (int64)
+    dropped                               ids of the annotations left out for a degenerate box
 Coordinates stay float64 and strings stay as written, so each mask decodes exactly as from the JSON.
 """
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
-import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...errors import DatasetError, one_line
-from ..cache import CacheFile, cache_name, file_identity, load_or_build
-from .columns import COUNTS, POLYGONS, RLE, Columns, offsets
-from .fast_read import read_columns
-from .json_read import check_polygons, read_annotation_file, validate_annotations, validate_categories, validate_images
-
-log = logging.getLogger(__name__)
+from ...errors import DatasetError
+from .columns import POLYGONS, RLE, Columns, offsets, segment_arrays
+from .masks import decode_masks, to_rle
+from .rules import NOT_NUMBERS, clip_boxes, point_faults, polygon_words
 
 STORE_VERSION = 1  # the layout below; a cache of another layout is rebuilt
 
@@ -75,6 +70,36 @@ class SampleStore:
     arrays: Mapping[str, np.ndarray]
     categories: tuple[dict[str, Any], ...]  # the file's category records, every one
 
+    @classmethod
+    def of_columns(cls, columns: Columns, categories: Sequence[Mapping], where: str = "") -> SampleStore:
+        """The store of judged columns: annotations grouped by image, in file order within an image. The
+        last rule is judged on it: its polygons' points (polygon_points_fault: a DatasetError naming
+        `where`)."""
+        c = columns
+        names = [name.encode("utf-8") for name in c.file_names]
+        ann_rows = np.searchsorted(c.image_id, c.ann_image_id)
+        order = np.argsort(ann_rows, kind="stable")
+        segments, numbers = segment_arrays(c.kind[order], [c.segments[k] for k in order.tolist()])
+        arrays = {
+            "image_id": c.image_id,
+            "width": c.width.astype(np.int32),
+            "height": c.height.astype(np.int32),
+            "name_start": offsets([len(n) for n in names]),
+            "names": np.frombuffer(b"".join(names), dtype=np.uint8),
+            "ann_start": np.searchsorted(ann_rows[order], np.arange(len(c.image_id) + 1), side="left").astype(np.int64),
+            "ann_id": c.ann_id[order],
+            "category_id": c.category_id[order],
+            "iscrowd": c.iscrowd[order].astype(np.uint8),
+            "area": c.area[order].astype(np.float64),
+            "bbox": c.bbox.reshape(-1, 4)[order].astype(np.float64),
+            **segments,
+            "dropped": np.array(c.dropped, dtype=np.int64),
+        }
+        store = cls(arrays, tuple(dict(cat) for cat in categories))
+        if refused := store.polygon_points_fault(where, in_order=not numbers):
+            raise DatasetError(refused)
+        return store
+
     def __len__(self) -> int:
         return len(self.arrays["image_id"])
 
@@ -91,13 +116,70 @@ class SampleStore:
         return bytes(self.arrays["names"][start:end]).decode("utf-8")
 
     def file_names(self, rows: Sequence[int]) -> list[str]:
-        """The file_names of these rows (one decode of the names' bytes, then slices: 118k in ~0.1 s)."""
+        """The file_names of these rows (one decode of the names' bytes, then slices)."""
         blob, starts = self.arrays["names"].tobytes(), self.arrays["name_start"].tolist()
         return [blob[starts[row] : starts[row + 1]].decode("utf-8") for row in rows]
+
+    # --- per-row views: what the dataset, the ground truth and the check read ---------------------
+
+    def rows_of(self, image_ids: Sequence[int] | None, where: str) -> np.ndarray:
+        """The rows of these images, in id order (every image for None); a DatasetError (naming `where`)
+        for ids the file does not list."""
+        if image_ids is None:
+            return np.arange(len(self), dtype=np.int64)
+        ids = self.arrays["image_id"]
+        wanted = np.array(sorted(image_ids), dtype=np.int64)
+        rows = np.searchsorted(ids, wanted)
+        known = (rows < len(self)) & (ids[np.minimum(rows, len(self) - 1)] == wanted)
+        if unknown := wanted[~known].tolist():
+            raise DatasetError(f"{where}: the split keeps image ids the file does not list, e.g. {unknown[:5]}")
+        return rows
+
+    def image_id(self, row: int) -> int:
+        return int(self.arrays["image_id"][row])
+
+    def image_ids(self, rows: np.ndarray) -> list[int]:
+        return self.arrays["image_id"][rows].tolist()
+
+    def size(self, row: int) -> tuple[int, int]:
+        """(width, height) the annotation file gives image row `row`."""
+        return int(self.arrays["width"][row]), int(self.arrays["height"][row])
+
+    def sizes(self, rows: np.ndarray) -> tuple[list[int], list[int]]:
+        """The widths and the heights of these rows."""
+        return self.arrays["width"][rows].tolist(), self.arrays["height"][rows].tolist()
+
+    def aspect_ratios(self, rows: np.ndarray) -> list[float]:
+        """Width / height of these rows."""
+        a = self.arrays
+        return (a["width"][rows].astype(np.float64) / a["height"][rows]).tolist()
 
     def annotation_rows(self, row: int) -> range:
         start, end = self.arrays["ann_start"][row : row + 2]
         return range(int(start), int(end))
+
+    def annotation_rows_of(self, rows: np.ndarray) -> np.ndarray:
+        """The annotation rows of these image rows, in their order."""
+        ann_start = self.arrays["ann_start"]
+        starts, ends = ann_start[rows], ann_start[rows + 1]
+        lengths = ends - starts
+        if not lengths.sum():
+            return np.zeros(0, dtype=np.int64)
+        # each image's range start..end, concatenated, without a Python loop
+        shift = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        return np.arange(int(lengths.sum()), dtype=np.int64) + shift
+
+    def category_counts(self, rows: np.ndarray) -> tuple[Counter, Counter]:
+        """Per category id, the instances and the crowd regions of these image rows."""
+        anns = self.annotation_rows_of(rows)
+        crowd = self.arrays["iscrowd"][anns].astype(bool)
+        category_ids = self.arrays["category_id"][anns]
+        return _count(category_ids[~crowd]), _count(category_ids[crowd])
+
+    @property
+    def dropped(self) -> list[int]:
+        """The ids of the annotations left out for a degenerate box."""
+        return self.arrays["dropped"].tolist()
 
     def segmentation(self, ann: int, height: int, width: int) -> list[list[float]] | dict[str, Any]:
         """Annotation row `ann`'s segmentation as the JSON had it (pycocotools reads it as from the file)."""
@@ -110,19 +192,73 @@ class SampleStore:
             return {"size": [height, width], "counts": bytes(a["rle"][start : start + length]).decode("ascii")}
         return {"size": [height, width], "counts": a["counts"][start : start + length].tolist()}
 
-    def coco_annotation(self, ann: int, image_row: int, iscrowd: int | None = None) -> dict[str, Any]:
-        """Annotation row `ann` (of image row `image_row`) as a COCO record, for pycocotools' ground truth."""
+    def instances(self, row: int, crowd_as_instances: bool = False) -> Instances:
+        """Image row `row`'s training instances. Crowd regions (iscrowd 1) are none, as in torchvision's
+        detection reference: not instances to learn; COCOeval reads them from the ground truth to ignore
+        detections on them (`crowd_as_instances`: they are instances)."""
         a = self.arrays
-        height, width = int(a["height"][image_row]), int(a["width"][image_row])
-        return {
-            "id": int(a["ann_id"][ann]),
-            "image_id": int(a["image_id"][image_row]),
-            "category_id": int(a["category_id"][ann]),
-            "bbox": a["bbox"][ann].tolist(),
-            "area": float(a["area"][ann]),
-            "iscrowd": int(a["iscrowd"][ann]) if iscrowd is None else iscrowd,
-            "segmentation": self.segmentation(ann, height, width),
-        }
+        anns = np.arange(a["ann_start"][row], a["ann_start"][row + 1])
+        if not crowd_as_instances:
+            anns = anns[a["iscrowd"][anns] == 0]
+        width, height = self.size(row)
+        if len(anns):
+            boxes = clip_boxes(a["bbox"][anns], width, height)
+            rles = [to_rle(self.segmentation(int(i), height, width), height, width) for i in anns]
+            masks = np.ascontiguousarray(decode_masks(rles).transpose(2, 0, 1))
+        else:
+            boxes = np.zeros((0, 4), dtype=np.float64)
+            masks = np.zeros((0, height, width), dtype=np.uint8)
+        return Instances(boxes, masks, a["category_id"][anns], a["area"][anns])
+
+    def ground_truth(self, rows: np.ndarray, crowd_as_instances: bool = False) -> dict[str, Any]:
+        """These images and their annotations as a COCO instances dict, for pycocotools' ground truth:
+        crowd regions included (as instances with `crowd_as_instances`), degenerate boxes excluded."""
+        a = self.arrays
+        images, annotations = [], []
+        for row in rows.tolist():
+            width, height = self.size(row)
+            images.append(
+                {"id": self.image_id(row), "file_name": self.file_name(row), "width": width, "height": height}
+            )
+            for ann in self.annotation_rows(row):
+                annotations.append(
+                    {
+                        "id": int(a["ann_id"][ann]),
+                        "image_id": self.image_id(row),
+                        "category_id": int(a["category_id"][ann]),
+                        "bbox": a["bbox"][ann].tolist(),
+                        "area": float(a["area"][ann]),
+                        "iscrowd": 0 if crowd_as_instances else int(a["iscrowd"][ann]),
+                        "segmentation": self.segmentation(ann, height, width),
+                    }
+                )
+        return {"images": images, "annotations": annotations, "categories": list(self.categories)}
+
+    def polygon_points_fault(self, where: str, in_order: bool = False) -> str | None:
+        """Why a polygon point of the store is refused (not a finite number, or far outside its image:
+        rules.point_faults, over every polygon at once), naming the annotation and its first refused
+        polygon; None when none is. The annotation named: the first in the store's order with a refused
+        polygon (`in_order`: a coordinate did not convert to a number), else the first with a point
+        that is not a finite number, else the first with a far one."""
+        a = self.arrays
+        if len(a["poly_start"]) <= 1:
+            return None
+        image_of_ann = np.repeat(np.arange(len(self)), np.diff(a["ann_start"]))
+        polygon_anns = np.flatnonzero(a["seg_kind"] == POLYGONS)
+        ann_of_polygon = np.repeat(polygon_anns, a["seg_len"][polygon_anns])
+        rows = image_of_ann[ann_of_polygon]
+        codes = point_faults(a["coords"], a["poly_start"], a["width"][rows], a["height"][rows])
+        if not codes.any():
+            return None
+        named = codes > 0 if in_order or not (codes == NOT_NUMBERS).any() else codes == NOT_NUMBERS
+        ann = int(ann_of_polygon[int(np.argmax(named))])
+        mine = np.flatnonzero(ann_of_polygon == ann)
+        first = int(mine[np.argmax(codes[mine] > 0)])
+        points = a["coords"][a["poly_start"][first] : a["poly_start"][first + 1]]
+        row = int(rows[first])
+        width, height = self.size(row)
+        words = polygon_words(first - int(mine[0]), int(codes[first]), len(points), points, width, height)
+        return f"{where}: annotation id {int(a['ann_id'][ann])} (image id {self.image_id(row)}): {words}"
 
     # --- one buffer: what the cache file holds -------------------------------------------------
 
@@ -186,206 +322,17 @@ def _padded(data: bytes) -> bytes:
     return data + bytes(_aligned(len(data)) - len(data))
 
 
-def read_store(annotation_file: Path, kept: list[object] | None = None) -> SampleStore:
-    """Parse and validate a COCO instances file (data/annotations/json_read.py) into a store: the slow path, once
-    per change of the file when a cache keeps the result (open_store). `kept`: takes the parsed objects
-    instead of freeing them (cache.Build)."""
-    where = str(annotation_file)
-    # The parse makes millions of objects, each of which triggers the cyclic collector's scans of a
-    # growing heap (40% of json.load at COCO's size); JSON builds no cycles, so the scans find nothing.
-    gc.disable()
-    try:
-        try:
-            columns, categories = read_columns(annotation_file, where, kept)
-        except Exception as e:  # noqa: BLE001 - the fast path only accepts; json and the checks decide
-            log.debug("%s: read with json (%s: %s)", where, type(e).__name__, one_line(e))
-            columns, categories = _read_columns_json(annotation_file, where, kept)
-        store = store_from_columns(columns, categories, where)
-        if kept is not None:
-            kept.append(columns)
-    finally:
-        # Enabled, the collector's next pass would scan every object just made (a second at COCO's size);
-        # a caller that keeps them instead of freeing them is about to exit (cache.Build): no pass needed.
-        if kept is None:
-            gc.enable()
-    check_polygon_points(store, where)
-    return store
+@dataclass(frozen=True)
+class Instances:
+    """One image's instances as arrays: boxes [n, 4] (x1, y1, x2, y2, clipped to the image, float64),
+    masks [n, H, W] (uint8), category ids [n], areas [n] (float64)."""
+
+    boxes: np.ndarray
+    masks: np.ndarray
+    category_ids: np.ndarray
+    area: np.ndarray
 
 
-def _read_columns_json(
-    annotation_file: Path, where: str, kept: list[object] | None = None
-) -> tuple[Columns, list[dict[str, Any]]]:
-    """json.load and the per-record checks: any file, and every refusal's message."""
-    data = read_annotation_file(annotation_file)
-    if kept is not None:
-        kept.append(data)
-    images = validate_images(data["images"], where)
-    categories = validate_categories(data["categories"], where)
-    valid, dropped = validate_annotations(data["annotations"], images, categories, where, points_later=True)
-    return columns_of(images, valid, dropped), list(categories.values())
-
-
-def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 1800.0) -> SampleStore:
-    """The store of `annotation_file`: mapped from its cache in `cache_dir` when that is valid for the
-    file as it is now, else read (by one process; the others wait) and cached. None: no cache."""
-    cache = samples_file(annotation_file, cache_dir, wait_s) if cache_dir is not None else None
-    payload = load_or_build(cache, lambda kept: read_store(annotation_file, kept).chunks(), "parsed annotations")
-    try:
-        return SampleStore.from_buffer(payload)
-    except (ValueError, KeyError, TypeError) as e:  # a verified file of a layout this code does not read
-        where = cache.path if cache is not None else annotation_file
-        raise DatasetError(f"{where}: cached samples do not match this program's layout ({e}); delete it") from e
-
-
-def store_cached(annotation_file: Path, cache_dir: Path | None) -> bool:
-    """Whether open_store will map `annotation_file`'s store from `cache_dir` rather than parse the file
-    (by the cache's header: open_store verifies the rest)."""
-    return cache_dir is not None and samples_file(annotation_file, cache_dir).made_for_key()
-
-
-def samples_file(annotation_file: Path, cache_dir: Path, wait_s: float = 1800.0) -> CacheFile:
-    """Where `annotation_file`'s store is cached in `cache_dir`, keyed by the file as it is now."""
-    key = {"annotations": file_identity(annotation_file), "store": STORE_VERSION}
-    return CacheFile(cache_dir / f"{cache_name(annotation_file)}.samples", "samples", key, wait_s)
-
-
-def check_polygon_points(store: SampleStore, where: str) -> None:
-    """Every polygon point is finite and near its image (annotations.check_polygons' rule), checked over
-    all polygons at once; the first offender is named by check_polygons itself."""
-    a = store.arrays
-    if not len(a["poly_start"]) or len(a["poly_start"]) == 1:
-        return
-    image_of_ann = np.repeat(np.arange(len(store)), np.diff(a["ann_start"]))
-    polygon_anns = np.flatnonzero(a["seg_kind"] == POLYGONS)
-    ann_of_poly = np.repeat(polygon_anns, a["seg_len"][polygon_anns])
-    width = a["width"][image_of_ann[ann_of_poly]].astype(np.float64)
-    height = a["height"][image_of_ann[ann_of_poly]].astype(np.float64)
-    finite = np.isfinite(a["coords"])
-    if not finite.all():
-        bad = np.searchsorted(a["poly_start"], int(np.argmin(finite)), side="right") - 1
-    else:
-        # |v - size/2| is largest at a polygon's smallest or largest v: checking those two is the rule.
-        starts = a["poly_start"][:-1] // 2
-        bad_poly = np.zeros(len(starts), dtype=bool)
-        for values, size in ((a["coords"][0::2], width), (a["coords"][1::2], height)):
-            for extreme in (np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)):
-                bad_poly |= np.abs(extreme - size / 2) > 1.5 * size
-        if not bad_poly.any():
-            return
-        bad = int(np.argmax(bad_poly))
-    ann = int(ann_of_poly[bad])
-    row = int(image_of_ann[ann])
-    h, w = int(a["height"][row]), int(a["width"][row])
-    ctx = f"{where}: annotation id {int(a['ann_id'][ann])} (image id {int(a['image_id'][row])})"
-    check_polygons(store.segmentation(ann, h, w), h, w, ctx)  # type: ignore[arg-type]
-    raise DatasetError(f"{ctx}: a polygon point is not finite or lies far outside the {w}x{h} image")
-
-
-def columns_of(
-    images: Mapping[int, Mapping[str, Any]], kept: Sequence[Mapping[str, Any]], dropped: Sequence[int]
-) -> Columns:
-    """The columns of validated images (by id) and kept annotations (data/annotations/json_read.py)."""
-    ids = sorted(images)
-    records = [images[iid] for iid in ids]
-    return Columns(
-        image_id=np.array(ids, dtype=np.int64),
-        width=np.array([r["width"] for r in records], dtype=np.int32),
-        height=np.array([r["height"] for r in records], dtype=np.int32),
-        file_names=[r["file_name"] for r in records],
-        ann_id=np.array([a["id"] for a in kept], dtype=np.int64),
-        ann_image_id=np.array([a["image_id"] for a in kept], dtype=np.int64),
-        category_id=np.array([a["category_id"] for a in kept], dtype=np.int64),
-        iscrowd=np.array([a["iscrowd"] for a in kept], dtype=np.uint8),
-        area=np.array([a["area"] for a in kept], dtype=np.float64),
-        bbox=np.array([a["bbox"] for a in kept], dtype=np.float64).reshape(-1, 4),
-        segmentations=[a["segmentation"] for a in kept],
-        dropped=dropped,
-    )
-
-
-def store_from_columns(columns: Columns, categories: Sequence[Mapping], where: str = "") -> SampleStore:
-    """The store of validated columns: annotations grouped by image, in file order within an image."""
-    c = columns
-    names = [name.encode("utf-8") for name in c.file_names]
-    ann_rows = np.searchsorted(c.image_id, c.ann_image_id)
-    order = np.argsort(ann_rows, kind="stable")
-    try:
-        segment_arrays = dict(c.segments) if c.segments is not None else _Segments.of(c.segmentations, order)
-    except (TypeError, ValueError):  # a polygon holds something that is not a number: name it
-        for k in order.tolist():  # the first offender in the store's order, as the check goes
-            if isinstance(segm := c.segmentations[k], list):
-                row = int(ann_rows[k])
-                ctx = f"{where}: annotation id {int(c.ann_id[k])} (image id {int(c.ann_image_id[k])})"
-                check_polygons(segm, int(c.height[row]), int(c.width[row]), ctx)
-        raise
-    arrays = {
-        "image_id": c.image_id,
-        "width": c.width.astype(np.int32),
-        "height": c.height.astype(np.int32),
-        "name_start": offsets([len(n) for n in names]),
-        "names": np.frombuffer(b"".join(names), dtype=np.uint8),
-        "ann_start": np.searchsorted(ann_rows[order], np.arange(len(c.image_id) + 1), side="left").astype(np.int64),
-        "ann_id": c.ann_id[order],
-        "category_id": c.category_id[order],
-        "iscrowd": c.iscrowd[order].astype(np.uint8),
-        "area": c.area[order].astype(np.float64),
-        "bbox": c.bbox.reshape(-1, 4)[order].astype(np.float64),
-        **segment_arrays,
-        "dropped": np.array(c.dropped, dtype=np.int64),
-    }
-    return SampleStore(arrays, tuple(dict(cat) for cat in categories))
-
-
-class _Segments:
-    """Collects segmentations into the flat arrays (coordinates chained, converted once at the end)."""
-
-    def __init__(self) -> None:
-        self.kind: list[int] = []
-        self.start: list[int] = []
-        self.length: list[int] = []
-        self.polygons: list[list[float]] = []
-        self.rle: list[bytes] = []
-        self.rle_bytes = 0
-        self.counts: list[list[int]] = []
-        self.counts_len = 0
-
-    @classmethod
-    def of(cls, segmentations: Sequence[list | dict], order: np.ndarray) -> dict[str, np.ndarray]:
-        """The arrays of `segmentations` taken in `order`."""
-        segments = cls()
-        for k in order.tolist():
-            segments.add(segmentations[k])
-        return segments.arrays()
-
-    def add(self, segm: list | dict) -> None:
-        if isinstance(segm, list):
-            self.kind.append(POLYGONS)
-            self.start.append(len(self.polygons))
-            self.length.append(len(segm))
-            self.polygons.extend(segm)
-        elif isinstance(segm["counts"], str):
-            text = segm["counts"].encode("ascii")
-            self.kind.append(RLE)
-            self.start.append(self.rle_bytes)
-            self.length.append(len(text))
-            self.rle.append(text)
-            self.rle_bytes += len(text)
-        else:
-            self.kind.append(COUNTS)
-            self.start.append(self.counts_len)
-            self.length.append(len(segm["counts"]))
-            self.counts.append(segm["counts"])
-            self.counts_len += len(segm["counts"])
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        poly_start = offsets([len(p) for p in self.polygons])
-        coords = np.fromiter(itertools.chain.from_iterable(self.polygons), dtype=np.float64, count=int(poly_start[-1]))
-        return {
-            "seg_kind": np.array(self.kind, dtype=np.uint8),
-            "seg_start": np.array(self.start, dtype=np.int64),
-            "seg_len": np.array(self.length, dtype=np.int64),
-            "poly_start": poly_start,
-            "coords": coords,
-            "rle": np.frombuffer(b"".join(self.rle), dtype=np.uint8),
-            "counts": np.fromiter(itertools.chain.from_iterable(self.counts), dtype=np.int64, count=self.counts_len),
-        }
+def _count(category_ids: np.ndarray) -> Counter:
+    ids, counts = np.unique(category_ids, return_counts=True)
+    return Counter(dict(zip(ids.tolist(), counts.tolist(), strict=True)))

@@ -5,7 +5,7 @@ Modes (--check-data):
     header  the file opens, is whole (image_file.open_checked: a JPEG's end marker, a PNG's chunks
             and CRCs; the formats no end marker vouches for, PNG, BMP, TIFF, WebP, GIF, ..., are
             decoded), and fits the annotation's width x height in the frame --exif-orientation
-            allows (orientation.decide_frame). A JPEG is not decoded: COCO's 118k train images take
+            allows (orientation.decide_frame). A JPEG is not decoded: a large set's headers take
             seconds on a few cores.
     full    decode every JPEG as well (what training will do), much slower.
     off     only that the files exist; each image's frame is decided when it is first read.
@@ -89,18 +89,13 @@ class ReadAhead(Protocol):
     ) -> tuple[dict[int, Frame | str], dict[int, Any]]: ...
 
 
-class CheckedDataset(Protocol):
-    """What the check needs of a split (coco.CocoInstanceDataset)."""
+class CheckedSplit(Protocol):
+    """What the check needs of a split (dataset.Split): the images its annotation file lists."""
 
-    annotation_file: Path
+    @property
+    def annotation_file(self) -> Path: ...
 
     def image_entries(self) -> list[ImageEntry]: ...
-
-    def drop_images(self, image_ids: set[int]) -> None: ...
-
-    def use_frames(self, frames: Mapping[int, Frame]) -> None: ...
-
-    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -193,8 +188,8 @@ def _check_chunk(entries: Sequence[ImageEntry], rules: CheckRules) -> _Checked:
 
 
 # A pool worker's images and rules, given once when it starts (inherited through the fork): a task is a
-# range of them. Pickling every entry (its Path) into the tasks cost the trainer as much CPU as the
-# workers spent checking (118k headers on 2 shared cores: 2.6 s in the parent; 10.7 s to check, now 6.8).
+# range of them: pickling every entry (its Path) into the tasks cost the trainer as much CPU as the
+# workers spent checking.
 _worker_entries: Sequence[ImageEntry] = ()
 _worker_rules: CheckRules | None = None
 
@@ -311,7 +306,7 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
 
 
 def check_datasets(
-    datasets: Sequence[CheckedDataset],
+    datasets: Sequence[CheckedSplit],
     rules: CheckRules,
     *,
     announce: bool = True,
@@ -357,28 +352,3 @@ def check_datasets(
             )
         reports.append(report)
     return reports
-
-
-def settle(datasets: Sequence[CheckedDataset], reports: Sequence[CheckReport], skip_bad: bool) -> None:
-    """Act on the reports (computed here or received from the rank that checked): every split reads
-    its images in the frames decided; stop with one line listing the bad files, or, with `skip_bad`,
-    drop them from their split with one warning."""
-    for dataset, report in zip(datasets, reports, strict=True):
-        dataset.use_frames(report.frames)
-    if not any(report.bad for report in reports):
-        return
-    if not skip_bad:
-        raise_if_bad(reports)
-    for dataset, report in zip(datasets, reports, strict=True):
-        if report.bad:
-            dataset.drop_images({b.image_id for b in report.bad})
-            log.warning(
-                "--skip-bad-images: training without %d of %d images of %s: %s%s",
-                len(report.bad),
-                report.checked,
-                report.source,
-                "; ".join(str(b) for b in report.bad[:MAX_LISTED]),
-                "; ..." if len(report.bad) > MAX_LISTED else "",
-            )
-            if len(dataset) == 0:
-                raise DatasetError(f"{report.source}: every image failed the data check; nothing left to use")

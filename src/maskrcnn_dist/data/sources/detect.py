@@ -33,7 +33,7 @@ ALIASES = {
     **dict.fromkeys(("test", "testing", "testdev"), "test"),
 }
 MAX_DEPTH = 6  # folders below --data-path that are searched (Label Studio's upload paths are deep)
-MAX_PARSED = 64 << 20  # larger JSON files are judged by their first PEEK bytes (COCO's train is 450 MB)
+MAX_PARSED = 64 << 20  # larger JSON files are judged by their first PEEK bytes (COCO's train)
 PEEK = 8 << 20
 SAMPLE = 16  # file_names per file that place its image folder
 SKIPPED = ("__MACOSX",)
@@ -168,7 +168,7 @@ def find_files(root: Path) -> tuple[list[Found], list[Path]]:
             others.append(path)
         else:
             instances.append((path, names))
-    # Where each sampled file name is (only those: an index of every file is 0.15 s at COCO's size).
+    # Where each sampled file name is (only those: an index of every file costs more).
     wanted = {parts[-1] for _, names in instances for name in names if (parts := name_parts(name))}
     index: dict[str, set[Path]] = {}
     for folder, files in listings:

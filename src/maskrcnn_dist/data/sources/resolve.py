@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ...config import DataConfig, TrainConfig
 from ...errors import ConfigError, DatasetError
-from ..annotations.json_read import read_annotation_file, validate_images
+from ..annotations.json_read import image_ids
 from . import DataSources, SplitSource, input_folder_problem
 from .detect import detect
 
@@ -117,7 +117,7 @@ def carve_val(sources: DataSources, fraction: float, seed: int) -> DataSources:
         raise ConfigError(
             f"--val-fraction {fraction:g}: the dataset has a val split ({val.describe()}); leave --val-fraction out"
         )
-    ids = sorted(validate_images(read_annotation_file(train.annotations)["images"], str(train.annotations)))
+    ids = image_ids(train.annotations)
     order = sorted(ids, key=lambda iid: hashlib.sha256(f"{seed}:{iid}".encode()).digest())
     count = round(fraction * len(ids))
     if not 0 < count < len(ids):

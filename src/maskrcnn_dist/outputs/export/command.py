@@ -94,7 +94,7 @@ def parity_inputs(
     if images:
         try:
             chosen = collect_images(images)[:count]
-            frames = check_readable(chosen, None, rules)
+            frames = check_readable(chosen, rules)
         except UserError as exc:
             raise DatasetError(f"--images {exc}") from exc
         return chosen, frames
@@ -106,7 +106,7 @@ def parity_inputs(
     root = split_cfg.data.data_path or split_cfg.data.val_annotations or split_cfg.data.train_annotations
     try:
         chosen = dataset_images(open_split(split_cfg, "val"))[:count]
-        frames = check_readable(chosen, None, rules)
+        frames = check_readable(chosen, rules)
     except UserError as exc:
         raise ConfigError(
             f"export: the parity check needs images, and the val split of {root} cannot be read "
