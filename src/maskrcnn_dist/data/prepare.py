@@ -44,8 +44,6 @@ from .parse_ahead import ParseAhead, released
 from .sources import DataSources
 from .sources.resolve import cache_dir, carve_val, names_data, resolve_sources
 from .synthetic import ensure_synthetic, synthetic_sources
-from .transforms.augment import AugmentedDataset, build_augmentation
-from .transforms.copy_paste import CopyPaste
 from .transforms.flip import Flipped
 
 log = logging.getLogger(__name__)
@@ -272,6 +270,11 @@ def train_loaders(cfg: TrainConfig, train_set: CocoInstanceDataset, feeder: Feed
     """(epoch, first batch) -> the loader of that epoch's batches for `feeder`'s rank: the dataset
     through --data-augmentation (hflip: transforms/flip.py; multiscale, lsj: transforms/augment.py),
     batched by collate or, with --use-copypaste, by copy-paste's (transforms/copy_paste.py)."""
+    # Imported here: torchvision's v2 transforms cost every process that opens data without training
+    # (check-data, predict, profile, a loader benchmark) a third of a second and ~160 MiB.
+    from .transforms.augment import AugmentedDataset, build_augmentation
+    from .transforms.copy_paste import CopyPaste
+
     data = cfg.data
     augmentation = build_augmentation(data.data_augmentation, cfg.model.min_size, cfg.model.max_size)
     samples = (

@@ -138,10 +138,7 @@ def segment_arrays(kinds: np.ndarray, payloads: Sequence[Any]) -> tuple[dict[str
     counts' text; COUNTS: the runs), in this order, and whether every coordinate converted to a number
     (one that did not is NaN: the points rule names it, store.polygon_points_fault)."""
     kinds = np.asarray(kinds, dtype=np.uint8)
-    of_kind = {
-        kind: [p for k, p in zip(kinds.tolist(), payloads, strict=True) if k == kind]
-        for kind in (POLYGONS, RLE, COUNTS)
-    }
+    of_kind = {kind: [payloads[k] for k in np.flatnonzero(kinds == kind).tolist()] for kind in (POLYGONS, RLE, COUNTS)}
     polygons = list(itertools.chain.from_iterable(of_kind[POLYGONS]))
     texts = [text.encode("ascii") for text in of_kind[RLE]]
     runs = of_kind[COUNTS]

@@ -172,8 +172,16 @@ def _annotation_records(anns: list[_Annotation]) -> c.AnnotationRecords:
         area=np.nan_to_num(area),
         area_given=~np.isnan(area),
         area_ok=area >= 0,
-        segments=[s if type(s) is list else s.counts for s in segmentations],  # type: ignore[union-attr]
+        segments=_payloads(segmentations, rle_anns),
     )
+
+
+def _payloads(segmentations: list, rle_anns: np.ndarray) -> list:
+    """Each segmentation's payload for the store: its polygons, or its RLE's counts."""
+    payloads = list(segmentations)
+    for k in rle_anns.tolist():
+        payloads[k] = segmentations[k].counts
+    return payloads
 
 
 def _column(records: list, name: str, dtype: type) -> np.ndarray:

@@ -137,7 +137,7 @@ def annotation_fault(
     width = np.where(image_known, images.width[rows] if len(images.ids) else 0, 0).astype(np.int64)
     height = np.where(image_known, images.height[rows] if len(images.ids) else 0, 0).astype(np.int64)
     category_known = anns.category_id_ok & np.isin(anns.category_id, int_column(list(category_ids)))
-    x1, y1, x2, y2 = clip_boxes(np.where(anns.bbox_ok[:, None], anns.bbox, 0.0), width, height).T
+    x1, y1, x2, y2 = clip_boxes(anns.bbox, width, height).T  # (a box that is no box is 0s: refused first)
     kept = (x2 > x1) & (y2 > y1)
     segmentation = segmentation_faults(anns, width, height)
 
@@ -363,6 +363,13 @@ def clip_boxes(xywh: np.ndarray, width: np.ndarray | int, height: np.ndarray | i
     one image's, or one per box), in float64: the targets' boxes, and the rule that drops a box empty
     after clipping."""
     x, y, w, h = np.asarray(xywh, dtype=np.float64).reshape(-1, 4).T
-    xyxy = np.stack([x, y, x + w, y + h], axis=1)
-    limits = np.stack(np.broadcast_arrays(width, height, width, height), axis=-1).astype(np.float64)
-    return np.minimum(np.maximum(xyxy, 0.0), limits)
+    right, bottom = np.asarray(width, dtype=np.float64), np.asarray(height, dtype=np.float64)
+    return np.stack(
+        [
+            np.minimum(np.maximum(x, 0.0), right),
+            np.minimum(np.maximum(y, 0.0), bottom),
+            np.minimum(np.maximum(x + w, 0.0), right),
+            np.minimum(np.maximum(y + h, 0.0), bottom),
+        ],
+        axis=1,
+    )
