@@ -193,11 +193,8 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     def _hold(self, split: Split, frames: dict[int, Frame], dropped: Collection[int]) -> None:
         self.split = split
         self._frames = frames
-        rows = split.rows
-        if dropped:
-            ids = split.store.arrays["image_id"][rows]
-            rows = rows[~np.isin(ids, np.array(sorted(dropped), dtype=np.int64))]
-        self._rows = rows  # the images used: the split's, less any the data check left out
+        # the images used: the split's, less any the data check left out
+        self._rows = split.store.rows_without(split.rows, dropped) if dropped else split.rows
         self._label_of = {cid: label for label, cid in enumerate(split.classes, start=1)}
 
     # --- what the split says (dataset.Split) ---------------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +134,11 @@ class SampleStore:
         if unknown := wanted[~known].tolist():
             raise DatasetError(f"{where}: the split keeps image ids the file does not list, e.g. {unknown[:5]}")
         return rows
+
+    def rows_without(self, rows: np.ndarray, image_ids: Collection[int]) -> np.ndarray:
+        """These rows less those of these images."""
+        left_out = np.isin(self.arrays["image_id"][rows], np.array(sorted(image_ids), dtype=np.int64))
+        return rows[~left_out]
 
     def image_id(self, row: int) -> int:
         return int(self.arrays["image_id"][row])
