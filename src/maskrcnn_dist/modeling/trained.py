@@ -43,8 +43,6 @@ from ..config import (
     build_config,
     config_to_dict,
     load_yaml_config,
-    saved_data_flags,
-    saved_model_flags,
 )
 from ..data.sources import DataSources
 from ..errors import CheckpointError, ConfigError, UserError, WeightsError
@@ -240,6 +238,41 @@ def _checkpoint_named(cfg: TrainConfig) -> tuple[TrainedModel, str] | None:
         return None
     trained = TrainedModel.of_weights_file(Path(weights))
     return None if trained is None else (trained, f"--weights {weights}")
+
+
+def saved_model_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a checkpoint's config (config_to_dict's form) as flag-name -> value, so a
+    checkpoint rebuilds the model it was trained with. Weight files are left out: they were the starting
+    point, the checkpoint holds the result (and they need not exist where the checkpoint is read)."""
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(model, dict):
+        return {}
+    skip = ("weights", "weights_backbone")
+    flags = {s.flag: model[s.name] for s in FIELDS if s.section == "model" and s.name in model and s.name not in skip}
+    # Without the weight files "auto" would mean another BatchNorm (and another state dict layout).
+    as_trained = ModelConfig(
+        weights=model.get("weights"),
+        weights_backbone=model.get("weights_backbone"),
+        backbone_norm=model.get("backbone_norm", "auto"),
+    )
+    flags["backbone-norm"] = as_trained.resolved_backbone_norm()
+    return flags
+
+
+def saved_data_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """Where a checkpoint's run found its data (DATA_SOURCE_FLAGS and the seed that carved a val split),
+    as flag-name -> value from its config (config_to_dict's form); empty when it records none."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    if not isinstance(data, dict):
+        return {}
+    flags = {
+        s.flag: data[s.name]
+        for s in FIELDS
+        if s.section == "data" and s.flag in DATA_SOURCE_FLAGS and data.get(s.name) not in (None, False)
+    }
+    if flags and isinstance(saved.get("seed"), int):
+        flags["seed"] = saved["seed"]
+    return flags
 
 
 def _absolute_paths(flags: dict[str, Any]) -> dict[str, Any]:
