@@ -22,13 +22,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
+from maskrcnn_launcher.contract import PodPlan
 
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
@@ -41,21 +40,20 @@ from .data.copy_paste import CopyPaste
 from .data.loader import collate
 from .data.parse_ahead import ParseAhead, released
 from .data.resolve import cache_dir, names_data, resolve_sources
-from .engines.base import Engine, resolve_device
+from .engines import (
+    EngineFactory,
+    check_device,
+    engine_session,
+    is_main_process,
+    require_torchrun_environment,
+    stop_before_start,
+)
+from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
-from .modeling.model import torchvision_weights_hint
-from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel
-from .run_dir import (
-    checkpoint_dir,
-    layout_problem,
-    move_aside,
-    output_folder_problem,
-    previous_run,
-    replaced_stamp,
-    resume_problem,
-)
+from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
+from .run_dir import checkpoint_dir, guard_output_dir
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
 from .training.hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
@@ -69,8 +67,6 @@ log = logging.getLogger(__name__)
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
 # One of the hooks build_hooks registers.
 H = TypeVar("H", bound=HookBase)
-# (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
-EngineFactory = Callable[[int, int], Engine]
 # Runs the data check where it must run once and hands every process its reports.
 CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
@@ -105,14 +101,13 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
         require_torchrun_environment()
     setup_process(cfg)
     grace_s = grace_seconds()
-    if cfg.engine != "pipeline":  # the pipeline places its stages by the topology, not by --device
-        resolve_device(cfg.device)  # --device cuda on a machine without one: refused before any data is made
-    check_input_files(cfg)
+    check_device(cfg)
+    check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
     sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
-    if is_main_process(cfg):
-        guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
+    if is_main_process(cfg):  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
+        guard_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
     # The process that will check the images reads them while the annotations are parsed (its workers
     # stop when the check starts; here, should anything before it fail).
     ahead = read_ahead_of(cfg, sources) if is_main_process(cfg) else None
@@ -125,10 +120,10 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
                 "(--val-fraction carves one)"
             )
         if cfg.engine != "ddp":
-            stop_alone(cfg, stop, "data loading")
+            stop_before_start(cfg, stop, "data loading")
             check_data(cfg, datasets, ahead=ahead)
-            stop_alone(cfg, stop, "the data check")
-        with _engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+            stop_before_start(cfg, stop, "the data check")
+        with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
             if cfg.engine == "ddp":
                 from .engines.torch_engine import on_rank0
 
@@ -143,13 +138,6 @@ def read_ahead_of(cfg: TrainConfig, sources: DataSources | None) -> CheckAhead |
         return None
     splits = ["val"] if cfg.test_only else ["train", "val"]
     return read_ahead(sources, splits, CheckRules.of(cfg), cache_dir(cfg, training=True))
-
-
-def stop_alone(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
-    """The local engine stops after the phase a request came in (no step yet: nothing to save). Processes
-    with peers first form their group, so that they all leave it together: the Trainer stops them."""
-    if cfg.engine == "local" and stop.requested:
-        raise Stopped.before_any_step(stop, phase)
 
 
 def check_data(
@@ -171,88 +159,6 @@ def check_data(
         lambda: check_datasets(splits, CheckRules.of(cfg), cache_dir=where, cache_wait_s=cfg.peers.timeout, ahead=ahead)
     )
     settle(splits, reports, cfg.data.skip_bad_images)
-
-
-def is_main_process(cfg: TrainConfig) -> bool:
-    """The process that writes the run's metrics and checkpoints: ddp's rank 0, the pipeline's master
-    (its stage workers never get this far), the local engine's only process."""
-    return cfg.engine != "ddp" or os.environ.get(RANK, "0") == "0"
-
-
-def require_torchrun_environment() -> None:
-    """--engine ddp needs the variables torchrun (or the launcher) sets; say so before any work."""
-    missing = [name for name in (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) if not os.environ.get(name)]
-    if missing:
-        raise ConfigError(
-            f"--engine ddp runs under torchrun or the launcher, but {', '.join(missing)} not set: "
-            "`torchrun --nproc-per-node N -m maskrcnn_dist.cli train --engine ddp ...`, or `maskrcnn-launch`"
-        )
-
-
-def check_input_files(cfg: TrainConfig) -> None:
-    """The files the flags name exist, before any data is loaded or generated (their contents are read,
-    and checked, where they are used)."""
-    named = [
-        ("--resume", cfg.resume),
-        ("--weights", cfg.model.weights),
-        ("--weights-backbone", cfg.model.weights_backbone),
-    ]
-    for flag, path in named:
-        if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
-            backbone = flag == "--weights-backbone"
-            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, backbone)
-            raise ConfigError(f"{flag} {path}: no such file" + (f"; {hint}" if hint else ""))
-    if str(cfg.resume) == "best":
-        resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
-
-
-def guard_output_dir(cfg: TrainConfig) -> None:
-    """Never write over another run: a fresh run into an --output-dir with metrics or checkpoints is
-    refused unless --resume continues it (from its own newest checkpoint) or --overwrite moves its files
-    aside first. An evaluation (--test-only) there must evaluate one of that run's own checkpoints."""
-    if problem := output_folder_problem(cfg.output_dir, "--output-dir") or layout_problem(cfg.output_dir):
-        raise ConfigError(problem)
-    found = previous_run(cfg.output_dir)
-    if not found:
-        return
-    if cfg.resume is not None or cfg.test_only:
-        if problem := resume_problem(cfg.output_dir, cfg.resume, found, trains=not cfg.test_only):
-            raise ConfigError(problem)
-        return
-    if not cfg.overwrite:
-        raise ConfigError(
-            f"--output-dir {cfg.output_dir} already holds a run ({', '.join(found)}): add --resume auto to "
-            "continue it, --overwrite to move its files into a replaced-<time>/ folder there, or choose another "
-            "--output-dir"
-        )
-    moved = move_aside(cfg.output_dir, replaced_stamp())
-    log.warning("--overwrite: the previous run's files in %s were moved to %s", cfg.output_dir, moved)
-
-
-@contextmanager
-def _engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> Iterator[tuple[EngineFactory, int]]:
-    """The engine's process-level session, with its engine factory and how many processes share the data;
-    the engines it makes, and the pipeline master's session (for its workers' RPC calls), get `stop`."""
-    if cfg.engine == "pipeline":
-        from .engines.pipeline import PipelineEngine, master_session
-
-        assert plan is not None
-        with master_session(cfg, plan, stop):
-            yield (
-                lambda num_classes, iters: PipelineEngine(
-                    cfg, plan.stages, num_classes, iters, transport=plan.transport, stop=stop
-                ),
-                1,  # the master reads every batch
-            )
-        return
-    from .engines.torch_engine import TorchEngine, process_group
-
-    distributed = cfg.engine == "ddp"
-    with process_group(cfg) if distributed else contextlib.nullcontext(1) as world_size:
-        yield (
-            (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed, stop=stop)),
-            world_size,
-        )
 
 
 def _run(

@@ -46,7 +46,7 @@ from ..config import (
 )
 from ..data.sources import DataSources
 from ..errors import CheckpointError, ConfigError, UserError, WeightsError
-from .model import CLASS_SCORE_WEIGHT, builder_kwargs, state_num_classes
+from .model import CLASS_SCORE_WEIGHT, builder_kwargs, state_num_classes, torchvision_weights_hint
 from .perf import CHANNELS_LAST_MODULES
 
 log = logging.getLogger(__name__)
@@ -226,6 +226,24 @@ def train_command_config(yaml_path: Path | None, given: Mapping[str, Any]) -> Tr
         return cfg
     trained, reading = found
     return config_for(given, yaml_path, trained, reading, with_data=cfg.test_only)
+
+
+def check_model_files(cfg: TrainConfig) -> None:
+    """The checkpoint and weight files train's flags name exist, before any data is loaded or generated
+    (their contents are read, and checked, where they are used); a name of torchvision's weights gets
+    the way to their file."""
+    named = [
+        ("--resume", cfg.resume),
+        ("--weights", cfg.model.weights),
+        ("--weights-backbone", cfg.model.weights_backbone),
+    ]
+    for flag, path in named:
+        if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
+            backbone = flag == "--weights-backbone"
+            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, backbone)
+            raise ConfigError(f"{flag} {path}: no such file" + (f"; {hint}" if hint else ""))
+    if str(cfg.resume) == "best":
+        resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
 
 
 def _checkpoint_named(cfg: TrainConfig) -> tuple[TrainedModel, str] | None:
