@@ -25,7 +25,6 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from maskrcnn_launcher.contract import PodPlan
 
@@ -56,8 +55,8 @@ from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
 from .run_dir import checkpoint_dir, guard_output_dir
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
-from .training.hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
-from .training.loop import HookBase, Trainer
+from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
+from .training.loop import HookBase, RunCheckpointer, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
 from .training.state import Position
@@ -65,8 +64,6 @@ from .training.state import Position
 log = logging.getLogger(__name__)
 
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
-# One of the hooks build_hooks registers.
-H = TypeVar("H", bound=HookBase)
 # Runs the data check where it must run once and hands every process its reports.
 CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
@@ -177,16 +174,17 @@ def _run(
         raise DatasetError(
             "--test-only: the dataset has no val split (--val-annotations, or --val-fraction as trained)"
         )
-    total = total_steps(cfg, iters)
+    total = cfg.total_steps(iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
+        resume(trainer, cfg)
         if cfg.test_only:
-            evaluate_only(trainer, cfg, stop)
-        else:
-            resume(trainer, cfg)
-            trainer.fit()
-        validation, evaluation = hook_of(trainer, ValidationHook), hook_of(trainer, EvaluationHook)
-        return TrainResult(trainer.position, validation.last, evaluation.last, cfg.output_dir, trainer.stopped_early)
+            evaluation = evaluate_only(trainer.position.step, evaluation_of(cfg, engine, val_set, metrics), stop)
+            return TrainResult(trainer.position, None, evaluation, cfg.output_dir)
+        trainer.fit()
+        results = trainer.results
+        val, evaluation = results.get(ValidationHook.name), results.get(EvaluationHook.name)
+        return TrainResult(trainer.position, val, evaluation, cfg.output_dir, trainer.stopped_early)
 
 
 @dataclass
@@ -196,10 +194,6 @@ class TrainResult:
     eval: dict[str, float] | None
     output_dir: Path
     stopped_early: str | None = None  # the closing line of a --patience stop
-
-
-def total_steps(cfg: TrainConfig, iters_per_epoch: int) -> int:
-    return cfg.total_steps(iters_per_epoch)
 
 
 def run_metrics(cfg: TrainConfig, is_main: bool, total: int, env: Mapping[str, str] = os.environ) -> MetricsWriter:
@@ -249,10 +243,11 @@ def build_trainer(
         # What rebuilds this model exactly, for every tool that reads the checkpoint.
         TRAINED_MODEL_KEY: TrainedModel.of_run(cfg, categories, data_sources(cfg, train_set, val_set)).to_record(),
     }
-    checkpointer = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
-    hooks = build_hooks(cfg, engine, val_set, metrics, grace_s)
-    total = total_steps(cfg, iters_per_epoch)
-    return Trainer(engine, loader, iters_per_epoch, total, checkpointer, stop or StopRequest(), run_facts, hooks)
+    files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
+    total = cfg.total_steps(iters_per_epoch)
+    trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
+    trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
+    return trainer
 
 
 def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: CocoInstanceDataset | None) -> DataSources:
@@ -262,32 +257,34 @@ def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: Coco
 
 
 def build_hooks(
-    cfg: TrainConfig, engine: Engine, val_set: CocoInstanceDataset | None, metrics: MetricsWriter, grace_s: float | None
+    cfg: TrainConfig,
+    engine: Engine,
+    val_set: CocoInstanceDataset | None,
+    metrics: MetricsWriter,
+    checkpointer: RunCheckpointer,
+    grace_s: float | None,
 ) -> list[HookBase]:
-    """What runs around the steps, in order (hooks.py says why this order)."""
+    """What runs around the steps, in the order they run at a boundary where several are due."""
     data = cfg.data
-    hooks: list[HookBase] = [MetricsHook(metrics)]
+    hooks: list[HookBase] = [MetricsHook(metrics, engine)]
     if engine.is_main:
-        hooks.append(GraceHook(grace_s))
+        hooks.append(GraceHook(grace_s, checkpointer))
+    best = BestTracker(cfg.best_metric, cfg.patience)
     hooks += [
-        ValidationHook(val_set, cfg.val_period, data.val_batch_size, data.workers, metrics),
+        ValidationHook(engine, val_set, cfg.val_period, data.val_batch_size, data.workers, metrics),
         EvaluationHook(
-            val_set,
-            cfg.eval_every_epoch,
-            data.val_batch_size,
-            data.workers,
-            metrics,
-            BestTracker(cfg.best_metric, cfg.patience),
+            evaluation_of(cfg, engine, val_set, metrics), cfg.eval_every_epoch, best, checkpointer, engine, metrics
         ),
-        PeriodicCheckpointer(cfg.checkpoint_period),
+        PeriodicCheckpointer(cfg.checkpoint_period, checkpointer),
     ]
     return hooks
 
 
-def hook_of(trainer: Trainer, kind: type[H]) -> H:
-    """The one hook of `kind` that build_hooks registered."""
-    (hook,) = [hook for hook in trainer.hooks if isinstance(hook, kind)]
-    return hook
+def evaluation_of(
+    cfg: TrainConfig, engine: Engine, val_set: CocoInstanceDataset | None, metrics: MetricsWriter
+) -> Evaluation | None:
+    """COCO AP of the engine's model on `val_set` (None: there is no val split), recorded in `metrics`."""
+    return None if val_set is None else Evaluation(engine, val_set, cfg.data.val_batch_size, cfg.data.workers, metrics)
 
 
 def resume(trainer: Trainer, cfg: TrainConfig) -> None:
@@ -302,11 +299,11 @@ def resume(trainer: Trainer, cfg: TrainConfig) -> None:
     trainer.restore(load_checkpoint(source), source)
 
 
-def evaluate_only(trainer: Trainer, cfg: TrainConfig, stop: StopRequest) -> None:
-    """--test-only: COCO AP of the --resume checkpoint (or of the --weights model), recorded at its step."""
-    resume(trainer, cfg)
+def evaluate_only(step: int, evaluation: Evaluation | None, stop: StopRequest) -> dict[str, float] | None:
+    """--test-only: COCO AP of the --resume checkpoint (or of the --weights model), recorded at its `step`."""
+    assert evaluation is not None  # _run refuses --test-only without a val split
     try:
-        hook_of(trainer, EvaluationHook).evaluate(trainer.position.step)
+        return evaluation(step)
     except Interrupted:
         stop.finish("evaluation only, nothing to save")
         raise Stopped(stop, "evaluation") from None
