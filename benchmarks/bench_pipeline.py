@@ -33,7 +33,7 @@ from maskrcnn_launcher.peers import free_port
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_engines  # noqa: E402  (a sibling script, not a package)
+import common  # noqa: E402  (a sibling script, not a package)
 import rpc_messages  # noqa: E402
 
 NUM_CLASSES = 3
@@ -214,7 +214,7 @@ def main() -> None:
         serve(config(args.size, max(args.micro), False), localhost_plan(args.port, args.worker))
         return
     results = run_master(args)
-    bench_engines.emit(render_table(results), {"runs": results}, args.json_out)
+    common.emit(render_table(results), {"runs": results}, args.json_out)
 
 
 if __name__ == "__main__":
