@@ -62,3 +62,40 @@ def test_each_device_kind_gets_its_streams() -> None:
     lane = Lane(CPU)  # a CPU replica's lane: every call does nothing, the work runs as it is
     with lane.entered(incoming=torch.ones(1)) as visit:
         assert visit.hand_back(torch.ones(1)).item() == 1.0
+
+
+class UnorderedStreams(CudaStreams):
+    """The mutation the CUDA test must catch: streams that never wait for each other."""
+
+    def wait_stream(self, waiter, producer) -> None:
+        return None
+
+    def wait_event(self, stream, event) -> None:
+        return None
+
+
+def _visit_on_cuda(ops: CudaStreams, value: float) -> float:
+    """A request's stream (as TensorPipe's pool gives one) that produces the incoming tensor late, a lane
+    that computes on it late too, and the request's stream reading the result at once: the sum is right
+    only if the lane waited for the request's stream and the request's stream for the lane."""
+    device = torch.device("cuda", 0)
+    request = torch.cuda.Stream(device)
+    lane = Lane(device, ops)
+    torch.cuda.synchronize(device)
+    with torch.cuda.stream(request):
+        torch.cuda._sleep(100_000_000)  # some 50 ms of the GPU: the incoming tensor is written after it
+        incoming = torch.full((1 << 22,), value, device=device)
+        with lane.entered(incoming=incoming) as visit:
+            torch.cuda._sleep(100_000_000)
+            result = visit.hand_back(incoming * 2)
+        total = result.sum()
+    torch.cuda.synchronize(device)
+    return float(total)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_lane_and_the_request_stream_wait_for_each_other() -> None:
+    assert _visit_on_cuda(CudaStreams(), 1.0) == 2.0 * (1 << 22)
+    # Without the waits the same visit reads what is not written yet (another value: not the first's
+    # memory either): the test can fail.
+    assert _visit_on_cuda(UnorderedStreams(), 3.0) != 6.0 * (1 << 22)
