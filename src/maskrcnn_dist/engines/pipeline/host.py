@@ -245,10 +245,14 @@ class StageHost:
         r's gradient is the partial sum over its own micro-batches; the sum over replicas is the
         whole batch's gradient, exactly what one replica that ran every micro-batch would hold.
         Summing in replica order and copying the same result to all keeps replicas bitwise equal.
-        The sum runs on the first replica's stream after every replica's, each copy back on its
-        replica's stream after the sum. Returns each parameter's gradient norm (for global clipping)
-        when asked.
+        The sum runs on the first replica's stream after every replica's (and after the device has
+        finished the backward pass), each copy back on its replica's stream after the sum. Returns
+        each parameter's gradient norm (for global clipping) when asked.
         """
+        # dist_autograd accumulated these gradients on streams no request of ours sees (its backward syncs
+        # them with the stream of the RPC that ran it, not with ours): wait for the device once, here.
+        for device in self._cuda_devices():
+            torch.cuda.synchronize(device)
         first, others = self.replicas[0], self.replicas[1:]
         totals: list[torch.Tensor | None] = []
         with first.lane.entered(incoming=list(grads.values()), after=[r.lane for r in others]) as visit:
