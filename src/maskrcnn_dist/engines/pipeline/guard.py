@@ -94,9 +94,12 @@ def check(value: Any, max_plain_bytes: int | None) -> None:
     """Raise DeviceMapGuardError unless an agent with devices could send `value` (torch's own walk)
     and, with a bound, `value` is tensors and at most `max_plain_bytes` of plain values."""
     try:
-        _extract_tensors(value)
+        tensors = _extract_tensors(value)
     except Exception as exc:
         raise DeviceMapGuardError(f"TensorPipe's tensor walk fails on it: {type(exc).__name__}: {exc}") from exc
+    if any(t.is_cuda and t.numel() == 0 for t in tensors):
+        # TensorPipe aborts the sending process on the null pointer of an empty CUDA tensor (tensorpipe#447).
+        raise DeviceMapGuardError("it holds an empty CUDA tensor, which TensorPipe cannot send (tensorpipe#447)")
     if max_plain_bytes is None:
         return
     try:

@@ -108,3 +108,10 @@ def test_install_and_undo_restore_torch() -> None:
             guard.install()
     assert internal._run_function is run_function and rpc.RRef.__init__ == rref_init
     assert not guard.is_installed()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_empty_cuda_tensor_is_refused() -> None:
+    with pytest.raises(guard.DeviceMapGuardError, match="empty CUDA tensor"):
+        guard.check({"boxes": torch.zeros(0, 4, device="cuda")}, None)
+    guard.check({"boxes": torch.zeros(1, 4, device="cuda")}, None)
