@@ -122,11 +122,16 @@ def launch(env: Env, name: str, transport: str, replicas: int = 1, **variables: 
     return work / "pipeline", log
 
 
-def step_figures(output: Path) -> dict[str, Any]:
-    """The last step's time and bytes per link, from the master's train records."""
+def train_records(output: Path) -> list[dict[str, Any]]:
     from maskrcnn_dist.training.metrics import read_metrics
 
-    last = [r for r in read_metrics(output / "metrics.jsonl") if r["kind"] == "train"][-1]
+    metrics = output / "metrics.jsonl"
+    return [r for r in read_metrics(metrics) if r["kind"] == "train"] if metrics.is_file() else []
+
+
+def step_figures(output: Path) -> dict[str, Any]:
+    """The last step's time and bytes per link, from the master's train records."""
+    last = train_records(output)[-1]
     links = {k.removeprefix("link/"): int(v) for k, v in last.items() if k.startswith("link/")}
     return {"step_s": round(last["pipeline/step_s"], 3), "bytes_per_link": links}
 
@@ -180,7 +185,7 @@ def check_streams(env: Env) -> dict[str, Any]:
     """The device-map run again with every kernel finishing before the host goes on."""
     floor = noise_floor(env)
     reference = Path(env.work) / "pipeline_device_maps" / "pipeline"
-    if not (reference / "metrics.jsonl").is_file():
+    if not train_records(reference):
         raise AssertionError("no device-map run to compare with (pipeline_device_maps did not run)")
     output, _ = launch(env, "pipeline_streams", "device_maps", CUDA_LAUNCH_BLOCKING="1")
     figures: dict[str, Any] = {
@@ -203,7 +208,7 @@ def check_cpu_transport(env: Env) -> dict[str, Any]:
         **step_figures(output),
     }
     device_maps = Path(env.work) / "pipeline_device_maps" / "pipeline"
-    if (device_maps / "metrics.jsonl").is_file():
+    if train_records(device_maps):  # the device-map run, when it trained
         figures["device_maps"] = step_figures(device_maps)
         figures["device_maps_speedup"] = round(figures["step_s"] / max(figures["device_maps"]["step_s"], 1e-9), 2)
     within_floor("transport cpu against the local engine", figures, floor, figures)
