@@ -18,17 +18,18 @@ epochs end only after the last measured step. This is a script, not a test:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import common  # a sibling script's module (this folder is first on sys.path)
+from common import render_table as render_table_columns
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
 
@@ -147,47 +148,13 @@ def torchrun_command(processes: int, flags: dict[str, Any]) -> list[str]:
     return [*torchrun, "-m", "maskrcnn_dist.cli", "train", *to_argv(flags)]
 
 
-def run_group(command: list[str], env: dict[str, str], log_file: Path, timeout_s: float) -> None:
-    """Run `command` in its own session, logging to `log_file`, and end its whole process group
-    afterwards; a non-zero exit raises with the log's last lines."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w") as log:
-        # Its own session: torchrun (or the launcher) and its ranks form one group we can end together.
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        finally:  # Ctrl-C, timeout, a clean exit: never leave ranks behind
-            _end_group(proc)
-    if code != 0:
-        tail = "\n".join(log_file.read_text().splitlines()[-30:])
-        raise RuntimeError(f"{command[:4]} exited with {code}; last lines of {log_file}:\n{tail}")
-
-
 def run_ddp(cfg: BenchConfig, data_path: Path, output_dir: Path, processes: int = 2, threads: int = 1) -> EngineResult:
     """The ddp engine under torchrun on this host, as `maskrcnn-dist train --engine ddp` runs it."""
     flags = {**train_flags(cfg, data_path, output_dir), "engine": "ddp", "threads": threads}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
-    run_group(torchrun_command(processes, flags), env, output_dir / "torchrun.log", cfg.timeout_s)
+    common.run_group(torchrun_command(processes, flags), env, output_dir / "torchrun.log", cfg.timeout_s)
     return measure(output_dir / "metrics.jsonl", cfg, "ddp", processes, threads, time.monotonic() - started)
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the run's process group (torchrun forwards it to the ranks), SIGKILL what is left.
-    Also after a clean exit: a rank orphaned by a crashed torchrun would still be in the group."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def render_table(cfg: BenchConfig, results: list[EngineResult]) -> str:
@@ -204,16 +171,11 @@ def render_table(cfg: BenchConfig, results: list[EngineResult]) -> str:
         )
         for r in results
     ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     title = (
         f"{cfg.model}, {cfg.image_size} px, batch {cfg.batch_size} per process, "
         f"{cfg.steps} measured steps after {cfg.warmup} warm-up"
     )
-    lines = [title] + [
-        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-        for row in [header, *rows]
-    ]
-    return "\n".join(lines)
+    return title + "\n" + render_table_columns(header, rows, right_from=1)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Namespace]:
@@ -274,17 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         by_engine = {r.engine: r for r in results}
         if len(by_engine) == 2:
             report["ddp_over_local"] = round(by_engine["ddp"].images_per_s / by_engine["local"].images_per_s, 3)
-    emit(render_table(cfg, results), report, args.json_out)
+    common.emit(render_table(cfg, results), report, args.json_out)
     return 0
-
-
-def emit(table: str, report: dict[str, Any], json_out: Path | None) -> None:
-    """Every benchmark's output: the table, the JSON on stdout, and the JSON in a file if asked."""
-    print(table)
-    print(json.dumps(report, indent=2))
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

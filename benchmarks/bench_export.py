@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from maskrcnn_dist.outputs.export.parity import table_lines
 from maskrcnn_dist.outputs.predict import load_predictor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_engines  # noqa: E402  (a sibling script, not a package)
+import common  # noqa: E402  (a sibling script's module, not a package)
 
 MODEL = "maskrcnn_resnet50_fpn"
 CLASSES = 4  # 3 shape classes and the background, as the synthetic set has
@@ -49,15 +48,13 @@ SUFFIX = {"torchscript": ".pt", "onnx": ".onnx"}
 
 def images_per_s(run, images: list[torch.Tensor], repeats: int) -> float:
     """The best of `repeats` timed passes over `images`, one image per call, after a warm-up pass."""
-    best = float("inf")
-    for attempt in range(repeats + 1):
-        started = time.perf_counter()
-        with torch.no_grad():
-            for image in images:
-                run(image)
-        if attempt:
-            best = min(best, time.perf_counter() - started)
-    return len(images) / best
+
+    @torch.no_grad()
+    def one_pass() -> None:
+        for image in images:
+            run(image)
+
+    return len(images) / common.seconds_per_call(one_pass, repeats, warmup=1, statistic=min)
 
 
 def measure(root: Path, count: int, threads: int, repeats: int) -> tuple[list[str], dict[str, Any]]:
@@ -119,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench_export_") as tmp:
         lines, report = measure(Path(tmp), args.images, args.threads, args.repeats)
-    bench_engines.emit("\n".join(lines), report, args.json_out)
+    common.emit("\n".join(lines), report, args.json_out)
     return 0
 
 

@@ -38,6 +38,7 @@ from maskrcnn_dist.profile.measure import measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)
+import common  # noqa: E402
 
 SPLITS = {
     "default": (("transform", "backbone"), ("rpn", "roi_heads")),
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         load_start = load_average()
         wall = time.monotonic()
         with RunnableSampler() as runnable:
-            bench_engines.run_group(command, env, out / "local.log", args.timeout)
+            common.run_group(command, env, out / "local.log", args.timeout)
         measured = bench_engines.measure(out / "metrics.jsonl", replace(bench), name, 1, 1, time.monotonic() - wall)
         # The same model with the other work this host ran meanwhile: runnable threads beyond our stages.
         background = max(0.0, runnable.mean - len(stages))

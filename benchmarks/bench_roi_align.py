@@ -24,7 +24,7 @@ from torchvision.ops import MultiScaleRoIAlign
 from maskrcnn_dist.modeling.roi_align import SparseMultiScaleRoIAlign
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_engines  # noqa: E402  (a sibling script, not a package)
+import common  # noqa: E402  (a sibling script's module, not a package)
 
 IMAGE_SHAPES = [(800, 1088), (800, 1066)]
 LEVELS = ["0", "1", "2", "3"]
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['backward_ms']:11.1f} {row['speedup']:7.2f}x"
         )
     report = {"threads": args.threads, "image_shapes": IMAGE_SHAPES, "rows": rows}
-    bench_engines.emit("\n".join(lines), report, args.json_out)
+    common.emit("\n".join(lines), report, args.json_out)
     return 0
 
 

@@ -54,6 +54,9 @@ from maskrcnn_dist.modeling.compiled import compiler_problem, graph_breaks
 from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.modeling.perf import set_flush_denormal
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (a sibling script's module, not a package)
+
 # Flags each variant sets on top of the common ones (the levers' flags: --fold-frozen-bn, --compile).
 VARIANTS: dict[str, dict[str, Any]] = {
     "fp32": {"amp": False, "fold-frozen-bn": False, "compile": False},
@@ -172,18 +175,10 @@ def weight_cast_bound(runner: Runner, repeats: int = 5) -> dict[str, float]:
     params = [p.detach() for p in runner.engine.model.parameters() if p.is_floating_point()]
     copies = [p.to(torch.bfloat16) for p in params]
 
-    def timed(work: Any) -> float:
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            work()
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
     return {
         "parameters": float(sum(p.numel() for p in params)),
-        "autocast_casts_s": timed(lambda: [p.to(torch.bfloat16) for p in params]),
-        "kept_copies_update_s": timed(lambda: torch._foreach_copy_(copies, params)),
+        "autocast_casts_s": common.seconds_per_call(lambda: [p.to(torch.bfloat16) for p in params], repeats),
+        "kept_copies_update_s": common.seconds_per_call(lambda: torch._foreach_copy_(copies, params), repeats),
     }
 
 

@@ -43,6 +43,7 @@ from maskrcnn_dist.config import to_argv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engines  # noqa: E402  (a sibling script, not a package)
+import common  # noqa: E402
 
 ENGINES = ("local", "ddp", "pipeline")
 PRECISIONS = ("fp32", "amp")
@@ -116,7 +117,7 @@ def run_engine(
         command += ["--", *to_argv({**flags, "micro-batches": MICRO_BATCHES})]
         processes = 1  # only the master reads data: images per step = its batch
     started = time.monotonic()
-    bench_engines.run_group(command, env, out / "run.log", cfg.timeout_s)
+    common.run_group(command, env, out / "run.log", cfg.timeout_s)
     return bench_engines.measure(out / "metrics.jsonl", cfg, engine, processes, threads, time.monotonic() - started)
 
 
@@ -170,23 +171,6 @@ def bench_loader(data: Path, batch_size: int, workers: tuple[int, ...], seed: in
 # -- the host: what --amp can gain here ----------------------------------------------------------------
 
 
-def cpu_isa() -> dict[str, Any]:
-    """The CPU's model and its bf16 units: AMX (Intel Sapphire Rapids and later) multiplies bf16 tiles
-    several times faster than AVX-512 BF16 (AMD Zen 4, Intel Cooper Lake) does."""
-    flags: set[str] = set()
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {"model": model, "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
-
-
 def conv_probe(repeats: int = 3) -> dict[str, float]:
     """Forward + backward of the 3x3 convolution that dominates an R50-FPN step at 800 px (256 -> 256
     channels on the stride-4 FPN map of a batch of two 800 x 1088 images), channels_last, in fp32 and
@@ -198,14 +182,13 @@ def conv_probe(repeats: int = 3) -> dict[str, float]:
     flops = 3 * 2 * 256 * 256 * 9 * 2 * 200 * 272  # forward, grad of input, grad of weight
     seconds = {}
     for precision in ("fp32", "bf16"):
-        times = []
-        for _ in range(repeats + 1):
-            started = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+
+        def forward_backward(bf16: bool = precision == "bf16") -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 out = conv(features)
             out.backward(torch.ones_like(out))
-            times.append(time.perf_counter() - started)
-        seconds[precision] = min(times[1:])
+
+        seconds[precision] = common.seconds_per_call(forward_backward, repeats, warmup=1, statistic=min)
     return {
         "fp32_gflops": round(flops / seconds["fp32"] / 1e9, 1),
         "bf16_gflops": round(flops / seconds["bf16"] / 1e9, 1),
@@ -241,8 +224,7 @@ def render(rows: list[Row], loaders: dict[str, Any], gains: dict[str, float], ho
         )
         for r in rows
     ]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body]]
+    lines = [common.render_table(header, body)]
     lines += ["", "amp / fp32: " + (", ".join(f"{k} {v:.2f}x" for k, v in gains.items()) or "-")]
     probe = host["conv_probe"]
     lines += [
@@ -294,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: end run groups
     torch.set_flush_denormal(True)
-    host = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_isa(), "conv_probe": conv_probe()}
+    host = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "cpu": common.cpu_isa()}
+    host["conv_probe"] = conv_probe()
     print(f"host: {host}", file=sys.stderr, flush=True)
     rows: list[Row] = []
     loaders: dict[str, Any] = {}
@@ -344,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "amp_over_fp32": gains,
         "data_loader": loaders,
     }
-    bench_engines.emit(render(rows, loaders, gains, host), report, args.json_out)
+    common.emit(render(rows, loaders, gains, host), report, args.json_out)
     return 0
 
 

@@ -1,162 +1,209 @@
-"""Two checkouts train the same fixed-seed runs: their losses, APs, checkpoint tensors and metrics equal.
+"""Is a change bit-identical? Train one short fixed-seed run with two installs of maskrcnn-dist and
+compare what they wrote: every metrics.jsonl record (timings left out), every checkpoint tensor and
+value, and the evaluation of the best checkpoint.
 
-A refactoring that keeps behaviour bit-identical is held to it here: every variant below is trained
-once with each checkout's own virtual environment (`maskrcnn-dist train` as a user runs it), then
-every record of metrics.jsonl (timings and dates left out) and every tensor of every checkpoint are
-compared exactly. The variants cover the data paths: the generated synthetic set (not checked), a
-written set behind --data-path with a carved val split and a bad image skipped (the data check, its
-frames and its drops), lsj with copy-paste and aspect-ratio groups, and ddp on two processes (rank 0
-checks, the others receive its verdicts).
+    python benchmarks/same_run.py --before ../main/.venv/bin/maskrcnn-dist --after .venv/bin/maskrcnn-dist
 
-    python benchmarks/same_run.py --before /work/main --after . [--variants synthetic,checked]
+The run: a synthetic set, the small model at 64 px on one CPU thread, validation and checkpoints every
+few steps and COCO AP at every epoch end (a best.pt), stopped by --max-steps and resumed with
+--resume auto; then `eval --resume best`. Three runs are compared with `before`'s: `after`'s own, and
+`mixed`, which resumes `before`'s first half with `after` (a checkpoint written by the old code must
+go on exactly as the old code would).
 
-Exit 0 when every variant is equal; each difference is printed.
+Hook state may move inside a checkpoint between the two (a flat key then, under "hooks" now): both
+layouts are read into one before they are compared. Exit status 0 when everything is equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import shutil
 import subprocess
 import sys
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Record fields that measure time or place, not what was computed.
-UNTIMED = {"time", "s_per_iter", "data_time", "images_per_s", "eta_s", "wall_s", "seconds", "date", "timestamp"}
+import torch
 
-COMMON = [
-    "--model", "maskrcnn_resnet18_fpn", "--min-size", "96", "--max-size", "96", "--device", "cpu",
-    "--lr", "0.02", "--clip-grad-norm", "10", "--batch-size", "2", "--workers", "1", "--warmup-iters", "5",
-    "--print-freq", "1", "--seed", "7", "--threads", "1",
+#: Timings and clocks: the only values two identical runs may disagree on.
+TIMING_KEYS = frozenset({"time", "images_per_s"})
+#: Keys of the run itself in a checkpoint; every other top-level key of a flat (old) checkpoint is a
+#: hook's state, under the key that hook kept it by (the evaluation's was "best").
+RUN_KEYS = frozenset(
+    {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
+    | {"engine", "config", "categories", "trained_model"}
+)
+FLAT_HOOK_KEYS = {"best": "evaluation"}
+
+FLAGS = [
+    "--synthetic-images", "8", "--synthetic-image-size", "64", "--model", "maskrcnn_resnet18_fpn",
+    "--min-size", "64", "--max-size", "64", "--device", "cpu", "--threads", "1", "--workers", "0",
+    "--batch-size", "2", "--epochs", "3", "--val-period", "3", "--checkpoint-period", "2",
+    "--keep-checkpoints", "10", "--warmup-iters", "5", "--lr", "0.02", "--clip-grad-norm", "10",
+    "--print-freq", "1", "--seed", "7", "--best-metric", "bbox_AP",
 ]  # fmt: skip
-
-VARIANTS: dict[str, list[str]] = {
-    "synthetic": ["--synthetic-images", "8", "--synthetic-image-size", "96", "--epochs", "2"],
-    "checked": [
-        "--train-annotations", "{data}/train/annotations.json", "--train-images", "{data}/train/images",
-        "--val-fraction", "0.25", "--skip-bad-images", "--epochs", "2",
-        "--data-cache", "{out}/cache",
-    ],
-    "lsj": [
-        "--data-path", "{data}", "--skip-bad-images", "--epochs", "1", "--data-augmentation", "lsj",
-        "--use-copypaste", "--aspect-ratio-group-factor", "3",
-    ],
-    "ddp": ["--data-path", "{data}", "--skip-bad-images", "--epochs", "1", "--engine", "ddp"],
-}  # fmt: skip
+FIRST_STEPS, LAST_STEPS = 6, 12  # 4 steps an epoch: the first half ends inside the second epoch
 
 
-def write_data(checkout: Path, root: Path) -> Path:
-    """A written set of 10 + 4 images with one train image spoiled (the check drops it)."""
-    data = root / "data"
-    if not data.exists():
-        cli = checkout / ".venv" / "bin" / "maskrcnn-dist"
-        subprocess.run(
-            [cli, "synth-data", "--output", data, "--train-images", "10", "--val-images", "4", "--image-size", "96"],
-            check=True,
-            capture_output=True,
-        )
-        (data / "train" / "images" / "000003.png").write_bytes(b"not an image\n")
-    return data
+def train(binary: Path, out: Path, *extra: str) -> None:
+    command = [str(binary), "train", *FLAGS, "--output-dir", str(out), *extra]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
 
 
-def train(checkout: Path, variant: str, out: Path, data: Path) -> None:
-    flags = [f.format(data=data, out=out) for f in VARIANTS[variant]]
-    python = checkout / ".venv" / "bin" / "python"
-    if "ddp" in flags:
-        argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29731"]
-        argv += ["-m", "maskrcnn_dist.cli", "train"]
-    else:
-        argv = [checkout / ".venv" / "bin" / "maskrcnn-dist", "train"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    done = subprocess.run([*argv, *COMMON, *flags, "--output-dir", out], env=env, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"{checkout} {variant}: exit {done.returncode}\n{done.stderr[-4000:]}")
+def evaluate_best(binary: Path, out: Path) -> dict[str, Any]:
+    command = [str(binary), "eval", "--output-dir", str(out), "--resume", "best", "--workers", "0", "--threads", "1"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def first_half(binary: Path, out: Path) -> None:
+    train(binary, out, "--max-steps", str(FIRST_STEPS))
+
+
+def second_half(binary: Path, out: Path) -> None:
+    train(binary, out, "--max-steps", str(LAST_STEPS), "--resume", "auto")
 
 
 def records(out: Path) -> list[dict[str, Any]]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in UNTIMED} for line in lines]
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
-def checkpoints(out: Path) -> dict[str, Path]:
-    return {p.name: p for p in sorted((out / "checkpoints").glob("*.pt"))}
+def one_layout(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint with its hook state under "hooks", whichever layout it was written in."""
+    state = dict(state)
+    hooks = dict(state.pop("hooks", {}))
+    for key in [k for k in state if k not in RUN_KEYS]:
+        hooks[FLAT_HOOK_KEYS.get(key, key)] = state.pop(key)
+    return {**state, "hooks": hooks}
 
 
-def tensors(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Every leaf of a checkpoint, by its path: tensors as they are, the rest as values."""
-    import torch
-
+def leaves(value: Any, folders: tuple[str, ...], path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, value) of every tensor and plain value; the runs' folders, which differ by design (the
+    output folder, and the synthetic set written there), read as one."""
     if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in tensors(item, f"{prefix}/{key}").items()}
-    if isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple | torch.Tensor) for v in value):
-        return {k: v for i, item in enumerate(value) for k, v in tensors(item, f"{prefix}/{i}").items()}
-    return {prefix: value}
+        for key in sorted(value, key=str):
+            yield from leaves(value[key], folders, f"{path}/{key}")
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple, torch.Tensor)) for v in value):
+        for i, item in enumerate(value):
+            yield from leaves(item, folders, f"{path}[{i}]")
+    elif isinstance(value, str):
+        for folder in folders:
+            value = value.replace(folder, "OUTPUT_DIR")
+        yield path, value
+    else:
+        yield path, value
 
 
-def compare(before: Path, after: Path) -> list[str]:
-    """The differences between two runs; a path inside a run's own folder counts as the same path."""
-    import torch
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
 
-    def placed(value: Any, run: Path) -> str:
-        return repr(value).replace(str(run.parent), "<run>")
 
-    problems = []
-    old, new = records(before), records(after)
-    if len(old) != len(new):
-        problems.append(f"metrics.jsonl: {len(old)} records before, {len(new)} after")
-    for i, (a, b) in enumerate(zip(old, new, strict=False)):
-        if a != b:
-            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-            problems.append(f"metrics.jsonl record {i}: {[(k, a.get(k), b.get(k)) for k in keys]}")
-    old_ck, new_ck = checkpoints(before), checkpoints(after)
-    if old_ck.keys() != new_ck.keys():
-        problems.append(f"checkpoints: {sorted(old_ck)} before, {sorted(new_ck)} after")
-    for name in sorted(old_ck.keys() & new_ck.keys()):
-        a = tensors(torch.load(old_ck[name], map_location="cpu", weights_only=False))
-        b = tensors(torch.load(new_ck[name], map_location="cpu", weights_only=False))
-        for key in sorted(a.keys() | b.keys()):
-            x, y = a.get(key), b.get(key)
-            if isinstance(x, torch.Tensor):
-                same = isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+class Comparison:
+    def __init__(self, name: str, folders: tuple[str, ...]) -> None:
+        self.name, self.folders, self.differences = name, folders, []
+        self.records = self.checkpoints = self.tensors = self.elements = self.values = 0
+
+    def differ(self, what: str) -> None:
+        self.differences.append(what)
+
+    def runs(self, before: Path, after: Path) -> None:
+        old, new = records(before), records(after)
+        self.records = len(old)
+        if len(old) != len(new):
+            self.differ(f"metrics.jsonl: {len(old)} records before, {len(new)} after")
+        for i, (a, b) in enumerate(zip(old, new)):
+            if a != b:
+                self.differ(f"metrics.jsonl record {i}: {a} != {b}")
+        old_files = sorted(p.name for p in (before / "checkpoints").glob("*.pt"))
+        new_files = sorted(p.name for p in (after / "checkpoints").glob("*.pt"))
+        if old_files != new_files:
+            self.differ(f"checkpoint files: {old_files} before, {new_files} after")
+        for name in old_files:
+            if name in new_files:
+                self.checkpoint(before / "checkpoints" / name, after / "checkpoints" / name)
+
+    def checkpoint(self, before: Path, after: Path) -> None:
+        self.checkpoints += 1
+        old = dict(leaves(one_layout(torch.load(before, map_location="cpu", weights_only=True)), self.folders))
+        new = dict(leaves(one_layout(torch.load(after, map_location="cpu", weights_only=True)), self.folders))
+        for path in sorted(old.keys() | new.keys()):
+            if path not in old or path not in new:
+                self.differ(f"{before.name}: {path} only {'before' if path in old else 'after'}")
+                continue
+            a, b = old[path], new[path]
+            if isinstance(a, torch.Tensor):
+                self.tensors += 1
+                self.elements += a.numel()
             else:
-                same = placed(x, before) == placed(y, after)
-            if not same:
-                problems.append(f"{name}{key}: differs")
-    counted = sum(len(tensors(torch.load(p, map_location="cpu", weights_only=False))) for p in new_ck.values())
-    print(f"  {len(new)} metrics records, {len(new_ck)} checkpoints, {counted} checkpoint leaves compared")
-    return problems
+                self.values += 1
+            if not same(a, b):
+                self.differ(f"{before.name}: {path} differs")
+
+    def report(self) -> str:
+        verdict = "EQUAL" if not self.differences else f"{len(self.differences)} DIFFERENCES"
+        lines = [
+            f"{self.name}: {verdict}: {self.records} metrics records, {self.checkpoints} checkpoints "
+            f"({self.tensors} tensors, {self.elements} elements, {self.values} other values)"
+        ]
+        return "\n".join(lines + [f"  {d}" for d in self.differences[:20]])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, required=True, help="a checkout with its own .venv")
-    parser.add_argument("--after", type=Path, required=True, help="a checkout with its own .venv")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--keep", type=Path, help="train here and keep the runs (default: a temporary folder)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", type=Path, required=True, help="the reference install's maskrcnn-dist")
+    parser.add_argument("--after", type=Path, required=True, help="the changed install's maskrcnn-dist")
+    parser.add_argument("--work", type=Path, default=Path("runs/same-run"), help="where the runs are written")
+    parser.add_argument(
+        "--reuse-before", action="store_true", help="keep the runs of `before` already in --work (the reference)"
+    )
     args = parser.parse_args()
-    root = args.keep or Path(tempfile.mkdtemp(prefix="same-run-"))
+    runs = {name: args.work / name for name in ("before", "after", "mixed")}
+    half = args.work / "before-half"  # before's first half: what `mixed` resumes
+    # Longest first: an absolute folder before the relative one it ends with.
+    folders = {s for p in [*runs.values(), half] for s in (str(p), str(p.resolve()))}
+    folders = tuple(sorted(folders, key=len, reverse=True))
+
+    reuse = args.reuse_before and (runs["before"] / "metrics.jsonl").is_file() and half.is_dir()
+    for name in ("after", "mixed") if reuse else ("before", "after", "mixed"):
+        shutil.rmtree(runs[name], ignore_errors=True)
+    if not reuse:
+        shutil.rmtree(half, ignore_errors=True)
+        first_half(args.before, runs["before"])
+        shutil.copytree(runs["before"], half)
+        second_half(args.before, runs["before"])
+        (runs["before"] / "eval.json").write_text(json.dumps(evaluate_best(args.before, runs["before"])))
+    shutil.copytree(half, runs["mixed"])  # the old code's checkpoints, resumed by the new
+    first_half(args.after, runs["after"])
+    second_half(args.after, runs["after"])
+    second_half(args.after, runs["mixed"])
+    evaluations = {name: evaluate_best(args.after, runs[name]) for name in ("after", "mixed")}
+    evaluations["before"] = json.loads((runs["before"] / "eval.json").read_text())
+
+    reference = records(runs["before"])
+    last = {r["kind"]: r for r in reference}
+    print(f"before: {len(reference)} records; last train loss {last['train']['loss']!r} at step "
+          f"{last['train']['step']}; last eval bbox_AP {last['eval']['bbox_AP']!r} segm_AP "
+          f"{last['eval']['segm_AP']!r}; eval --resume best: {evaluations['before']}")  # fmt: skip
     failed = False
-    for variant in args.variants.split(","):
-        runs = {}
-        for side, checkout in (("before", args.before), ("after", args.after)):
-            # Each checkout trains on data of its own writing, at the same path: paths are in the records.
-            place = root / variant / side
-            data = write_data(checkout, place)
-            out = place / "run"
-            train(checkout.resolve(), variant, out, data)
-            runs[side] = out
-        print(f"{variant}:")
-        problems = compare(runs["before"], runs["after"])
-        for problem in problems:
-            print(f"  DIFFERS {problem}")
-        print("  equal" if not problems else f"  {len(problems)} differences")
-        failed |= bool(problems)
-    if args.keep is None:
-        shutil.rmtree(root, ignore_errors=True)
+    for name in ("after", "mixed"):
+        comparison = Comparison(f"{name} vs before", folders)
+        comparison.runs(runs["before"], runs[name])
+        if evaluations[name] != evaluations["before"]:
+            comparison.differ(f"eval --resume best: {evaluations[name]} != {evaluations['before']}")
+        print(comparison.report())
+        failed |= bool(comparison.differences)
     return 1 if failed else 0
 
 

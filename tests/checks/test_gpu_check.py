@@ -1,42 +1,32 @@
-"""`make gpu-check`'s script on CPU: every check passes or says why it is skipped, a failing check is
+"""`make gpu-check` (checks/gpu) on CPU: every check passes or says why it is skipped, a failing check is
 recorded while the run goes on, and the JSON report holds every check. Keeps the GPU check from rotting
 between GPU sessions (it runs the same code, with the small model on tiny images)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+from checks.gpu import __main__ as gpu_check
+from checks.gpu import harness
+from checks.gpu.catalog import CHECKS, INJECTED, INJECTED_HANG, checks_for
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_cpu_self_test_runs_every_check_and_records_an_injected_failure(tmp_path: Path) -> None:
-    gpu_check = load_script()
     report_file = tmp_path / "report.json"
-    code = gpu_check.main(
-        ["--device", "cpu", "--inject-failure", "--work-dir", str(tmp_path / "work"), "--json-out", str(report_file)]
-    )
+    work = ["--work-dir", str(tmp_path / "work"), "--time-budget", "900"]
+    code = gpu_check.main(["--device", "cpu", "--inject-failure", *work, "--json-out", str(report_file)])
     report = json.loads(report_file.read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    expected = [c.name for c in gpu_check.CHECKS]
-    injected = (gpu_check.INJECTED, gpu_check.INJECTED_HANG)
+    expected = [c.name for c in CHECKS]
+    injected = (INJECTED, INJECTED_HANG)
     assert [c["name"] for c in report["checks"] if c["name"] not in injected] == expected
     # The injected failures are recorded with their one line, and the checks after them still ran.
-    raised, hung = checks.pop(gpu_check.INJECTED), checks.pop(gpu_check.INJECTED_HANG)
+    raised, hung = checks.pop(INJECTED), checks.pop(INJECTED_HANG)
     assert raised["result"] == "fail" and "injected failure" in raised["reason"], raised
     assert hung["result"] == "fail" and hung["reason"].startswith("timed out after its budget"), hung
     assert processes_mentioning(str(tmp_path)) == []
@@ -47,23 +37,28 @@ def test_cpu_self_test_runs_every_check_and_records_an_injected_failure(tmp_path
     assert not failed, failed
     # What runs on CPU ran (the rest needs CUDA or 2 GPUs), with its figures.
     ran = {name for name, c in checks.items() if c["result"] == "pass"}
-    assert ran == {"local_fp32", "local_amp_bf16", "eval_amp", "ddp", "pipeline_cpu", "throughput_b2"}, checks
+    assert ran == {"throughput", "amp_bf16", "pipeline_cpu", "ddp", "eval_amp"}, checks
     assert checks["ddp"]["figures"]["backend"] == "gloo"
-    assert checks["pipeline_cpu"]["figures"]["max_weight_diff"] <= 1e-5
-    assert checks["throughput_b2"]["figures"]["torchvision_fp32"]["images_per_s"] > 0
-    assert {c["result"] for c in checks.values()} <= set(gpu_check.RESULTS)
+    assert checks["pipeline_cpu"]["figures"]["weights"] <= 1e-5  # against the local engine, after its floor
+    throughput = {r["variant"]: r["images_per_s"] for r in checks["throughput"]["figures"]["results"]}
+    assert throughput["tv_fp32"] > 0 and throughput["kit_fp32"] > 0, throughput
+    amp = checks["amp_bf16"]["figures"]
+    assert amp["batches"] == harness.PROFILES["cpu"].amp_batches, amp
+    assert set(amp["floor"]) == {"loss", "backbone", "rpn", "heads"}, amp
+    assert {c["result"] for c in checks.values()} <= set(harness.RESULTS)
     assert checks["pipeline_replicas"]["reason"].startswith("needs 2 GPUs")
 
 
 def test_skips_say_why_and_a_spent_budget_skips_the_rest(tmp_path: Path) -> None:
     """The runner decides skips before starting a process."""
-    gpu_check = load_script()
-    env = gpu_check.Env(device="cpu", gpus=0, work=str(tmp_path))
+    env = harness.Env(device="cpu", gpus=0, work=str(tmp_path))
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"device": "cpu", "gpus": 0, "work": str(tmp_path)}))
-    skipped = gpu_check.run_check(gpu_check.CHECKS[1], env, plan, budget_s=60)  # local_amp_fp16: needs CUDA
+    skipped = harness.run_check(
+        next(c for c in CHECKS if c.name == "amp_fp16"), env, plan, budget_s=60
+    )  # local_amp_fp16: needs CUDA
     assert (skipped.result, skipped.reason) == ("skipped", "needs CUDA (--device cpu)")
-    late = gpu_check.run_check(gpu_check.CHECKS[0], env, plan, budget_s=1)
+    late = harness.run_check(CHECKS[0], env, plan, budget_s=1)
     assert (late.result, late.reason) == ("skipped", "out of time: the run's time budget is spent")
 
 
@@ -82,12 +77,11 @@ def processes_mentioning(text: str) -> list[str]:
 def test_a_check_past_its_budget_fails_and_leaves_no_process(tmp_path: Path) -> None:
     """The injected hang holds a process tree of its own: the runner ends the check at its budget,
     records why, and the tree is gone too (the check's process cleans up on SIGTERM)."""
-    gpu_check = load_script()
-    env = gpu_check.Env(device="cpu", gpus=0, work=str(tmp_path), inject_failure=True)
+    env = harness.Env(device="cpu", gpus=0, work=str(tmp_path), inject_failure=True)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"device": "cpu", "gpus": 0, "work": str(tmp_path), "inject_failure": True}))
-    hang = next(c for c in gpu_check.checks_for(env) if c.name == gpu_check.INJECTED_HANG)
-    result = gpu_check.run_check(hang, env, plan, budget_s=hang.budget_s)
+    hang = next(c for c in checks_for(env) if c.name == INJECTED_HANG)
+    result = harness.run_check(hang, env, plan, budget_s=hang.budget_s)
     assert (result.result, result.reason) == ("fail", f"timed out after its budget of {hang.budget_s:.0f} s")
     assert (tmp_path / "injected-hang.log").is_file()  # the sleeper had started
     assert processes_mentioning(str(tmp_path)) == []

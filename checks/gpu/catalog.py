@@ -1,0 +1,63 @@
+"""The checks of `make gpu-check`, in the order of what they tell per second: the step's throughput
+against torchvision's loop, the pipeline with device maps, amp against fp32, then the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .amp import check_amp, needs_bf16
+from .engines import check_checkpoint_devices, check_ddp, check_eval_amp
+from .harness import Check, Env, needs_cuda
+from .pipeline import (
+    check_cpu_transport,
+    check_device_maps,
+    check_replicas,
+    check_streams,
+    needs_device_maps,
+    needs_replica_devices,
+)
+from .runs import run_logged
+from .throughput import check_throughput
+
+INJECTED = "injected_failure"
+INJECTED_HANG = "injected_hang"
+
+CHECKS: tuple[Check, ...] = (
+    Check("throughput", 170, check_throughput),
+    Check("pipeline_device_maps", 150, check_device_maps, needs_device_maps),
+    Check("pipeline_streams", 90, check_streams, needs_cuda),
+    Check("amp_bf16", 60, lambda env: check_amp(env, "bf16"), needs_bf16),
+    Check("amp_fp16", 60, lambda env: check_amp(env, "fp16"), needs_cuda),
+    Check("pipeline_cpu", 100, check_cpu_transport),
+    Check("ddp", 60, check_ddp),
+    Check("eval_amp", 45, check_eval_amp),
+    Check("checkpoint_devices", 40, check_checkpoint_devices, needs_cuda),
+    Check("pipeline_replicas", 100, check_replicas, needs_replica_devices),
+)
+
+
+def check_injected(env: Env) -> dict[str, Any]:
+    raise RuntimeError("injected failure (--inject-failure): the run must record it and go on")
+
+
+def check_injected_hang(env: Env) -> dict[str, Any]:
+    """A check that never ends, holding a process tree of its own (as ddp and the pipeline do): the
+    runner must stop it at its budget, and the tree with it. The sleeper names the work folder."""
+    import sys
+    from pathlib import Path
+
+    hang = [sys.executable, "-c", "import sys, time; time.sleep(600)", env.work]
+    run_logged(hang, Path(env.work) / "injected-hang.log", 600, threads=1)
+    return {}
+
+
+INJECTED_CHECKS = (Check(INJECTED, 30, check_injected), Check(INJECTED_HANG, 20, check_injected_hang))
+
+
+def checks_for(env: Env) -> list[Check]:
+    """The checks in run order; the injected failures (self-test) sit in the middle, before ddp."""
+    checks = list(CHECKS)
+    if env.inject_failure:
+        at = [c.name for c in checks].index("ddp")
+        checks[at:at] = INJECTED_CHECKS
+    return checks
