@@ -104,8 +104,11 @@ class TorchEngine(Engine):
         self.cfg = cfg
         self.name = "ddp" if distributed else "local"
         self.device = resolve_device(cfg.device, local_rank())
-        if self.device.type == "cpu" and (problem := fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype)):
-            raise ConfigError(problem)  # --device auto found no GPU; --device cpu was refused at parse time
+        # --device auto that found no GPU; --device cpu was refused at parse time. A library caller that
+        # asks for fp16 on the CPU gets it, scaler included (the tests exercise GradScaler("cpu") so).
+        auto_found_cpu = cfg.device == "auto" and self.device.type == "cpu"
+        if auto_found_cpu and (problem := fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype)):
+            raise ConfigError(problem)
         self.pin_memory = self.device.type == "cuda"
         if distributed:
             self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
