@@ -33,12 +33,11 @@ def param_groups(module: nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.SGD:
-    """SGD over `param_groups`; fused (one kernel per step, and a step skipped on the device when the
-    scaler or the engine reports a non-finite gradient: no host read) when every parameter is on a GPU."""
-    groups = param_groups(module, cfg)
-    on_gpu = all(p.is_cuda for group in groups for p in group["params"])
+    """SGD over `param_groups`, fused: one kernel per step on the CPU and on GPUs (the numbers of the
+    foreach step, bit for bit), and a step that the scaler's found_inf skips on the device, so that
+    deciding whether to update reads nothing back (perf.grad_scaler)."""
     return torch.optim.SGD(
-        groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=True if on_gpu else None
+        param_groups(module, cfg), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=True
     )
 
 

@@ -107,12 +107,21 @@ def autocast_context(
     return torch.autocast(device.type, dtype=amp_dtype(device, dtype))
 
 
+def scales_loss(device: torch.device, enabled: bool, dtype: str = "auto") -> bool:
+    """Whether the step scales its loss: fp16 only. bf16 has fp32's exponent range, so its gradients
+    do not underflow and scaling would only cost time."""
+    return enabled and amp_dtype(device, dtype) == torch.float16
+
+
 def grad_scaler(device: torch.device, enabled: bool, dtype: str = "auto") -> torch.amp.GradScaler:
-    """A scaler that is active only for fp16: bf16 has fp32's exponent range, so its gradients do not
-    underflow and scaling would only cost time. On the CPU it runs only where a library caller asked for
-    fp16 (the tests: the command line refuses fp16 on the CPU, config.fp16_on_cpu_problem)."""
-    active = enabled and amp_dtype(device, dtype) == torch.float16
-    return torch.amp.GradScaler(device.type, enabled=active)
+    """fp16: torch's dynamic loss scaling, which skips the steps whose scaled gradients overflow.
+    Otherwise a scaler at scale 1 (an exact multiply) kept for its check alone: a step whose gradients
+    are not finite is skipped on the device, with the fused optimizer (optim.build_optimizer), so that
+    no step reads the GPU back to decide whether to update the weights. On the CPU fp16 runs only for
+    a library caller that asks (the tests: the command line refuses it, config.fp16_on_cpu_problem)."""
+    if scales_loss(device, enabled, dtype):
+        return torch.amp.GradScaler(device.type)
+    return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**31 - 1)
 
 
 def set_device_math(tf32: bool) -> None:
