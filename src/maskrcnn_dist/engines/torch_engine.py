@@ -28,7 +28,7 @@ from ..errors import ConfigError, UserError
 from ..lifetime.stop import StopRequest
 from ..modeling.compiled import compile_backbone, graph_breaks
 from ..modeling.model import build_model, side_effect_free_losses
-from ..modeling.optim import build_optimizer, build_scheduler
+from ..modeling.optim import build_optimizer, build_scheduler, load_optimizer_state
 from ..modeling.perf import autocast_context, grad_scaler, scales_loss
 from ..modeling.rng import StepSeeder
 from ..modeling.sync_bn import convert_sync_batchnorm
@@ -229,7 +229,7 @@ class TorchEngine(Engine):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         if "optimizer" in state:  # every engine saves the optimizer in the same layout
-            self.optimizer.load_state_dict(state["optimizer"])
+            load_optimizer_state(self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             if state.get("scaler") and self.skips_expected:  # fp16's scale; the guard at 1 keeps none
                 self.scaler.load_state_dict(state["scaler"])

@@ -243,18 +243,24 @@ class Trainer:
     def after_step(self) -> None:
         at = self.boundary()
         due = [hook for hook in self.hooks if hook.is_due(at)]
-        stopping = self.engine.stop_after_step()  # the step boundary: every process of the engine agrees here
-        if due or stopping or at.final or at.step % self.read_every == 0:
-            for step_at, result in self.unread.read():  # one host read; a diverged step ends the run here
-                for hook in self.hooks:
-                    hook.after_step(step_at, result)
-        if stopping:
+        if due or at.final or at.step % self.read_every == 0 or self.engine.stop_after_step():
+            self.deliver_steps()
+        # The step boundary: every process of the engine agrees here (a hook's after_step may have asked).
+        if self.engine.stop_after_step():
+            self.deliver_steps()
             self.stop_now(due)
         self.run_hooks(due, at)
         self.checkpointer.write_requested(at.step)
         if at.epoch_end:
             for hook in self.hooks:
                 hook.after_epoch(at)
+
+    def deliver_steps(self) -> None:
+        """The unread steps' results to every hook, in order, after one host read; a diverged step
+        ends the run here (losses.py)."""
+        for at, result in self.unread.read():
+            for hook in self.hooks:
+                hook.after_step(at, result)
 
     def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
         """The boundary's periodic work in order, keeping what each measured; a stop agreed inside one

@@ -77,9 +77,9 @@ class UnreadSteps:
             return []
         steps, self._steps = self._steps, []
         seconds = (time.perf_counter() - steps[0].started) / len(steps)
-        flat = [t for s in steps for t in _flags_and_terms(s)]
-        device = flat[0].device
-        values = iter(torch.stack([t.reshape(()).float().to(device) for t in flat]).tolist())
+        flat = [torch.as_tensor(t).reshape(()).float() for s in steps for t in _flags_and_terms(s)]
+        device = next((t.device for t in flat if t.device.type != "cpu"), torch.device("cpu"))
+        values = iter(torch.stack([t.to(device) for t in flat]).tolist())
         results = []
         for s in steps:
             skipped = bool(next(values)) if s.skipped is not None else False
@@ -89,5 +89,5 @@ class UnreadSteps:
         return results
 
 
-def _flags_and_terms(step: _Unread) -> list[torch.Tensor]:
+def _flags_and_terms(step: _Unread) -> list[torch.Tensor | float]:
     return ([step.skipped] if step.skipped is not None else []) + list(step.losses.values())
