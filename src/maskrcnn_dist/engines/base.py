@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -47,6 +48,11 @@ class Engine(abc.ABC):
         where they were computed: the step reads nothing back from a GPU (the loop reads the terms of
         several steps at once, training/losses.py). A step whose loss or gradients are not finite
         changes no weight (`skipped` says so); the loop stops the run where it reads it."""
+
+    def on_device(self, batches: Iterable[tuple[Images, Targets]]) -> Iterable[tuple[Images, Targets]]:
+        """The loader's batches as this engine's step wants them: here as they are (the step moves
+        them); an engine with a GPU copies the next one while the current step runs (prefetch.py)."""
+        return batches
 
     def skipped(self) -> torch.Tensor | None:
         """Whether the last step's update was skipped (non-finite gradients), as a 0-dim tensor where it

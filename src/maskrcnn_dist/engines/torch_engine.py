@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ from ..modeling.perf import autocast_context, grad_scaler, scales_loss
 from ..modeling.rng import StepSeeder
 from ..modeling.sync_bn import convert_sync_batchnorm
 from .base import Engine, Images, Targets, resolve_device, to_device
+from .prefetch import DevicePrefetcher
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -159,6 +160,9 @@ class TorchEngine(Engine):
 
     def skipped(self) -> torch.Tensor | None:
         return self._skipped
+
+    def on_device(self, batches: Iterable[tuple[Images, Targets]]) -> Iterable[tuple[Images, Targets]]:
+        return DevicePrefetcher(batches, self.device) if self.device.type == "cuda" else batches
 
     def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The loss terms' mean over ranks, left on the device. In ddp this rank's stop flag rides along

@@ -210,7 +210,7 @@ class Trainer:
             if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
                 self.stop_now([])
             while self.position.step < self.total_steps and not self.stopped_early:
-                for images, targets in self.loader(self.position.epoch, self.position.batch):
+                for images, targets in self.engine.on_device(self.loader(self.position.epoch, self.position.batch)):
                     started = time.perf_counter()
                     losses = self.engine.train_step(self.position.step, images, targets)
                     self._advance()
