@@ -158,8 +158,8 @@ class TrainConfig:
             ),
             (
                 not (self.compile and self.engine == "pipeline"),
-                "--compile is for --engine local and ddp: the pipeline's stages run eagerly (its RPC engine is in "
-                "maintenance); leave out --compile",
+                "--compile is for --engine local and ddp: the pipeline's stages run eagerly (compiled stages under "
+                "distributed autograd are untested); leave out --compile",
             ),
             (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
             (
