@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from maskrcnn_dist.config import TrainConfig, build_config
+from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling.compiled import compiler_problem, graph_breaks
 from maskrcnn_dist.modeling.model import build_model
@@ -137,7 +138,7 @@ class Runner:
         """One training step; its wall seconds."""
         started = time.perf_counter()
         if self.engine is not None:
-            self.last_loss = sum(self.engine.train_step(self.steps_done, images, targets).values())
+            self.last_loss = sum(read_losses(self.engine.train_step(self.steps_done, images, targets)).values())
         else:
             losses = self.model(images, targets)
             total = sum(losses.values())

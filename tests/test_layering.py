@@ -138,7 +138,7 @@ TOOLS = ("outputs", "profile")
 #: The training path, which no tool imports: the composition root and the run (training/).
 TRAINING_PATH = ("train", "training")
 #: What the engines share; every other module of engines/ (a module or a package) is one engine.
-ENGINES_SHARE = ("base",)
+ENGINES_SHARE = ("base", "prefetch")
 
 
 def _within(module: str, package: str) -> bool:

@@ -102,10 +102,13 @@ class StepRunner:
         self.snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
-def compare_amp(engine: Any, batches: Sequence[tuple[list, list]], dtype: str, repeat_floor: bool) -> dict[str, Any]:
-    """The report of this module's docstring for `engine` (a TorchEngine) over `batches` (on its device)."""
+def compare_amp(
+    engine: Any, batches: Sequence[tuple[list, list]], dtype: str, repeat_floor: bool, init_scale: float = 2.0**16
+) -> dict[str, Any]:
+    """The report of this module's docstring for `engine` (a TorchEngine) over `batches` (on its device);
+    fp16's scaler starts at `init_scale` (torch's default)."""
     runner = StepRunner(engine)
-    scaler = torch.amp.GradScaler(engine.device.type) if dtype == "fp16" else None
+    scaler = torch.amp.GradScaler(engine.device.type, init_scale=init_scale) if dtype == "fp16" else None
     floors: list[dict[str, float]] = []
     amp: list[dict[str, float]] = []
     skipped = 0

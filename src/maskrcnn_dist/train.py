@@ -184,7 +184,7 @@ def build_trainer(
     }
     files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     total = cfg.total_steps(iters_per_epoch)
-    trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
+    trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts, cfg.print_freq)
     trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
     return trainer
 

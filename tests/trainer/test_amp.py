@@ -24,6 +24,7 @@ import torch
 
 from maskrcnn_dist.config import TrainConfig, build_config
 from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.evaluation import evaluate
 from maskrcnn_dist.lifetime.process import setup_process
@@ -58,7 +59,7 @@ def loss_curve(
     while len(losses) < steps:
         loader = build_train_loader(train_set, cfg.data.batch_size, epoch=epoch, seed=cfg.seed)
         for images, targets in loader:
-            losses.append(sum(engine.train_step(len(losses), images, targets).values()))
+            losses.append(sum(read_losses(engine.train_step(len(losses), images, targets)).values()))
             if len(losses) == steps:
                 break
         epoch += 1

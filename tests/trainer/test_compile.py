@@ -20,6 +20,7 @@ from torch._inductor import config as inductor_config
 
 from maskrcnn_dist.config import build_config
 from maskrcnn_dist.data import load_datasets
+from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.modeling.compiled import compile_backbone, compiler_problem
@@ -67,7 +68,7 @@ def test_a_compiled_run_resumed_with_or_without_compile_continues_alike(tiny_coc
     batches = [tuple(zip(*(train_set[i] for i in range(j, j + 2)))) for j in range(0, 8, 2)]
 
     def steps(engine: TorchEngine, numbers: range) -> list[dict[str, float]]:
-        return [engine.train_step(s, list(batches[s][0]), list(batches[s][1])) for s in numbers]
+        return [read_losses(engine.train_step(s, list(batches[s][0]), list(batches[s][1]))) for s in numbers]
 
     straight = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
     assert straight.compiled

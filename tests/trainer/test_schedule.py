@@ -13,7 +13,7 @@ from torchvision.ops._utils import split_normalization_params
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.config import ModelConfig, OptimConfig
 from maskrcnn_dist.modeling.model import build_model
-from maskrcnn_dist.modeling.optim import build_optimizer, build_scheduler, lr_factor
+from maskrcnn_dist.modeling.optim import build_optimizer, build_scheduler, load_optimizer_state, lr_factor
 from maskrcnn_dist.train import train
 from maskrcnn_dist.training.metrics import read_metrics
 
@@ -50,16 +50,30 @@ def test_warm_up_multiplies_the_cosine():
 
 
 def test_default_optimizer_is_todays_one_group():
-    """No --norm-weight-decay: the state dict of SGD over the trainable parameters, as before the flag."""
+    """No --norm-weight-decay: SGD over the trainable parameters in one group, as before the flag; fused,
+    its momenta zeros from the start (what its first step makes: a skipped first step keeps them)."""
     model = build_model(SMALL_BATCH_NORM, num_classes=3)
     cfg = OptimConfig()
-    before = torch.optim.SGD(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-    )
-    assert build_optimizer(model, cfg).state_dict() == before.state_dict()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    before = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    built = build_optimizer(model, cfg).state_dict()
+    implementation = ("fused", "foreach")
+    layout = [{k: v for k, v in g.items() if k not in implementation} for g in built["param_groups"]]
+    assert layout == [
+        {k: v for k, v in g.items() if k not in implementation} for g in before.state_dict()["param_groups"]
+    ]
+    assert built["param_groups"][0]["fused"] is True
+    assert [i for i in built["state"]] == list(range(len(trainable)))
+    assert all(not s["momentum_buffer"].any() for s in built["state"].values())
+
+
+def test_a_checkpoint_of_the_foreach_optimizer_resumes_into_the_fused_one():
+    model = build_model(SMALL_BATCH_NORM, num_classes=3)
+    cfg = OptimConfig()
+    old = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5, momentum=cfg.momentum)
+    optimizer = build_optimizer(model, cfg)
+    load_optimizer_state(optimizer, old.state_dict())
+    assert optimizer.param_groups[0]["fused"] is True and optimizer.param_groups[0]["lr"] == 0.5
 
 
 def test_norm_weight_decay_applies_to_the_normalization_layers_only():

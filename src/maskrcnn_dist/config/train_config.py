@@ -64,12 +64,17 @@ class TrainConfig:
     threads: int | None = option(None, "CPU threads per process (torch.set_num_threads)", minimum=1, maximum=1024)
     amp: bool = option(
         False,
-        "mixed precision: bf16 autocast on CPU, fp16 + grad scaler on CUDA (see --amp-dtype); "
-        "losses, RoI ops, box decoding and the optimizer stay fp32",
+        "mixed precision: bf16 autocast on CPU and on GPUs with bf16 units, fp16 + grad scaler on older GPUs "
+        "(see --amp-dtype); losses, RoI ops, box decoding and the optimizer stay fp32",
     )
     amp_dtype: str = option(
-        "auto", "autocast dtype under --amp: auto (bf16 on CPU, fp16 on CUDA), bfloat16 or float16", choices=AMP_DTYPES
+        "auto",
+        "autocast dtype under --amp: auto (bf16, or fp16 on a GPU without bf16 units), bfloat16 or float16",
+        choices=AMP_DTYPES,
     )
+    # perf.set_device_math: the convolutions already run in TF32 under torch's defaults; this adds the
+    # matrix products (docs/gpu-check.md measured no change on an H200: the convolutions dominate).
+    tf32: bool = option(True, "TF32 for fp32 convolutions and matrix products on CUDA (Ampere and later)")
     # torch.compile needs a compiler at run time (modeling/compiled.py); without one it is off with one line.
     compile: bool = option(
         False,

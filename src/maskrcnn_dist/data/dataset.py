@@ -255,15 +255,22 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
         return self.store.aspect_ratios(self._rows)
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, Target]:
-        row = int(self._rows[idx])
-        return self._read(row)[0], self._target(row)
+        return self.sample(idx)
 
-    def _read(self, row: int) -> tuple[torch.Tensor, Frame]:
+    def sample(self, idx: int, uint8: bool = False) -> tuple[torch.Tensor, Target]:
+        """`(image, target)`; `uint8`: an 8-bit image as its uint8 bytes (the engines divide by 255 on the
+        device: the same floats, a quarter of the bytes through the loader's queue and the copy)."""
+        row = int(self._rows[idx])
+        return self._read(row, uint8)[0], self._target(row)
+
+    def _read(self, row: int, uint8: bool = False) -> tuple[torch.Tensor, Frame]:
         image_id, path = self.store.image_id(row), image_path(self.image_dir, self.store.file_name(row))
         name = f"{path} (image id {image_id})"
         size = self.store.size(row)
         policy = self.split.exif_orientation
-        image, frame = read_image(path, self._frames.get(image_id), annotated=size, policy=policy, name=name)
+        image, frame = read_image(
+            path, self._frames.get(image_id), annotated=size, policy=policy, name=name, uint8=uint8
+        )
         h, w = image.shape[-2:]
         if (w, h) != size:  # the file changed since the check decided its frame
             raise DatasetError(f"{name}: image is {w}x{h} but the annotation file says {size[0]}x{size[1]}")

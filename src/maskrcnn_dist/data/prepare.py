@@ -277,9 +277,10 @@ def train_loaders(cfg: TrainConfig, train_set: CocoInstanceDataset, feeder: Feed
 
     data = cfg.data
     augmentation = build_augmentation(data.data_augmentation, cfg.model.min_size, cfg.model.max_size)
-    samples = (
-        Flipped(train_set, cfg.seed) if augmentation is None else AugmentedDataset(train_set, augmentation, cfg.seed)
-    )
+    if augmentation is None:  # 8-bit images cross as bytes unless copy-paste blends them on the host
+        samples = Flipped(train_set, cfg.seed, uint8=not data.use_copypaste)
+    else:
+        samples = AugmentedDataset(train_set, augmentation, cfg.seed)
 
     def loader(epoch: int, start_batch: int) -> DataLoader:
         return build_train_loader(

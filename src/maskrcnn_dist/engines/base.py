@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -42,10 +43,25 @@ class Engine(abc.ABC):
         return self.data_rank == 0
 
     @abc.abstractmethod
-    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
-        """One optimizer step. Returns the loss terms averaged over the data-parallel world, for
-        logging. Raises TrainingError naming the step and the term on a non-finite loss, on every
-        rank at once and before any parameter changes."""
+    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, torch.Tensor]:
+        """One optimizer step. Returns the loss terms averaged over the data-parallel world, detached,
+        where they were computed: the step reads nothing back from a GPU (the loop reads the terms of
+        several steps at once, training/losses.py). A step whose loss or gradients are not finite
+        changes no weight (`skipped` says so); the loop stops the run where it reads it."""
+
+    def on_device(self, batches: Iterable[tuple[Images, Targets]]) -> Iterable[tuple[Images, Targets]]:
+        """The loader's batches as this engine's step wants them: here as they are (the step moves
+        them); an engine with a GPU copies the next one while the current step runs (prefetch.py)."""
+        return batches
+
+    def skipped(self) -> torch.Tensor | None:
+        """Whether the last step's update was skipped (non-finite gradients), as a 0-dim tensor where it
+        was decided; None where no step is ever skipped but for a non-finite loss."""
+        return None
+
+    #: fp16's dynamic loss scaling skips the steps whose scaled gradients overflow, by design: a skip
+    #: is then counted, not a divergence.
+    skips_expected: bool = False
 
     @abc.abstractmethod
     def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:
@@ -115,20 +131,38 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def check_finite(step: int, values: dict[str, float]) -> None:
-    """A TrainingError naming the step and every non-finite loss term; engines call it before backward."""
+def read_losses(losses: dict[str, torch.Tensor]) -> dict[str, float]:
+    """A step's loss terms as Python floats, in one read (tools and tests; the loop reads many steps at once)."""
+    if not losses:
+        return {}
+    return dict(zip(losses, torch.stack([v.detach().reshape(()).float() for v in losses.values()]).tolist()))
+
+
+def check_finite(step: int, values: dict[str, float], skipped: bool = False, read_at: int | None = None) -> None:
+    """A TrainingError naming the step and every non-finite loss term (or, `skipped`, its non-finite
+    gradients): the engine changed no weight at it. `read_at`: the later step where the loop read it."""
     bad = [name for name, value in values.items() if not math.isfinite(value)]
-    if bad:
-        raise TrainingError(
-            f"non-finite loss at step {step}: {', '.join(f'{n}={values[n]}' for n in bad)}; "
-            "training stopped before the update; the last checkpoint is intact (lower --lr or set --clip-grad-norm)"
-        )
+    if not bad and not skipped:
+        return
+    what = f"non-finite loss at step {step}: {', '.join(f'{n}={values[n]}' for n in bad)}" if bad else ""
+    what = what or f"non-finite gradients at step {step} (its loss was finite)"
+    later = (
+        f", and training stopped at step {read_at}, where the losses were read" if read_at not in (None, step) else ""
+    )
+    raise TrainingError(f"{what}; that step changed no weight{later} (lower --lr or set --clip-grad-norm)")
+
+
+def as_float_image(image: torch.Tensor) -> torch.Tensor:
+    """float32 in [0, 1]: uint8 images divided by 255 where they are (the loader's float path computes
+    x / 255 in float32 too: the same values), float images as they are."""
+    return image.float().div_(255.0) if image.dtype == torch.uint8 else image
 
 
 def to_device(images: Images, targets: Targets | None, device: torch.device) -> tuple[Images, Targets | None]:
-    """A batch (targets' tensors too, when given) on `device`."""
+    """A batch (targets' tensors too, when given) on `device`, non-blocking from pinned memory on a GPU;
+    uint8 images (a quarter of the bytes to copy) become float there."""
     non_blocking = device.type == "cuda"
-    images = [img.to(device, non_blocking=non_blocking) for img in images]
+    images = [as_float_image(img.to(device, non_blocking=non_blocking)) for img in images]
     if targets is not None:
         targets = [
             {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in t.items()}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -28,11 +28,12 @@ from ..errors import ConfigError, UserError
 from ..lifetime.stop import StopRequest
 from ..modeling.compiled import compile_backbone, graph_breaks
 from ..modeling.model import build_model, side_effect_free_losses
-from ..modeling.optim import build_optimizer, build_scheduler
-from ..modeling.perf import autocast_context, grad_scaler
+from ..modeling.optim import build_optimizer, build_scheduler, load_optimizer_state
+from ..modeling.perf import autocast_context, grad_scaler, scales_loss
 from ..modeling.rng import StepSeeder
 from ..modeling.sync_bn import convert_sync_batchnorm
-from .base import Engine, Images, Targets, check_finite, resolve_device, to_device
+from .base import Engine, Images, Targets, resolve_device, to_device
+from .prefetch import DevicePrefetcher
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,8 +105,11 @@ class TorchEngine(Engine):
         self.cfg = cfg
         self.name = "ddp" if distributed else "local"
         self.device = resolve_device(cfg.device, local_rank())
-        if self.device.type == "cpu" and (problem := fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype)):
-            raise ConfigError(problem)  # --device auto found no GPU; --device cpu was refused at parse time
+        # --device auto that found no GPU; --device cpu was refused at parse time. A library caller that
+        # asks for fp16 on the CPU gets it, scaler included (the tests exercise GradScaler("cpu") so).
+        auto_found_cpu = cfg.device == "auto" and self.device.type == "cpu"
+        if auto_found_cpu and (problem := fp16_on_cpu_problem(cfg.amp, cfg.amp_dtype)):
+            raise ConfigError(problem)
         self.pin_memory = self.device.type == "cuda"
         if distributed:
             self.data_rank, self.data_world_size = dist.get_rank(), dist.get_world_size()
@@ -120,6 +124,8 @@ class TorchEngine(Engine):
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, iters_per_epoch, cfg.total_steps(iters_per_epoch))
         self.scaler = grad_scaler(self.device, cfg.amp, cfg.amp_dtype)
+        self.skips_expected = scales_loss(self.device, cfg.amp, cfg.amp_dtype)
+        self._skipped: torch.Tensor | None = None
         self.trained = self.model
         self._stop_agreed = False  # the last step's all-reduced stop flag
         if distributed:
@@ -132,7 +138,7 @@ class TorchEngine(Engine):
 
     # -- steps ----------------------------------------------------------------------------------
 
-    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
+    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, torch.Tensor]:
         images, targets = to_device(images, targets, self.device)
         self.model.train()
         self.seeder.at(step, micro=self.data_rank)
@@ -142,23 +148,34 @@ class TorchEngine(Engine):
         self.scaler.scale(sum(loss_dict.values())).backward()
         # After backward (no parameter has changed yet): a stop asked for during it still ends this step.
         logged = self._mean_over_ranks(loss_dict)
-        check_finite(step, logged)
         if self.cfg.optim.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
-        self.scaler.step(self.optimizer)
+        scale = self.scaler._get_scale_async().clone()  # the scale falls exactly when the step is skipped
+        self.scaler.step(self.optimizer)  # fused: found_inf skips the update on the device, no host read
         self.scaler.update()
+        self._skipped = self.scaler._get_scale_async() < scale
         self.scheduler.step()
         return logged
 
-    def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
-        """The loss terms' mean over ranks; this rank's stop flag rides along (no collective of its own)."""
+    def skipped(self) -> torch.Tensor | None:
+        return self._skipped
+
+    def on_device(self, batches: Iterable[tuple[Images, Targets]]) -> Iterable[tuple[Images, Targets]]:
+        return DevicePrefetcher(batches, self.device) if self.device.type == "cuda" else batches
+
+    def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The loss terms' mean over ranks, left on the device. In ddp this rank's stop flag rides along
+        in the same all-reduce, and is the step's one host read (every rank must agree where to stop)."""
         names = sorted(loss_dict)
         terms = [loss_dict[n].detach().float() for n in names]
-        asked = torch.tensor(1.0 if self.stop is not None and self.stop.requested else 0.0, device=terms[0].device)
+        if not self.distributed:
+            return dict(zip(names, terms))
+        # torch.full, not torch.tensor: a fill kernel on the device, no copy from host memory to wait for.
+        asked = torch.full((), 1.0 if self.stop is not None and self.stop.requested else 0.0, device=terms[0].device)
         values = self.all_reduce_sum(torch.stack([*terms, asked]))
         self._stop_agreed = self.agreed(bool(values[-1] > 0))
-        return dict(zip(names, (values[:-1] / self.data_world_size).tolist()))
+        return dict(zip(names, values[:-1] / self.data_world_size))
 
     def stop_after_step(self) -> bool:
         return self._stop_agreed if self.distributed else super().stop_after_step()
@@ -210,15 +227,15 @@ class TorchEngine(Engine):
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.skips_expected else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         if "optimizer" in state:  # every engine saves the optimizer in the same layout
-            self.optimizer.load_state_dict(state["optimizer"])
+            load_optimizer_state(self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-            if state.get("scaler"):
+            if state.get("scaler") and self.skips_expected:  # fp16's scale; the guard at 1 keeps none
                 self.scaler.load_state_dict(state["scaler"])
 
     def lr(self) -> float:

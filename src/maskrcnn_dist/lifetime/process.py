@@ -1,7 +1,7 @@
 """What every command that runs the model sets once per process, before any model code.
 
 train, eval, predict, report --gallery and profile all call `setup_process`, so that a command's
-numbers (threads, denormal floats) are those of training.
+numbers (threads, denormal floats, TF32 and cuDNN's autotuner on a GPU) are those of training.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..config import TrainConfig
-from ..modeling.perf import set_flush_denormal
+from ..modeling.perf import set_device_math, set_flush_denormal
 
 
 def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:
@@ -22,3 +22,4 @@ def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:
     # slower; flushing them to zero changes nothing a detector can notice. Before any computation:
     # intra-op threads copy the setting when they start (perf.set_flush_denormal checks they did).
     set_flush_denormal(cfg.flush_denormal)
+    set_device_math(cfg.tf32)

@@ -16,6 +16,7 @@ settings: a resumed run follows its own flags.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 
@@ -25,7 +26,7 @@ from torchvision.ops._utils import split_normalization_params
 
 from ..config import OptimConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_factor", "param_groups"]
+__all__ = ["build_optimizer", "build_scheduler", "load_optimizer_state", "lr_factor", "param_groups"]
 
 
 def param_groups(module: nn.Module, cfg: OptimConfig) -> list[dict]:
@@ -40,7 +41,31 @@ def param_groups(module: nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.SGD:
-    return torch.optim.SGD(param_groups(module, cfg), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    """SGD over `param_groups`, fused: one kernel per step on the CPU and on GPUs (the numbers of the
+    foreach step, bit for bit), and a step that the scaler's found_inf skips on the device, so that
+    deciding whether to update reads nothing back (perf.grad_scaler)."""
+    optimizer = torch.optim.SGD(
+        param_groups(module, cfg), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=True
+    )
+    # torch's fused SGD makes its momentum buffers with empty_like on its first step and keeps them even
+    # when found_inf skips that step (fp16 from scratch skips its first ones): uninitialised memory from
+    # then on. Zeros from the start are what that first step would have made (buffer = 0.9 * 0 + grad is
+    # grad, bit for bit, without dampening), and a skipped step leaves them zeros.
+    if cfg.momentum:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return optimizer
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """A saved optimizer state into `optimizer`, as a copy (the optimizer updates its momenta in place:
+    a state another engine of this process holds must not move with this one), keeping this optimizer's
+    implementation: a checkpoint written before SGD was fused (or on another device) says foreach."""
+    implementation = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(copy.deepcopy(state))
+    for group, kept in zip(optimizer.param_groups, implementation):
+        group.update(kept)
 
 
 def lr_factor(iteration: int, cfg: OptimConfig, iters_per_epoch: int, total_steps: int) -> float:

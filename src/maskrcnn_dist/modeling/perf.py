@@ -75,14 +75,27 @@ AMP_CURVE_TOLERANCE = AmpCurveTolerance()
 
 
 def amp_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
-    """The autocast dtype: `requested`, or by default fp16 on CUDA (with a gradient scaler: the
-    widest support across GPU generations) and bf16 on CPU (fp16 has no fast CPU kernels)."""
+    """The autocast dtype: `requested`, or by default bf16 (fp32's exponent range: no gradient scaler,
+    no skipped steps) on the CPU and on GPUs with bf16 units, and fp16 with a scaler on older GPUs."""
     if requested not in AMP_DTYPES:
         raise ValueError(f"amp dtype must be one of {', '.join(AMP_DTYPES)}, got {requested!r}")
     chosen = AMP_DTYPES[requested]
     if chosen is not None:
         return chosen
-    return torch.float16 if device.type == "cuda" else torch.bfloat16
+    if device.type == "cuda" and not gpu_has_bf16(device):
+        return torch.float16
+    return torch.bfloat16
+
+
+def gpu_has_bf16(device: torch.device) -> bool:
+    """Native bf16 units (Ampere and later); an older GPU only emulates bf16, slower than fp32."""
+    if not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device):
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch before 2.3 asks the capability only
+            return torch.cuda.is_bf16_supported()
 
 
 def autocast_context(
@@ -94,11 +107,32 @@ def autocast_context(
     return torch.autocast(device.type, dtype=amp_dtype(device, dtype))
 
 
+def scales_loss(device: torch.device, enabled: bool, dtype: str = "auto") -> bool:
+    """Whether the step scales its loss: fp16 only. bf16 has fp32's exponent range, so its gradients
+    do not underflow and scaling would only cost time."""
+    return enabled and amp_dtype(device, dtype) == torch.float16
+
+
 def grad_scaler(device: torch.device, enabled: bool, dtype: str = "auto") -> torch.amp.GradScaler:
-    """A scaler that is active only for fp16 on CUDA: bf16 has fp32's exponent range, so its
-    gradients do not underflow and scaling would only cost time."""
-    active = enabled and device.type == "cuda" and amp_dtype(device, dtype) == torch.float16
-    return torch.amp.GradScaler("cuda" if device.type == "cuda" else "cpu", enabled=active)
+    """fp16: torch's dynamic loss scaling, which skips the steps whose scaled gradients overflow.
+    Otherwise a scaler at scale 1 (an exact multiply) kept for its check alone: a step whose gradients
+    are not finite is skipped on the device, with the fused optimizer (optim.build_optimizer), so that
+    no step reads the GPU back to decide whether to update the weights. On the CPU fp16 runs only for
+    a library caller that asks (the tests: the command line refuses it, config.fp16_on_cpu_problem)."""
+    if scales_loss(device, enabled, dtype):
+        return torch.amp.GradScaler(device.type)
+    return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**31 - 1)
+
+
+def set_device_math(tf32: bool) -> None:
+    """The process's CUDA math, once, before any model code (flags only: harmless without a GPU).
+
+    TF32 for fp32 matrix products (`tf32`; torch runs convolutions in TF32 by default already). cuDNN's
+    autotuner stays off: the RoI heads' convolutions see a different number of RoIs every step and it
+    would tune again for each (docs/gpu-check.md measured a step 4x slower with it)."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = False
 
 
 def _to_fp32(value: Any) -> Any:

@@ -41,10 +41,11 @@ class MetricsHook(HookBase):
         record = {
             **result.losses,
             "loss": sum(result.losses.values()),
-            "lr": self.engine.lr(),
+            "lr": result.lr,
             "images_per_s": result.images * self.engine.data_world_size / max(result.seconds, 1e-9),
             "epoch": at.epoch,
-            **self.engine.extra_metrics(),
+            **({"skipped": 1} if result.skipped else {}),
+            **result.extras,
         }
         self.writer.write("train", at.step, record)
 

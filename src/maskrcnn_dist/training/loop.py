@@ -29,6 +29,7 @@ import torch
 from ..engines.base import Engine, Images, Targets
 from ..lifetime.stop import Interrupted, Stopped, StopRequest
 from . import state
+from .losses import StepResult, UnreadSteps
 from .state import Position
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,6 @@ class Boundary:
     epoch: int  # the position's epoch after this step: the next batch's
     epoch_end: bool  # this step ended an epoch, or training inside one
     final: bool  # the last planned step
-
-
-@dataclass
-class StepResult:
-    """What the step just done gave: the loss terms (averaged over the data-parallel world), its
-    batch's image count on this process and its seconds."""
-
-    losses: dict[str, float]
-    images: int
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -182,6 +173,7 @@ class Trainer:
         files: Saver,
         stop: StopRequest,
         run_facts: dict[str, Any],
+        read_every: int = 1,
     ) -> None:
         self.engine = engine
         self.loader = loader
@@ -196,6 +188,10 @@ class Trainer:
         self.results: dict[str, dict[str, float] | None] = {}  # hook name -> what its latest run measured
         self.stopped_early: str | None = None  # a hook's closing line when it ended training (--patience)
         self.hooks: list[HookBase] = []
+        # The steps' losses stay on the device until a record prints (every `read_every` steps) or the
+        # boundary has work to do: losses.py.
+        self.read_every = max(1, read_every)
+        self.unread = UnreadSteps(engine.skips_expected)
 
     def register_hooks(self, hooks: Sequence[HookBase]) -> None:
         for hook in hooks:
@@ -214,12 +210,14 @@ class Trainer:
             if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
                 self.stop_now([])
             while self.position.step < self.total_steps and not self.stopped_early:
-                for images, targets in self.loader(self.position.epoch, self.position.batch):
+                for images, targets in self.engine.on_device(self.loader(self.position.epoch, self.position.batch)):
                     started = time.perf_counter()
                     losses = self.engine.train_step(self.position.step, images, targets)
-                    result = StepResult(losses, len(images), time.perf_counter() - started)
                     self._advance()
-                    self.after_step(result)
+                    engine = self.engine
+                    facts = (engine.skipped(), len(images), engine.lr(), engine.extra_metrics())
+                    self.unread.add(self.boundary(), started, losses, *facts)
+                    self.after_step()
                     if self.position.step >= self.total_steps or self.stopped_early:
                         break
         finally:
@@ -242,18 +240,27 @@ class Trainer:
         epoch_end = (p.batch == 0 and p.step > 0) or final
         return Boundary(step=p.step, epoch=p.epoch, epoch_end=epoch_end, final=final)
 
-    def after_step(self, result: StepResult) -> None:
+    def after_step(self) -> None:
         at = self.boundary()
-        for hook in self.hooks:
-            hook.after_step(at, result)
         due = [hook for hook in self.hooks if hook.is_due(at)]
-        if self.engine.stop_after_step():  # the step boundary: every process of the engine agrees here
+        if due or at.final or at.step % self.read_every == 0 or self.engine.stop_after_step():
+            self.deliver_steps()
+        # The step boundary: every process of the engine agrees here (a hook's after_step may have asked).
+        if self.engine.stop_after_step():
+            self.deliver_steps()
             self.stop_now(due)
         self.run_hooks(due, at)
         self.checkpointer.write_requested(at.step)
         if at.epoch_end:
             for hook in self.hooks:
                 hook.after_epoch(at)
+
+    def deliver_steps(self) -> None:
+        """The unread steps' results to every hook, in order, after one host read; a diverged step
+        ends the run here (losses.py)."""
+        for at, result in self.unread.read():
+            for hook in self.hooks:
+                hook.after_step(at, result)
 
     def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
         """The boundary's periodic work in order, keeping what each measured; a stop agreed inside one

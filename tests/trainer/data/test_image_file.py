@@ -114,3 +114,18 @@ def test_valid_files_of_every_kind_pass_and_load(tmp_path: Path, name: str):
     image, frame = read_image(path)
     assert frame == AS_STORED and image.dtype == torch.float32 and tuple(image.shape) == (3, size[1], size[0])
     assert 0 <= float(image.min()) <= float(image.max()) <= 1
+
+
+@pytest.mark.parametrize("name", sorted(_valid_files()))
+def test_uint8_reads_become_the_float_reads_on_the_device(tmp_path: Path, name: str):
+    """The training loader's uint8 images (8-bit files as their bytes) give, through the engines'
+    as_float_image, exactly the floats a float read gives; a 16-bit file stays float (its bytes do not
+    fit uint8)."""
+    from maskrcnn_dist.engines.base import as_float_image
+
+    path = tmp_path / name
+    path.write_bytes(_valid_files()[name])
+    as_float, _ = read_image(path)
+    raw, _ = read_image(path, uint8=True)
+    assert raw.dtype == (torch.float32 if name.startswith("16bit") else torch.uint8)
+    assert torch.equal(as_float_image(raw), as_float)

@@ -160,3 +160,18 @@ def test_loader_with_two_workers_matches_in_process(tmp_path: Path) -> None:
         assert [t["image_id"] for t in targets_a] == [t["image_id"] for t in targets_b]
         assert all(torch.equal(a, b) for a, b in zip(images_a, images_b, strict=True))
         assert all(torch.equal(a["masks"], b["masks"]) for a, b in zip(targets_a, targets_b, strict=True))
+
+
+def test_the_flip_of_uint8_images_is_the_flip_of_float_images(tmp_path: Path) -> None:
+    """Flipped(uint8=True) (the training loader's default without copy-paste) hands out uint8 images whose
+    float values are the float path's, flipped alike, with the same targets."""
+    from maskrcnn_dist.engines.base import as_float_image
+
+    out = generate_synthetic_coco(tmp_path, num_images=6, image_size=(40, 64), max_objects=2, seed=0)
+    dataset = CocoInstanceDataset(out.image_dir, out.annotation_file)
+    as_float, as_bytes = Flipped(dataset, 1), Flipped(dataset, 1, uint8=True)
+    for index in range(len(dataset)):
+        (image_f, target_f), (image_u, target_u) = as_float[index], as_bytes[index]
+        assert image_u.dtype == torch.uint8
+        assert torch.equal(as_float_image(image_u), image_f)
+        assert torch.equal(target_u["boxes"], target_f["boxes"]) and torch.equal(target_u["masks"], target_f["masks"])

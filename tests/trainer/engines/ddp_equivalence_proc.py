@@ -18,6 +18,7 @@ from pipeline_toy import NUM_CLASSES, make_batch  # noqa: E402
 from reference import local_accumulating  # noqa: E402
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run  # noqa: E402
+from maskrcnn_dist.engines.base import read_losses  # noqa: E402
 from maskrcnn_dist.engines.torch_engine import TorchEngine, process_group  # noqa: E402
 
 PER_RANK = 2
@@ -43,7 +44,7 @@ def main(out: Path, steps: int) -> None:
         rank = dist.get_rank()
         shard = slice(PER_RANK * rank, PER_RANK * (rank + 1))
         engine = TorchEngine(cfg, NUM_CLASSES, iters_per_epoch=10, distributed=True)
-        losses = [engine.train_step(step, images[shard], targets[shard]) for step in range(steps)]
+        losses = [read_losses(engine.train_step(step, images[shard], targets[shard])) for step in range(steps)]
         state = engine.state_dict()["model"]
         states = [None] * world_size if rank == 0 else None
         dist.gather_object(state, states, dst=0)

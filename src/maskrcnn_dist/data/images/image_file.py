@@ -142,11 +142,13 @@ def read_image(
     annotated: tuple[int, int] | None = None,
     policy: str = "auto",
     name: str | None = None,
+    uint8: bool = False,
 ) -> tuple[torch.Tensor, Frame]:
-    """An image file as float32 [3, H, W] in [0, 1], read in `frame`, and that frame. `frame` None:
-    decided now from the file (orientation.frame_of: the data check's function, with the annotation's
-    width x height `annotated` and --exif-orientation `policy`), as when --check-data is off. A
-    DatasetError names the file (`name`) when it cannot be decoded or fits no frame."""
+    """An image file as float32 [3, H, W] in [0, 1] (`uint8`: an 8-bit file's bytes as uint8 [3, H, W],
+    which x / 255 in float32 makes the same floats; a 16-bit one stays float), read in `frame`, and that
+    frame. `frame` None: decided now from the file (orientation.frame_of: the data check's function, with
+    the annotation's width x height `annotated` and --exif-orientation `policy`), as when --check-data is
+    off. A DatasetError names the file (`name`) when it cannot be decoded or fits no frame."""
     name = name or str(path)
     try:
         with Image.open(path) as im:
@@ -156,7 +158,7 @@ def read_image(
                 raise DatasetError(f"{name}: {decode_failure(exc, im, path.stat().st_size)}") from exc
             if frame is None:
                 frame = frame_of(oriented, annotated, policy)
-            array = _to_rgb_float(in_frame(im, frame, oriented.delivered))
+            array = _to_rgb(in_frame(im, frame, oriented.delivered), uint8)
     except FrameMismatch as exc:
         raise DatasetError(f"{name}: {exc}") from exc
     except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
@@ -164,11 +166,13 @@ def read_image(
     return torch.from_numpy(array).permute(2, 0, 1).contiguous(), frame
 
 
-def _to_rgb_float(im: Image.Image) -> np.ndarray:
-    """Any PIL mode -> float32 HxWx3 in [0, 1]."""
+def _to_rgb(im: Image.Image, uint8: bool = False) -> np.ndarray:
+    """Any PIL mode -> float32 HxWx3 in [0, 1]; with `uint8`, an 8-bit mode's uint8 HxWx3 before that division."""
     if im.mode.startswith("I"):  # 16/32-bit grayscale: PIL's convert("RGB") would clip it to 255
         gray = np.clip(np.asarray(im, dtype=np.float32) / 65535.0, 0.0, 1.0)
         return np.repeat(gray[:, :, None], 3, axis=2)
     if im.mode == "P" and "transparency" in im.info:
         im = im.convert("RGBA")  # PIL asks for this route for palettes with transparency
+    if uint8:
+        return np.array(im.convert("RGB"))  # a writable copy: torch.from_numpy warns on PIL's read-only buffer
     return np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0

@@ -5,6 +5,7 @@ flip the same images."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import torch
 
@@ -26,7 +27,19 @@ def hflip(image: torch.Tensor, target: Target) -> tuple[torch.Tensor, Target]:
 
 
 class Flipped(EpochSamples):
-    """A dataset's samples, each flipped on flip_decision(seed, epoch, index)."""
+    """A dataset's samples, each flipped on flip_decision(seed, epoch, index). `uint8`: 8-bit images
+    read as their bytes (a flip moves bytes: the same pixels as a float image's); the engines make them
+    float on the device. Off where a later step computes on the pixels (copy-paste's blend)."""
+
+    def __init__(self, dataset: Any, seed: int, uint8: bool = False) -> None:
+        super().__init__(dataset, seed)
+        self.uint8 = uint8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
+        if not self.uint8:
+            return super().__getitem__(index)
+        image, target = self.dataset.sample(index, uint8=True)
+        return self.transform(image, target, index % len(self))
 
     def transform(self, image: torch.Tensor, target: Target, index: int) -> tuple[torch.Tensor, Target]:
         if flip_decision(self.seed, self.epoch, index):

@@ -157,14 +157,16 @@ class PipelineEngine(Engine):
 
     # -- Engine ---------------------------------------------------------------------------
 
-    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
+    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, Tensor]:
         started, cpu_started = time.perf_counter(), time.process_time()
         self._last_step = step
         with dist_autograd.context() as context_id:
             outputs, sizes, sent = self._run_round(step, images, targets, "train")
             loss_dict = weighted_mean([o.losses for o in outputs], sizes)
-            logged = {name: float(value.detach()) for name, value in loss_dict.items()}
-            check_finite(step, logged)  # before backward: no parameter has changed yet
+            # The master holds the losses in host memory: reading them costs nothing, and a non-finite
+            # one stops the step before backward, so no stage changes a parameter.
+            logged = {name: value.detach() for name, value in loss_dict.items()}
+            check_finite(step + 1, {name: float(value) for name, value in logged.items()})
             with self._rpc_errors(f"backward of step {step}"):
                 dist_autograd.backward(context_id, [sum(loss_dict.values())])
                 reports = self._step(context_id)

@@ -36,7 +36,7 @@ from torch.distributed.rpc import PyRRef
 
 from ...config import TrainConfig
 from ...modeling.model import build_model, side_effect_free_losses
-from ...modeling.optim import build_optimizer, build_scheduler
+from ...modeling.optim import build_optimizer, build_scheduler, load_optimizer_state
 from ...modeling.perf import autocast_context
 from ...modeling.rng import StepSeeder
 from .stages import MicroBatchState, StageModule, build_stages
@@ -339,7 +339,7 @@ class StageHost:
             with replica.lane.entered(incoming=model):
                 replica.stage.load_state_dict(model)
                 if optimizer is not None:
-                    replica.optimizer.load_state_dict(copy.deepcopy(optimizer))
+                    load_optimizer_state(replica.optimizer, optimizer)
             if scheduler is not None:
                 replica.scheduler.load_state_dict(scheduler)
 

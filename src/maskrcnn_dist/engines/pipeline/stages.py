@@ -28,6 +28,8 @@ from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from torchvision.models.detection.image_list import ImageList
 
+from ..base import as_float_image
+
 DEFAULT_PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
 
 Placement = Sequence[Sequence[str]]
@@ -118,7 +120,9 @@ class StageModule(nn.Module):
     def _transform(self, state: MicroBatchState) -> None:
         if self.training and state.targets is None:
             raise ValueError("targets should not be None in training mode")
-        image_list, targets = self.transform(state.images, state.targets)
+        # uint8 images (the training loader's, a quarter of the bytes on the wire) become float here.
+        images = [as_float_image(img) for img in state.images]
+        image_list, targets = self.transform(images, state.targets)
         if targets is not None:
             _check_degenerate_boxes(targets)
         state.images, state.targets = None, targets

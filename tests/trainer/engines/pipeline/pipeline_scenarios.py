@@ -11,6 +11,7 @@ from pipeline_procs import make_plans
 from pipeline_toy import NUM_CLASSES, make_batch
 from reference import local_accumulating
 
+from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.pipeline import PipelineEngine, guard, hosts, master_session
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.torch_engine import TorchEngine
@@ -35,7 +36,7 @@ def _stage_lrs(engine: PipelineEngine) -> list[float]:
 
 
 def _train(engine, steps: int, batch) -> list[dict[str, float]]:
-    return [engine.train_step(step, *batch) for step in range(steps)]
+    return [read_losses(engine.train_step(step, *batch)) for step in range(steps)]
 
 
 def compare(args: dict, cfg) -> None:
@@ -85,7 +86,7 @@ def compare(args: dict, cfg) -> None:
         rep = _pipeline(cfg, 2, replicas=(2, 2))
         out["r2_losses"] = _train(rep, steps, batch)
         out["r2_state"] = rep.state_dict()
-        out["r2_losses"] += [rep.train_step(step, *batch) for step in range(steps, args.get("replica_steps", 4))]
+        out["r2_losses"] += [read_losses(rep.train_step(s, *batch)) for s in range(steps, args.get("replica_steps", 4))]
         out["r2_checksums"] = [h.state().wait()["checksums"] for h in rep.hosts]
         rep.close()
         # Every process of the session ran under the device-map guard, and closed engines left no host.

@@ -1,0 +1,54 @@
+"""The GPU check's amp comparison (checks/gpu/amp.py) on the CPU: bf16 and fp16 (GradScaler("cpu")) agree
+with fp32 within their floors, and a broken amp step (gradients left scaled) is caught."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from checks.gpu.amp import compare_amp, problems
+from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
+from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.engines.torch_engine import TorchEngine
+
+
+@pytest.fixture(scope="module")
+def engine_and_batches(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory):
+    torch.set_num_threads(2)
+    values = small_cpu_run(64, data_path=tiny_coco, output_dir=tmp_path_factory.mktemp("amp"), batch_size=2, lr=0.005)
+    cfg = apply_overrides(TrainConfig(), {**values, "workers": 0, "aspect-ratio-group-factor": -1}, "test")
+    train_set, _ = load_datasets(cfg)
+    batches = list(build_train_loader(train_set, 2, epoch=0, seed=0))[:2]
+    return lambda: TorchEngine(cfg, train_set.num_classes, iters_per_epoch=10), batches
+
+
+pytestmark = pytest.mark.slow  # fp16 on the CPU has no fast kernels: a minute a test
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_amp_agrees_with_fp32_within_its_floor(engine_and_batches, dtype):
+    make_engine, batches = engine_and_batches
+    report = compare_amp(make_engine(), batches, dtype, repeat_floor=False)
+    assert problems(report) == [], report
+    assert set(report["floor"]) == {"loss", "backbone", "rpn", "heads"} and report["batches"] == 2
+    assert all(0 < v for v in report["floor"].values()), report["floor"]
+    if dtype == "fp16":  # the scaler's overflowing steps are counted, never hidden
+        assert report["skipped_steps"] >= 1 and report["final_scale"] < 2.0**16
+
+
+def test_gradients_left_scaled_are_caught(engine_and_batches, monkeypatch):
+    make_engine, batches = engine_and_batches
+    unscale = torch.amp.GradScaler.unscale_
+
+    def leave_scaled(self, optimizer):  # the scaler's bookkeeping runs, the gradients keep their scale
+        unscale(self, optimizer)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(self.get_scale())
+
+    monkeypatch.setattr(torch.amp.GradScaler, "unscale_", leave_scaled)
+    report = compare_amp(make_engine(), batches[:1], "fp16", repeat_floor=False, init_scale=256.0)
+    assert {"backbone", "rpn", "heads"} <= {p.split()[0] for p in problems(report)}, report
