@@ -16,6 +16,7 @@ from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.data.loader import MicroBatch
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
+from ..stand_ins import CountingEngine
 from .pipeline.pipeline_toy import NUM_CLASSES, make_batch
 from .reference import local_accumulating
 
@@ -57,3 +58,22 @@ def test_micro_batches_weighted_by_their_images_take_the_ranks_step(reference, f
             assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
     for key, expected in ref_state.items():
         torch.testing.assert_close(state[key].float(), expected.float(), rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_an_engine_that_splits_its_own_batch_reads_the_whole_global_batch() -> None:
+    """The pipeline's master (the base Engine's train_micro_batches): the real micro-batches in order as
+    one batch, which its own micro-batches weigh by image count; a filler is left out."""
+    seen: list[tuple[list, list]] = []
+
+    class Recording(CountingEngine):
+        def train_step(self, step, images, targets):
+            seen.append((images, targets))
+            return super().train_step(step, images, targets)
+
+    images, targets = [torch.full((1,), float(i)) for i in range(3)], [{"i": i} for i in range(3)]
+    micro = [
+        MicroBatch(images[:2], targets[:2], 0, Fraction(2, 3)),
+        MicroBatch(images[2:], targets[2:], 1, Fraction(1, 3)),
+    ]
+    Recording().train_micro_batches(0, [*micro, MicroBatch(images[:1], targets[:1], 2, Fraction(0))])
+    assert seen == [(images, targets)]
