@@ -44,7 +44,9 @@ def test_every_rank_of_every_world_size_shares_each_global_batch_whole() -> None
                 shares = [rank_share(batch, r, world) for r in range(world)]
                 assert sum(s.weight for s in shares) == 1
                 assert len({len(s.micro_batches) for s in shares}) == 1  # collectives pair up
-                real = sorted(m.micro for s in shares for m in s.micro_batches if not m.filler)
+                weighted = [m for s in shares for m in s.micro_batches if not m.filler]
+                assert all(m.weight == Fraction(len(m.indices), batch.images) for m in weighted)  # its image share
+                real = sorted(m.micro for m in weighted)
                 assert real == list(range(len(batch.micro_batches)))
                 everything = Counter(i for m in batch.micro_batches for i in m)
                 assert Counter(i for s in shares for i in s.trained) == everything
