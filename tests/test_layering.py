@@ -299,6 +299,7 @@ DATA_ROOMS = (
     "check_ahead",
     "synthetic",
     "dataset",
+    "plan",
     "loader",
     "transforms",
     "prepare",

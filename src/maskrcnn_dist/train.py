@@ -29,13 +29,16 @@ from pathlib import Path
 from maskrcnn_launcher.contract import PodPlan
 
 from .categories import Categories
-from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
+from .checkpoint import Checkpointer, load_resume
 from .config import TrainConfig, config_to_dict
 from .data import (
+    LAYOUT_KEY,
+    WORLD_SIZE_KEY,
+    BatchLayout,
     CocoInstanceDataset,
     ParseAhead,
     flagged_sources,
-    num_train_batches,
+    layout_of_run,
     open_data,
     sources_of,
     train_loaders,
@@ -53,13 +56,14 @@ from .errors import DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
-from .run_dir import checkpoint_dir, guard_output_dir
+from .run_dir import checkpoint_dir, guard_output_dir, samples_path
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
 from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
 from .training.loop import HookBase, RunCheckpointer, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
+from .training.samples import SampleRecordHook
 from .training.state import Position
 
 log = logging.getLogger(__name__)
@@ -126,8 +130,10 @@ def _run(
     grace_s: float | None,
 ) -> TrainResult:
     train_set, val_set = datasets
-    # One number for the engine's schedule and the Trainer's epochs.
-    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
+    # The checkpoint's global batch at any world size (data/plan.py): its steps per epoch set the schedule.
+    saved = load_resume(cfg.resume, cfg.output_dir)
+    layout = layout_of_run(saved[0] if saved else None, cfg.data.batch_size, data_world_size, is_main_process(cfg))
+    iters = layout.steps_per_epoch(len(train_set))
     engine = make_engine(train_set.num_classes, iters)
     if cfg.test_only and val_set is None:
         raise DatasetError(
@@ -135,8 +141,8 @@ def _run(
         )
     total = cfg.total_steps(iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
-        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
-        resume(trainer, cfg)
+        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, layout)
+        resume(trainer, cfg, saved)
         if cfg.test_only:
             evaluation = evaluate_only(trainer.position.step, evaluation_of(cfg, engine, val_set, metrics), stop)
             return TrainResult(trainer.position, None, evaluation, cfg.output_dir)
@@ -171,11 +177,15 @@ def build_trainer(
     metrics: MetricsWriter,
     stop: StopRequest | None = None,
     grace_s: float | None = None,
+    layout: BatchLayout | None = None,
 ) -> Trainer:
-    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`."""
-    loader = train_loaders(cfg, train_set, engine)  # the epoch's loader: augmented, batched
+    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`; `layout` (default:
+    this launch's) the run's global batch, kept with the world size in its checkpoints."""
+    layout = layout or BatchLayout(engine.data_world_size, cfg.data.batch_size)
+    loader = train_loaders(cfg, train_set, engine, layout)  # the epoch's steps: augmented, batched
     categories = Categories.of_dataset(train_set)
     run_facts = {
+        **{LAYOUT_KEY: layout.to_state(), WORLD_SIZE_KEY: engine.data_world_size},
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
         "categories": categories.to_state(),
@@ -186,6 +196,8 @@ def build_trainer(
     total = cfg.total_steps(iters_per_epoch)
     trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts, cfg.print_freq)
     trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
+    record = SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)
+    trainer.register_hooks([record])
     return trainer
 
 
@@ -220,16 +232,12 @@ def evaluation_of(
     return None if val_set is None else Evaluation(engine, val_set, cfg.data.val_batch_size, cfg.data.workers, metrics)
 
 
-def resume(trainer: Trainer, cfg: TrainConfig) -> None:
-    """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
-    --test-only, "best"), with every hook's state and the pending hooks the checkpoint holds."""
-    source = resolve_resume(cfg.resume, cfg.output_dir)
-    if source is None:
-        if cfg.resume is not None:
-            log.info("resume auto: no checkpoint in %s yet, starting fresh", checkpoint_dir(cfg.output_dir))
-        return
-    source = checkpoint_file(source)
-    trainer.restore(load_checkpoint(source), source)
+def resume(trainer: Trainer, cfg: TrainConfig, saved: tuple[dict, Path] | None = None) -> None:
+    """Continue from --resume (`saved`: already loaded), with every hook's state and the pending hooks
+    the checkpoint holds."""
+    saved = saved or load_resume(cfg.resume, cfg.output_dir)
+    if saved is not None:
+        trainer.restore(*saved)
 
 
 def evaluate_only(step: int, evaluation: Evaluation | None, stop: StopRequest) -> dict[str, float] | None:

@@ -95,14 +95,14 @@ def test_a_non_finite_loss_stops_the_run_where_the_losses_are_read(tiny_coco, tm
     cfg = fast_config(tiny_coco, tmp_path, **{"max-steps": 6, "print-freq": 2, "checkpoint-period": 0})
     train_set, val_set = load_datasets(cfg)
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
-    step = engine.train_step
+    step = engine.train_micro_batches  # what the loop calls
 
-    def poisoned(at: int, images, targets):
+    def poisoned(at: int, micro_batches):
         if at == 2:  # the third step (records count from 1)
             engine.model.roi_heads.box_predictor.cls_score.bias.data.fill_(float("nan"))
-        return step(at, images, targets)
+        return step(at, micro_batches)
 
-    engine.train_step = poisoned
+    engine.train_micro_batches = poisoned
     with closing(run_metrics(cfg, True, cfg.total_steps(6))) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, 6, metrics)
         with pytest.raises(

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from ..data.loader import MicroBatch, StepBatch
 from ..errors import ConfigError, TrainingError
 from ..lifetime.stop import StopRequest
 
@@ -49,7 +50,7 @@ class Engine(abc.ABC):
         several steps at once, training/losses.py). A step whose loss or gradients are not finite
         changes no weight (`skipped` says so); the loop stops the run where it reads it."""
 
-    def on_device(self, batches: Iterable[tuple[Images, Targets]]) -> Iterable[tuple[Images, Targets]]:
+    def on_device(self, batches: Iterable[StepBatch]) -> Iterable[StepBatch]:
         """The loader's batches as this engine's step wants them: here as they are (the step moves
         them); an engine with a GPU copies the next one while the current step runs (prefetch.py)."""
         return batches
@@ -62,6 +63,16 @@ class Engine(abc.ABC):
     #: fp16's dynamic loss scaling skips the steps whose scaled gradients overflow, by design: a skip
     #: is then counted, not a divergence.
     skips_expected: bool = False
+
+    def train_micro_batches(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, torch.Tensor]:
+        """One optimizer step over this process's share of a global batch (data/plan.py): its
+        micro-batches, each weighted by its share of the global batch's images. Here: the real ones
+        (fillers left out) as one batch, the engine's own step (the pipeline's master, whose own
+        micro-batches weigh by their image counts, reads a whole global batch this way)."""
+        real = [m for m in micro_batches if m.weight > 0]
+        if len(real) == 1:
+            return self.train_step(step, real[0].images, real[0].targets)
+        return self.train_step(step, [i for m in real for i in m.images], [t for m in real for t in m.targets])
 
     @abc.abstractmethod
     def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:

@@ -1,6 +1,7 @@
 """Batches on their way to the device while the current step runs.
 
-`DevicePrefetcher(batches, device)` yields (images, targets) already on `device`. On a GPU each
+`DevicePrefetcher(batches, device)` yields a rank's step batches (data/loader.py's StepBatch: its
+micro-batches of a global batch) already on `device`. On a GPU each
 batch's copy (pinned host memory to the device, non-blocking) and its uint8 images' conversion to
 float are issued on a side stream one batch ahead; the compute stream waits for that copy only when
 the batch is used, and every tensor is recorded on the compute stream so that the allocator keeps it
@@ -13,12 +14,23 @@ in [0, 1] on the device, the values the loader's float path computes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import torch
 
-from .base import Images, Targets, to_device
+from ..data.loader import StepBatch
+from .base import to_device
 
-Batch = tuple[Images, Targets | None]
+Batch = StepBatch
+
+
+def batch_on(batch: StepBatch, device: torch.device) -> StepBatch:
+    """`batch` with every micro-batch's images (made float) and targets on `device`."""
+    moved = []
+    for micro in batch.micro_batches:
+        images, targets = to_device(micro.images, micro.targets, device)
+        moved.append(replace(micro, images=images, targets=targets))
+    return replace(batch, micro_batches=moved)
 
 
 class DevicePrefetcher:
@@ -36,9 +48,9 @@ class DevicePrefetcher:
         except StopIteration:
             return None
         if self._stream is None:
-            return to_device(*batch, self._device)
+            return batch_on(batch, self._device)
         with torch.cuda.stream(self._stream):
-            return to_device(*batch, self._device)
+            return batch_on(batch, self._device)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -57,7 +69,7 @@ class DevicePrefetcher:
 
 
 def _tensors(batch: Batch) -> Iterator[torch.Tensor]:
-    images, targets = batch
-    yield from images
-    for target in targets or ():
-        yield from (v for v in target.values() if isinstance(v, torch.Tensor))
+    for micro in batch.micro_batches:
+        yield from micro.images
+        for target in micro.targets or ():
+            yield from (v for v in target.values() if isinstance(v, torch.Tensor))

@@ -26,16 +26,18 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ..engines.base import Engine, Images, Targets
+from ..data.loader import StepBatch
+from ..engines.base import Engine
 from ..lifetime.stop import Interrupted, Stopped, StopRequest
 from . import state
-from .losses import StepResult, UnreadSteps
+from .losses import Samples, StepResult, UnreadSteps
 from .state import Position
 
 log = logging.getLogger(__name__)
 
-#: The batches of one epoch from a batch on: (epoch, start_batch) -> (images, targets) pairs.
-LoaderFactory = Callable[[int, int], Iterable[tuple[Images, Targets]]]
+#: The steps of one epoch from a global batch on: (epoch, start_batch) -> this process's share of each
+#: global batch (data/plan.py), its micro-batches loaded.
+LoaderFactory = Callable[[int, int], Iterable[StepBatch]]
 
 
 @dataclass(frozen=True)
@@ -210,12 +212,13 @@ class Trainer:
             if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
                 self.stop_now([])
             while self.position.step < self.total_steps and not self.stopped_early:
-                for images, targets in self.engine.on_device(self.loader(self.position.epoch, self.position.batch)):
+                for batch in self.engine.on_device(self.loader(self.position.epoch, self.position.batch)):
                     started = time.perf_counter()
-                    losses = self.engine.train_step(self.position.step, images, targets)
+                    losses = self.engine.train_micro_batches(self.position.step, batch.micro_batches)
+                    samples = self._samples(batch)
                     self._advance()
                     engine = self.engine
-                    facts = (engine.skipped(), len(images), engine.lr(), engine.extra_metrics())
+                    facts = (engine.skipped(), batch.images, engine.lr(), engine.extra_metrics(), samples)
                     self.unread.add(self.boundary(), started, losses, *facts)
                     self.after_step()
                     if self.position.step >= self.total_steps or self.stopped_early:
@@ -226,6 +229,10 @@ class Trainer:
         if self.stopped_early and self.engine.is_main:
             log.info("%s", self.stopped_early)
         return self.position
+
+    def _samples(self, batch: StepBatch) -> Samples:
+        p, engine = self.position, self.engine
+        return Samples(p.epoch, p.batch, batch.share.trained, engine.data_rank, engine.data_world_size)
 
     def _advance(self) -> None:
         p = self.position

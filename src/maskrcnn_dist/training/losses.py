@@ -34,6 +34,19 @@ class StepResult:
     lr: float
     extras: dict[str, float]
     skipped: bool = False
+    samples: Samples | None = None  # what this process trained on in the step
+
+
+@dataclass(frozen=True)
+class Samples:
+    """The images a process trained on in a step: global batch `batch` of `epoch`, its dataset `indices`
+    (weighted ones; fillers left out), on data-parallel rank `rank` of `world_size`."""
+
+    epoch: int
+    batch: int
+    indices: tuple[int, ...]
+    rank: int
+    world_size: int
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class _Unread:
     images: int
     lr: float
     extras: dict[str, float]
+    samples: Samples | None
 
 
 class UnreadSteps:
@@ -67,8 +81,9 @@ class UnreadSteps:
         images: int,
         lr: float,
         extras: dict[str, float],
+        samples: Samples | None = None,
     ) -> None:
-        self._steps.append(_Unread(at, started, losses, skipped, images, lr, extras))
+        self._steps.append(_Unread(at, started, losses, skipped, images, lr, extras, samples))
 
     def read(self) -> list[tuple[Any, StepResult]]:
         """Every unread step's result, in order, from one host read; raises TrainingError at the first
@@ -85,7 +100,7 @@ class UnreadSteps:
             skipped = bool(next(values)) if s.skipped is not None else False
             losses = {name: next(values) for name in s.losses}
             check_finite(s.at.step, losses, skipped and not self.skips_expected, read_at=steps[-1].at.step)
-            results.append((s.at, StepResult(losses, s.images, seconds, s.lr, s.extras, skipped)))
+            results.append((s.at, StepResult(losses, s.images, seconds, s.lr, s.extras, skipped, s.samples)))
         return results
 
 

@@ -3,9 +3,13 @@ prefetcher yields every batch in order, converted, with nothing dropped at the e
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import torch
 
+from maskrcnn_dist.data.loader import MicroBatch, StepBatch
+from maskrcnn_dist.data.plan import RankShare
 from maskrcnn_dist.engines.base import as_float_image, to_device
 from maskrcnn_dist.engines.prefetch import DevicePrefetcher
 
@@ -18,15 +22,28 @@ def test_uint8_images_become_the_float_paths_values():
     assert as_float_image(already) is already
 
 
-def test_the_prefetcher_yields_every_batch_in_order_on_the_device():
-    batches = [
-        ([torch.full((3, 2, 2), i, dtype=torch.uint8)], [{"boxes": torch.tensor([[0.0, 0, 1, 1]]), "id": i}])
-        for i in range(3)
+def _step_batch(i: int, micro_batches: int = 2) -> StepBatch:
+    micro = [
+        MicroBatch(
+            [torch.full((3, 2, 2), i, dtype=torch.uint8)],
+            [{"boxes": torch.tensor([[0.0, 0, 1, 1]]), "id": i}],
+            micro=k,
+            weight=Fraction(1, micro_batches),
+        )
+        for k in range(micro_batches)
     ]
+    return StepBatch(micro, RankShare(()))
+
+
+def test_the_prefetcher_yields_every_batch_in_order_on_the_device():
+    batches = [_step_batch(i) for i in range(3)]
     seen = list(DevicePrefetcher(batches, torch.device("cpu")))
-    assert [t[0]["id"] for _, t in seen] == [0, 1, 2]
-    for i, (images, targets) in enumerate(seen):
-        assert images[0].dtype == torch.float32 and float(images[0][0, 0, 0]) == float(np.float32(i) / np.float32(255))
-        assert torch.equal(targets[0]["boxes"], batches[i][1][0]["boxes"])
+    assert [b.micro_batches[0].targets[0]["id"] for b in seen] == [0, 1, 2]
+    for i, batch in enumerate(seen):
+        assert [m.micro for m in batch.micro_batches] == [0, 1]  # every micro-batch, in order
+        for micro, source in zip(batch.micro_batches, batches[i].micro_batches, strict=True):
+            image = micro.images[0]
+            assert image.dtype == torch.float32 and float(image[0, 0, 0]) == float(np.float32(i) / np.float32(255))
+            assert torch.equal(micro.targets[0]["boxes"], source.targets[0]["boxes"]) and micro.weight == source.weight
     images, targets = to_device([torch.zeros(3, 1, 1, dtype=torch.uint8)], None, torch.device("cpu"))
     assert targets is None and images[0].dtype == torch.float32
