@@ -114,9 +114,20 @@ def _run_train(config_file: Path | None, values: dict[str, Any]):
         from .train import train as run_train
 
         try:
-            return run_train(train_command_config(config_file, values), stop=stop, parsing=parsing)
+            cfg = train_command_config(config_file, values)
+            record = not cfg.test_only or _output_dir_named(config_file, values)
+            return run_train(cfg, stop=stop, parsing=parsing, record=record)
         except Stopped as stopped:
             exit_stopped(stopped.closing_line())
+
+
+def _output_dir_named(config_file: Path | None, values: dict[str, Any]) -> bool:
+    """Whether an evaluation was told where to record its AP: --output-dir given (flag or YAML), or the
+    run folder that `--resume auto|best` reads. Otherwise it writes nothing, and least of all the default
+    runs/train, which a later `train` would then find taken."""
+    from_file = config_mod.load_yaml_config(config_file) if config_file is not None else {}
+    named = {**from_file, **{k: v for k, v in values.items() if v is not None}}
+    return named.get("output-dir") is not None or str(named.get("resume")) in ("auto", "best")
 
 
 @main.command()
@@ -133,7 +144,8 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
 @train_options
 def eval_command(config_file: Path | None, **kwargs: Any) -> None:
     """COCO bbox/segm AP of a checkpoint (--resume: its model, sizes and dataset as trained; flags given
-    override them) or weights file (--weights) on the val split."""
+    override them) or weights file (--weights) on the val split, printed as JSON. With --output-dir (or
+    --resume auto|best, which read it) the record joins that run's metrics; otherwise nothing is written."""
     result = _run_train(config_file, {**_collect(kwargs), "test-only": True})
     click.echo(json.dumps(result.eval))
 

@@ -20,6 +20,7 @@ this module; the CLI calls nothing else to train.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -53,7 +54,7 @@ from .errors import DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
-from .run_dir import checkpoint_dir, guard_output_dir
+from .run_dir import checkpoint_dir, hold_output_dir
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
 from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
@@ -72,6 +73,7 @@ def train(
     plan: PodPlan | None = None,
     stop: StopRequest | None = None,
     parsing: ParseAhead | None = None,
+    record: bool = True,
 ) -> TrainResult | None:
     """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
     None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
@@ -79,11 +81,16 @@ def train(
     stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
     one that no signal feeds: nothing asks a library caller's run to stop. `parsing`: the annotation files
     its entry point started parsing (data/parse_ahead.py): released to write their caches once the flags
-    and the output folder are accepted, and done once the data is loaded."""
-    return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing)
+    and the output folder are accepted, and done once the data is loaded. `record` False: an evaluation
+    that writes nothing (`eval` without --output-dir: its AP is only returned; no metrics, no cache)."""
+    if not record:
+        cfg = unrecorded(cfg)
+    return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing, record)
 
 
-def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: ParseAhead | None) -> TrainResult | None:
+def _train(
+    cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: ParseAhead | None, record: bool
+) -> TrainResult | None:
     check_best_metric(cfg.best_metric)  # on every process, stage workers too: they all refuse it alike
     if cfg.engine == "pipeline":
         plan = plan or PodPlan.from_env()
@@ -101,20 +108,39 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
     check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     sources = flagged_sources(cfg)
-    if is_main_process(cfg):  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
-        guard_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
-    # The process that checks the images reads them while the annotations are parsed (data/check_ahead.py).
-    with open_data(cfg, sources, parsing, checks=is_main_process(cfg)) as opened:
-        if cfg.engine != "ddp":
-            stop_before_start(cfg, stop, "data loading")
-            datasets = opened.build()
-            stop_before_start(cfg, stop, "the data check")
-        with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
-            if cfg.engine == "ddp":
-                from .engines.torch_engine import on_rank0
+    # Held before anything is written there (a synthetic set goes to OUTPUT_DIR/data), until the run ends.
+    with run_folder(cfg, record):
+        # The process that checks the images reads them while the annotations are parsed (data/check_ahead.py).
+        with open_data(cfg, sources, parsing, checks=is_main_process(cfg)) as opened:
+            if cfg.engine != "ddp":
+                stop_before_start(cfg, stop, "data loading")
+                datasets = opened.build()
+                stop_before_start(cfg, stop, "the data check")
+            with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+                if cfg.engine == "ddp":
+                    from .engines.torch_engine import on_rank0
 
-                datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
-            return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
+                    datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
+                return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s, record)
+
+
+def unrecorded(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` for an evaluation that writes nothing: --data-cache auto (OUTPUT_DIR/cache) off, as for
+    the other read-only commands; a cache folder named explicitly is still used."""
+    if not cfg.test_only:
+        raise ValueError("only an evaluation (--test-only) can run without recording")
+    if cfg.data.data_cache != "auto":
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_cache="off"))
+
+
+def run_folder(cfg: TrainConfig, record: bool) -> contextlib.AbstractContextManager[None]:
+    """The --output-dir held for the run by the process that writes it (ddp's rank 0, the pipeline's
+    master, the local process; run_lock.py) and guarded against writing over another run; nothing for
+    the other processes, or for an evaluation that records nothing."""
+    if not (record and is_main_process(cfg)):
+        return contextlib.nullcontext()
+    return hold_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
 
 
 def _run(
@@ -124,6 +150,7 @@ def _run(
     data_world_size: int,
     stop: StopRequest,
     grace_s: float | None,
+    record: bool = True,
 ) -> TrainResult:
     train_set, val_set = datasets
     # One number for the engine's schedule and the Trainer's epochs.
@@ -134,7 +161,7 @@ def _run(
             "--test-only: the dataset has no val split (--val-annotations, or --val-fraction as trained)"
         )
     total = cfg.total_steps(iters)
-    with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
+    with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main and record, total)) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
         resume(trainer, cfg)
         if cfg.test_only:
