@@ -110,24 +110,15 @@ def _run_train(config_file: Path | None, values: dict[str, Any]):
     # This process's one stop request; a finished run gives the signals back (a test's CliRunner, a later command).
     # A large annotation file is parsed while torch loads (data/parse_ahead.py); train() has it written.
     with stop_on_signals() as stop, parse_ahead(cfg) or contextlib.nullcontext() as parsing:
-        from .modeling.trained import train_command_config
+        from .modeling.trained import records_evaluation, train_command_config
         from .train import train as run_train
 
         try:
             cfg = train_command_config(config_file, values)
-            record = not cfg.test_only or _output_dir_named(config_file, values)
+            record = not cfg.test_only or records_evaluation(config_file, values)
             return run_train(cfg, stop=stop, parsing=parsing, record=record)
         except Stopped as stopped:
             exit_stopped(stopped.closing_line())
-
-
-def _output_dir_named(config_file: Path | None, values: dict[str, Any]) -> bool:
-    """Whether an evaluation was told where to record its AP: --output-dir given (flag or YAML), or the
-    run folder that `--resume auto|best` reads. Otherwise it writes nothing, and least of all the default
-    runs/train, which a later `train` would then find taken."""
-    from_file = config_mod.load_yaml_config(config_file) if config_file is not None else {}
-    named = {**from_file, **{k: v for k, v in values.items() if v is not None}}
-    return named.get("output-dir") is not None or str(named.get("resume")) in ("auto", "best")
 
 
 @main.command()

@@ -20,7 +20,6 @@ this module; the CLI calls nothing else to train.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -81,10 +80,9 @@ def train(
     stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
     one that no signal feeds: nothing asks a library caller's run to stop. `parsing`: the annotation files
     its entry point started parsing (data/parse_ahead.py): released to write their caches once the flags
-    and the output folder are accepted, and done once the data is loaded. `record` False: an evaluation
-    that writes nothing (`eval` without --output-dir: its AP is only returned; no metrics, no cache)."""
+    and the output folder are accepted, and done once the data is loaded. `record` False: an eval writing nothing."""
     if not record:
-        cfg = unrecorded(cfg)
+        cfg = cfg.unrecorded()
     return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing, record)
 
 
@@ -108,8 +106,9 @@ def _train(
     check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     sources = flagged_sources(cfg)
-    # Held before anything is written there (a synthetic set goes to OUTPUT_DIR/data), until the run ends.
-    with run_folder(cfg, record):
+    # Held by the writing process from before anything is written there until the run ends (run_dir.py).
+    folder = cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite
+    with hold_output_dir(*folder) if record and is_main_process(cfg) else contextlib.nullcontext():
         # The process that checks the images reads them while the annotations are parsed (data/check_ahead.py).
         with open_data(cfg, sources, parsing, checks=is_main_process(cfg)) as opened:
             if cfg.engine != "ddp":
@@ -122,25 +121,6 @@ def _train(
 
                     datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
                 return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s, record)
-
-
-def unrecorded(cfg: TrainConfig) -> TrainConfig:
-    """`cfg` for an evaluation that writes nothing: --data-cache auto (OUTPUT_DIR/cache) off, as for
-    the other read-only commands; a cache folder named explicitly is still used."""
-    if not cfg.test_only:
-        raise ValueError("only an evaluation (--test-only) can run without recording")
-    if cfg.data.data_cache != "auto":
-        return cfg
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, data_cache="off"))
-
-
-def run_folder(cfg: TrainConfig, record: bool) -> contextlib.AbstractContextManager[None]:
-    """The --output-dir held for the run by the process that writes it (ddp's rank 0, the pipeline's
-    master, the local process; run_lock.py) and guarded against writing over another run; nothing for
-    the other processes, or for an evaluation that records nothing."""
-    if not (record and is_main_process(cfg)):
-        return contextlib.nullcontext()
-    return hold_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
 
 
 def _run(
@@ -165,6 +145,7 @@ def _run(
         trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
         resume(trainer, cfg)
         if cfg.test_only:
+            metrics.total_steps = trainer.position.step  # "step 8/8", not a total of eval's default --epochs
             evaluation = evaluate_only(trainer.position.step, evaluation_of(cfg, engine, val_set, metrics), stop)
             return TrainResult(trainer.position, None, evaluation, cfg.output_dir)
         trainer.fit()
