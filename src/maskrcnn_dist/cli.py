@@ -110,11 +110,13 @@ def _run_train(config_file: Path | None, values: dict[str, Any]):
     # This process's one stop request; a finished run gives the signals back (a test's CliRunner, a later command).
     # A large annotation file is parsed while torch loads (data/parse_ahead.py); train() has it written.
     with stop_on_signals() as stop, parse_ahead(cfg) or contextlib.nullcontext() as parsing:
-        from .modeling.trained import train_command_config
+        from .modeling.trained import records_evaluation, train_command_config
         from .train import train as run_train
 
         try:
-            return run_train(train_command_config(config_file, values), stop=stop, parsing=parsing)
+            cfg = train_command_config(config_file, values)
+            record = not cfg.test_only or records_evaluation(config_file, values)
+            return run_train(cfg, stop=stop, parsing=parsing, record=record)
         except Stopped as stopped:
             exit_stopped(stopped.closing_line())
 
@@ -133,7 +135,8 @@ def train(config_file: Path | None, **kwargs: Any) -> None:
 @train_options
 def eval_command(config_file: Path | None, **kwargs: Any) -> None:
     """COCO bbox/segm AP of a checkpoint (--resume: its model, sizes and dataset as trained; flags given
-    override them) or weights file (--weights) on the val split."""
+    override them) or weights file (--weights) on the val split, printed as JSON. With --output-dir (or
+    --resume auto|best, which read it) the record joins that run's metrics; otherwise nothing is written."""
     result = _run_train(config_file, {**_collect(kwargs), "test-only": True})
     click.echo(json.dumps(result.eval))
 

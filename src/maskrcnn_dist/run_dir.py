@@ -7,11 +7,12 @@ this module without pulling in the trainer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import ConfigError
@@ -200,3 +201,19 @@ def output_file_problem(path: Path, flag: str, suffixes: tuple[str, ...]) -> str
     if path.suffix.lower() not in suffixes:
         return f"{flag} {path}: the file name must end in {wanted}"
     return output_folder_problem(path.parent, flag)
+
+
+@contextlib.contextmanager
+def hold_output_dir(output_dir: Path, resume: Path | str | None, test_only: bool, overwrite: bool) -> Iterator[None]:
+    """The run folder for the body, this process its one trainer (run_lock.py), checked by
+    guard_output_dir once the lock is held: a second trainer is refused before either writes there, and
+    --overwrite never moves a live run's files. A resume waits a while for a lock held from another
+    machine (one that was lost). An evaluation (`test_only`) appends to the run: it holds the lock too."""
+    from .run_lock import LOST_HOLDER_WAIT_S, hold_run_folder
+
+    if problem := output_folder_problem(output_dir, "--output-dir"):  # before the lock makes the folder
+        raise ConfigError(problem)
+    wait = LOST_HOLDER_WAIT_S if resume is not None and not test_only else 0.0
+    with hold_run_folder(output_dir, "eval" if test_only else "train", wait_for_other_host_s=wait):
+        guard_output_dir(output_dir, resume, test_only, overwrite)
+        yield

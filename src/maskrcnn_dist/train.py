@@ -20,7 +20,6 @@ this module; the CLI calls nothing else to train.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from .errors import DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
-from .run_dir import checkpoint_dir, guard_output_dir, samples_path
+from .run_dir import checkpoint_dir, hold_output_dir, samples_path
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
 from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
@@ -66,8 +65,6 @@ from .training.progress_post import poster_from_env
 from .training.samples import SampleRecordHook
 from .training.state import Position
 
-log = logging.getLogger(__name__)
-
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
 
 
@@ -76,6 +73,7 @@ def train(
     plan: PodPlan | None = None,
     stop: StopRequest | None = None,
     parsing: ParseAhead | None = None,
+    record: bool = True,
 ) -> TrainResult | None:
     """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
     None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
@@ -83,11 +81,15 @@ def train(
     stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
     one that no signal feeds: nothing asks a library caller's run to stop. `parsing`: the annotation files
     its entry point started parsing (data/parse_ahead.py): released to write their caches once the flags
-    and the output folder are accepted, and done once the data is loaded."""
-    return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing)
+    and the output folder are accepted, and done once the data is loaded. `record` False: an eval writing nothing."""
+    if not record:
+        cfg = cfg.unrecorded()
+    return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing, record)
 
 
-def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: ParseAhead | None) -> TrainResult | None:
+def _train(
+    cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: ParseAhead | None, record: bool
+) -> TrainResult | None:
     check_best_metric(cfg.best_metric)  # on every process, stage workers too: they all refuse it alike
     if cfg.engine == "pipeline":
         plan = plan or PodPlan.from_env()
@@ -105,20 +107,21 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
     check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     sources = flagged_sources(cfg)
-    if is_main_process(cfg):  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
-        guard_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
-    # The process that checks the images reads them while the annotations are parsed (data/check_ahead.py).
-    with open_data(cfg, sources, parsing, checks=is_main_process(cfg)) as opened:
-        if cfg.engine != "ddp":
-            stop_before_start(cfg, stop, "data loading")
-            datasets = opened.build()
-            stop_before_start(cfg, stop, "the data check")
-        with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
-            if cfg.engine == "ddp":
-                from .engines.torch_engine import on_rank0
+    # Held by the writing process from before anything is written there until the run ends (run_dir.py).
+    folder = cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite
+    with hold_output_dir(*folder) if record and is_main_process(cfg) else contextlib.nullcontext():
+        # The process that checks the images reads them while the annotations are parsed (data/check_ahead.py).
+        with open_data(cfg, sources, parsing, checks=is_main_process(cfg)) as opened:
+            if cfg.engine != "ddp":
+                stop_before_start(cfg, stop, "data loading")
+                datasets = opened.build()
+                stop_before_start(cfg, stop, "the data check")
+            with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+                if cfg.engine == "ddp":
+                    from .engines.torch_engine import on_rank0
 
-                datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
-            return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
+                    datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
+                return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s, record)
 
 
 def _run(
@@ -128,6 +131,7 @@ def _run(
     data_world_size: int,
     stop: StopRequest,
     grace_s: float | None,
+    record: bool = True,
 ) -> TrainResult:
     train_set, val_set = datasets
     # The checkpoint's global batch at any world size (data/plan.py): its steps per epoch set the schedule.
@@ -140,10 +144,12 @@ def _run(
             "--test-only: the dataset has no val split (--val-annotations, or --val-fraction as trained)"
         )
     total = cfg.total_steps(iters)
-    with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
+    with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main and record, total)) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, layout)
-        resume(trainer, cfg, saved)
+        if saved is not None:  # --resume: every hook's state and the pending hooks the checkpoint holds
+            trainer.restore(*saved)
         if cfg.test_only:
+            metrics.total_steps = trainer.position.step  # "step 8/8", not a total of eval's default --epochs
             evaluation = evaluate_only(trainer.position.step, evaluation_of(cfg, engine, val_set, metrics), stop)
             return TrainResult(trainer.position, None, evaluation, cfg.output_dir)
         trainer.fit()
@@ -196,8 +202,9 @@ def build_trainer(
     total = cfg.total_steps(iters_per_epoch)
     trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts, cfg.print_freq)
     trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
-    record = SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)
-    trainer.register_hooks([record])
+    trainer.register_hooks(
+        [SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)]
+    )
     return trainer
 
 
@@ -230,14 +237,6 @@ def evaluation_of(
 ) -> Evaluation | None:
     """COCO AP of the engine's model on `val_set` (None: there is no val split), recorded in `metrics`."""
     return None if val_set is None else Evaluation(engine, val_set, cfg.data.val_batch_size, cfg.data.workers, metrics)
-
-
-def resume(trainer: Trainer, cfg: TrainConfig, saved: tuple[dict, Path] | None = None) -> None:
-    """Continue from --resume (`saved`: already loaded), with every hook's state and the pending hooks
-    the checkpoint holds."""
-    saved = saved or load_resume(cfg.resume, cfg.output_dir)
-    if saved is not None:
-        trainer.restore(*saved)
 
 
 def evaluate_only(step: int, evaluation: Evaluation | None, stop: StopRequest) -> dict[str, float] | None:

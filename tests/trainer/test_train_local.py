@@ -133,3 +133,18 @@ def test_validation_changes_no_model_state(tiny_coco, tmp_path, model):
     assert all(torch.equal(state[k], v) for k, v in engine.model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())
     assert all(m.training for m in bn_layers)  # training mode restored afterwards
+
+
+def test_eval_counts_its_checkpoints_step_and_records_only_where_told(four_images, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(fast_config(four_images, out, **{"max-steps": 1}))
+    capsys.readouterr()
+    # fast_config's schedule (1 epoch of 2 steps) is not the evaluated checkpoint's: the count is its step
+    evaluated = train(fast_config(four_images, out, resume="auto", **{"test-only": True}))
+    assert "eval step 1/1 " in capsys.readouterr().out
+    assert [r["kind"] for r in read_metrics(out / "metrics.jsonl")][-1] == "eval"
+    # told no --output-dir (the CLI's `eval --resume RUN/checkpoints`): its AP, and nothing written
+    elsewhere = tmp_path / "not-told"
+    quiet = train(fast_config(four_images, elsewhere, resume=out / "checkpoints", **{"test-only": True}), record=False)
+    assert quiet.eval == evaluated.eval
+    assert not elsewhere.exists()

@@ -1,4 +1,4 @@
-"""Building a TrainConfig: defaults < a checkpoint's trained model < --recipe < the YAML file < the flags
+"""Building a TrainConfig: defaults < --recipe < a checkpoint's trained model < the YAML file < the flags
 given; and back again, as plain values (`config_to_dict`) and as an argv (`to_argv`).
 
 Every value passes through its field's one converter and range check (fields.py `FieldSpec`), whatever
@@ -66,22 +66,42 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
 
 
 def build_config(yaml_path: Path | None, cli_values: dict[str, Any], base: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then `base` (a checkpoint's trained model: modeling/trained.py), then the --recipe's
-    flags (named on the command line, or else in the YAML file), then the YAML file, then the flags the
-    user actually gave."""
+    """Defaults, then the --recipe's flags (named on the command line, or else in the YAML file), then
+    `base` (a checkpoint's trained model, modeling/trained.py: the weights are that model, whatever a
+    recipe would build), then the YAML file, then the flags the user actually gave. A rule the recipe's
+    flags break names the recipe and the flag that overrides it."""
     cfg = TrainConfig()
-    if base:
-        apply_overrides(cfg, {k: v for k, v in base.items() if v is not None}, "checkpoint")
     from_yaml = load_yaml_config(yaml_path) if yaml_path is not None else {}
     given = {k: v for k, v in cli_values.items() if v is not None}
     recipe = given.get("recipe", from_yaml.get("recipe"))
+    from_recipe: set[str] = set()
     if recipe is not None:
         apply_overrides(cfg, {"recipe": recipe}, "command line" if "recipe" in given else str(yaml_path))
         apply_overrides(cfg, RECIPES[cfg.recipe], f"--recipe {cfg.recipe}")
+        from_recipe = set(RECIPES[cfg.recipe]) - set(from_yaml) - set(given) - set(base or {})
+    if base:
+        apply_overrides(cfg, {k: v for k, v in base.items() if v is not None}, "checkpoint")
     apply_overrides(cfg, from_yaml, str(yaml_path))
     apply_overrides(cfg, given, "command line")
-    cfg.validate()
+    cfg.validate(from_recipe)
+    if problem := _unread_by_scheduler(cfg, {**from_yaml, **given}):
+        raise ConfigError(problem)
     return cfg
+
+
+def _unread_by_scheduler(cfg: TrainConfig, typed: dict[str, Any]) -> str | None:
+    """A schedule flag the user gave (command line or YAML) that the chosen --lr-scheduler never reads: a
+    silent no-op would train on another schedule than the one asked for. (A recipe's are not the user's.)"""
+    if cfg.optim.lr_scheduler != "cosineannealinglr":
+        return None
+    unread = [flag for flag in ("lr-steps", "lr-gamma") if flag in typed]
+    if not unread:
+        return None
+    return (
+        f"--{' and --'.join(unread)} {'are' if len(unread) > 1 else 'is'} for --lr-scheduler multisteplr: "
+        "cosineannealinglr decays the rate to 0 over the run's epochs and never reads "
+        f"{'them' if len(unread) > 1 else 'it'}; leave out --{' and --'.join(unread)}, or use multisteplr"
+    )
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

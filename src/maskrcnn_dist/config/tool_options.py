@@ -46,7 +46,15 @@ class PredictConfig:
         0.5, "draw detections with at least this score (detections.json keeps all)", minimum=0.0, maximum=1.0
     )
     split: str = option("val", "with --data-path (or the split flags): the split whose images to predict")
-    batch_size: int = option(2, "images per forward pass (eval's --val-batch-size)", minimum=1, maximum=4096)
+    # torchvision pads a batch to its largest image, and batched kernels round in another order: only a
+    # pass of one image gives each image the detections it gets alone (plain torchvision's model([image])).
+    batch_size: int = option(
+        1,
+        "images per forward pass: 1 gives each image its detections alone, to the bit; more is faster on a GPU, "
+        "but pads a batch to its largest image, so an image's detections then depend on its batch",
+        minimum=1,
+        maximum=4096,
+    )
     # Never silently, as for train's --output-dir: earlier predictions in --out are refused or moved aside.
     overwrite: bool = option(
         False, "--out holds earlier predictions: first move them (results, drawings) into replaced-<time>/"

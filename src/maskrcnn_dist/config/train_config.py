@@ -7,7 +7,9 @@ flag name; building a TrainConfig from defaults, a recipe, a YAML file and flags
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -118,15 +120,19 @@ class TrainConfig:
         planned = self.epochs * iters_per_epoch
         return min(planned, self.max_steps) if self.max_steps else planned
 
-    def validate(self) -> None:
-        """Reject values that would fail later, deep inside torch, with a message naming the flag."""
+    def validate(self, from_recipe: Collection[str] = ()) -> None:
+        """Reject values that would fail later, deep inside torch, with a message naming the flag.
+        `from_recipe`: the flags whose values --recipe set (none given beside it): a problem they cause
+        names the recipe and the flag that overrides it."""
         errors = [problem for spec in FIELDS if (problem := spec.problem(spec.get(self)))]
-        errors += self.combination_problems()
+        errors += [_recipe_hint(problem, self, from_recipe) for problem in self.combination_problems(from_recipe)]
         if errors:
             raise ConfigError("invalid configuration: " + "; ".join(errors))
 
-    def combination_problems(self) -> list[str]:
-        """Flags that are each valid but cannot work together, each problem naming them."""
+    def combination_problems(self, from_recipe: Collection[str] = ()) -> list[str]:
+        """Flags that are each valid but cannot work together, each problem naming them (and, where
+        --recipe set --sync-bn, the flag that turns it off: the recipe's, not the one typed)."""
+        sync_bn = f"--recipe {self.recipe} sets --sync-bn, which" if "sync-bn" in from_recipe else "--sync-bn"
         checks = [
             (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
             (self.model.max_size >= self.model.min_size, "--min-size must be <= --max-size"),
@@ -147,14 +153,14 @@ class TrainConfig:
             ),
             (
                 not (self.sync_bn and self.engine == "pipeline"),
-                "--sync-bn is for --engine ddp: a pipeline stage sees one micro-batch at a time, never the "
-                "batch's other images",
+                f"{sync_bn} is for --engine ddp: a pipeline stage sees one micro-batch at a time, never the "
+                "batch's other images" + ("; add --no-sync-bn" if "sync-bn" in from_recipe else ""),
             ),
             (
                 not (self.sync_bn and self.model.resolved_backbone_norm() == "frozen"),
-                "--sync-bn with frozen BatchNorm (--backbone-norm frozen, or auto with --weights or "
+                f"{sync_bn} with frozen BatchNorm (--backbone-norm frozen, or auto with --weights or "
                 "--weights-backbone): frozen statistics are never computed, so there is nothing to synchronise; "
-                "add --backbone-norm batch",
+                + ("add --no-sync-bn" if "sync-bn" in from_recipe else "add --backbone-norm batch"),
             ),
             (
                 not (self.compile and self.engine == "pipeline"),
@@ -189,6 +195,15 @@ class TrainConfig:
             problems.append(fp16)
         return problems
 
+    def unrecorded(self) -> TrainConfig:
+        """This evaluation's config when it records nothing (`eval` without --output-dir): --data-cache
+        auto (OUTPUT_DIR/cache) off, as for the other read-only commands; a named cache folder is kept."""
+        if not self.test_only:
+            raise ValueError("only an evaluation (--test-only) runs without recording")
+        if self.data.data_cache != "auto":
+            return self
+        return replace(self, data=replace(self.data, data_cache="off"))
+
     def micro_batches_problem(self) -> str | None:
         """Why the batch cannot be split into --micro-batches (the pipeline engine, and profile's pipeline
         candidates), or None."""
@@ -198,6 +213,22 @@ class TrainConfig:
             f"--micro-batches {self.pipeline.micro_batches} > --batch-size {self.data.batch_size}: "
             "every micro-batch needs at least one image"
         )
+
+
+def _recipe_hint(problem: str, cfg: TrainConfig, from_recipe: Collection[str]) -> str:
+    """`problem` with the flags in it that --recipe set named as the recipe's, and how to override them."""
+    named = [flag for flag in from_recipe if re.search(rf"--{re.escape(flag)}\b", problem)]
+    if not named or f"--recipe {cfg.recipe}" in problem:
+        return problem
+    settings = ", ".join(f"--{flag} {_shown(BY_FLAG[flag].get(cfg))}" for flag in named)
+    flags = " or ".join(f"--{flag}" for flag in named)
+    return f"{problem} (--recipe {cfg.recipe} sets {settings}: give {flags} to override it)"
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def _split_flags_given(data: DataConfig) -> bool:

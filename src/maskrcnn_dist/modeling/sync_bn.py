@@ -3,15 +3,16 @@
 On CUDA this is torch's SyncBatchNorm (convert_sync_batchnorm, as torchvision's reference does). torch's
 refuses CPU tensors, and the ddp engine runs on CPUs too (gloo): there, `AllReduceBatchNorm2d` computes
 the same statistics with one all-reduce of each channel's count, sum and sum of squares, through the
-differentiable all-reduce, so that the gradient flows to every rank's inputs as in torch's backward.
-Both keep BatchNorm2d's parameters and buffers: checkpoints load with or without the flag.
+differentiable all-reduce (`_SumOverRanks`: torch's own, torch.distributed.nn.functional.all_reduce,
+warns of its deprecation at every call, two lines on every step of every rank), so that the gradient
+flows to every rank's inputs as in torch's backward. Both keep BatchNorm2d's parameters and buffers:
+checkpoints load with or without the flag.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_nn
 from torch import nn
 
 __all__ = ["AllReduceBatchNorm2d", "convert_sync_batchnorm"]
@@ -29,7 +30,7 @@ class AllReduceBatchNorm2d(nn.BatchNorm2d):
         channels = x.shape[1]
         count = torch.full((1,), x.numel() / channels, dtype=torch.float32, device=x.device)
         dims = [0, 2, 3]
-        totals = dist_nn.all_reduce(torch.cat([x.sum(dims), (x * x).sum(dims), count]))
+        totals = _SumOverRanks.apply(torch.cat([x.sum(dims), (x * x).sum(dims), count]))
         n = totals[-1].clamp(min=1)
         mean = totals[:channels] / n
         var = (totals[channels : 2 * channels] / n - mean * mean).clamp(min=0)  # biased, as BatchNorm normalises
@@ -51,6 +52,23 @@ class AllReduceBatchNorm2d(nn.BatchNorm2d):
         unbiased = var * n / (n - 1).clamp(min=1)
         self.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
         self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """The sum of a tensor over every rank of the default group, differentiable: the gradient of each
+    rank's input is the sum of every rank's output gradient (torch.distributed.nn's _AllReduce, SUM)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        total = grad.clone()
+        dist.all_reduce(total)
+        return total
 
 
 def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module:

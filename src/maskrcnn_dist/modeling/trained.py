@@ -38,6 +38,7 @@ from ..config import (
     DATA_PATH_FLAGS,
     DATA_SOURCE_FLAGS,
     FIELDS,
+    RECIPES,
     ModelConfig,
     TrainConfig,
     build_config,
@@ -149,9 +150,10 @@ class TrainedModel:
 
     def flags(self, given: Mapping[str, Any], reading: str, with_data: bool = False) -> dict[str, Any]:
         """The flags that rebuild this model (and, `with_data`, find its dataset), for build_config to put
-        under `given` (the flags of the command line and YAML file). Each given flag that differs from
-        the record is logged once; another --model is a ConfigError naming it and `reading` (the flag
-        that names the checkpoint)."""
+        under `given` (the flags of the command line and YAML file) and over a --recipe's. Each given flag
+        that differs from the record is logged once; another --model, given or set by the --recipe given,
+        is a ConfigError naming it and `reading` (the flag that names the checkpoint). The recipe's other
+        model settings yield to the record's, each with one logged line."""
         base = {**self.settings, "exif-orientation": self.exif_orientation}
         # The recorded data only where no data flag is given: a --data-path beside recorded split flags
         # would be refused as a contradiction. Its --seed still carves the same --val-fraction split.
@@ -159,8 +161,11 @@ class TrainedModel:
             base.update(self.data_flags)
         elif with_data and "seed" in self.data_flags:
             base["seed"] = self.data_flags["seed"]
+        recipe = RECIPES.get(str(given.get("recipe")), {})
         for flag, saved in base.items():
             if given.get(flag) is None:
+                if flag in recipe and BY_FLAG[flag].parse(recipe[flag]) != BY_FLAG[flag].parse(saved):
+                    _recipe_setting_yields(given["recipe"], flag, recipe[flag], reading, saved)
                 continue
             value = BY_FLAG[flag].parse(given[flag])
             if value == BY_FLAG[flag].parse(saved):
@@ -172,6 +177,18 @@ class TrainedModel:
                 )
             log.info("--%s %s given: used instead of %s's %s", flag, value, reading, saved)
         return base
+
+
+def _recipe_setting_yields(recipe: str, flag: str, value: Any, reading: str, saved: Any) -> None:
+    """A --recipe's model setting that the checkpoint's contradicts: another --model is refused as a
+    typed one is (the weights are of one model), with the flag that keeps the recipe's other settings;
+    any other setting yields to the checkpoint's, with one logged line."""
+    if flag == "model":
+        raise ConfigError(
+            f"--model {value} (set by --recipe {recipe}) contradicts {reading}: its weights are a {saved}; add "
+            f"--model {saved} to keep the recipe's other flags, or leave out --recipe"
+        )
+    log.info("--recipe %s's --%s %s not used: %s's model has %s", recipe, flag, value, reading, saved)
 
 
 def every_setting(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -226,6 +243,15 @@ def train_command_config(yaml_path: Path | None, given: Mapping[str, Any]) -> Tr
         return cfg
     trained, reading = found
     return config_for(given, yaml_path, trained, reading, with_data=cfg.test_only)
+
+
+def records_evaluation(yaml_path: Path | None, given: Mapping[str, Any]) -> bool:
+    """Whether `eval` was told where to record its AP: --output-dir (flag or YAML), or the run folder
+    `--resume auto|best` reads. Never else: a record in the default runs/train would make a later `train`
+    refuse that folder as taken."""
+    from_file = load_yaml_config(yaml_path) if yaml_path is not None else {}
+    named = {**from_file, **{k: v for k, v in given.items() if v is not None}}
+    return named.get("output-dir") is not None or str(named.get("resume")) in ("auto", "best")
 
 
 def check_model_files(cfg: TrainConfig) -> None:

@@ -32,7 +32,7 @@ from .predict import (
 )
 from .report import pyplot, save_figure
 
-GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images on CPU
+GALLERY_BATCH = 1  # one image per forward pass, as predict: each drawn as it is detected alone, not padded
 # Each row at most this tall (inches at 100 dpi; larger images are shown smaller), so that the PNG stays
 # one a viewer opens (PIL refuses images over 89 Mpixel as decompression bombs).
 ROW_INCHES = 5.0

@@ -66,3 +66,14 @@ def test_a_checkpoint_rebuilds_its_model_without_the_files_it_started_from():
     assert flags["model"] == "maskrcnn_resnet18_fpn" and flags["min-size"] == 96
     assert "weights-backbone" not in flags and flags["backbone-norm"] == "frozen"  # what "auto" meant then
     assert saved_model_flags({"model": {"backbone_norm": "auto"}})["backbone-norm"] == "batch"
+
+
+@pytest.mark.parametrize("typed", [{"lr-steps": "3"}, {"lr-gamma": 0.5}, {"lr-steps": "3", "lr-gamma": 0.5}])
+def test_a_schedule_flag_the_scheduler_never_reads_is_refused(typed: dict, tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"--lr-(steps|gamma).* for --lr-scheduler multisteplr: cosineannealinglr"):
+        build_config(None, {"lr-scheduler": "cosineannealinglr", **typed})
+    (tmp_path / "run.yaml").write_text("lr-scheduler: cosineannealinglr\n")
+    with pytest.raises(ConfigError, match="never reads"):
+        build_config(tmp_path / "run.yaml", typed)
+    # a recipe's steps are not the user's: cosine beside it is the user's choice of schedule
+    assert build_config(None, {"recipe": "torchvision-v1", "lr-scheduler": "cosineannealinglr"}).optim.lr_steps

@@ -59,6 +59,34 @@ def test_results_file_scores_exactly_evals_ap(trained: Path, sparse_coco: Path, 
         assert value == pytest.approx(eval_ap[key], abs=1e-9), key
 
 
+def test_an_images_detections_do_not_depend_on_the_other_images(trained: Path, sparse_coco: Path, tmp_path: Path):
+    """By default each image gets what it gets alone (a plain torchvision model([image])), however the
+    images given with it differ in size: a batch would pad them to its largest."""
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, source in enumerate(sorted((sparse_coco / "val" / "images").iterdir())):
+        with Image.open(source) as image:  # portrait and landscape, so that a batch pads one of them
+            (image.transpose(Image.Transpose.ROTATE_90) if i % 2 else image).save(photos / f"{i}.png")
+    flags = {"resume": trained, "device": "cpu"}
+
+    def by_file(out: Path) -> dict[str, list]:
+        files = {i["id"]: Path(i["file_name"]).name for i in json.loads((out / IMAGES_FILE).read_text())["images"]}
+        found: dict[str, list] = {name: [] for name in files.values()}
+        for record in json.loads((out / RESULTS_FILE).read_text()):
+            found[files[record.pop("image_id")]].append(record)
+        return found
+
+    predict_images([photos], PredictConfig(out=tmp_path / "together"), flags)
+    together = by_file(tmp_path / "together")
+    sizes = {Image.open(p).size for p in photos.iterdir()}
+    assert len(sizes) > 1 and sum(map(len, together.values())) > 0
+    for photo in sorted(photos.iterdir()):
+        predict_images([photo], PredictConfig(out=tmp_path / photo.stem), flags)
+        assert by_file(tmp_path / photo.stem) == {photo.name: together[photo.name]}, photo.name
+
+
 def test_a_split_the_split_flags_name_carved_with_the_checkpoints_seed(trained: Path, sparse_coco: Path, tmp_path):
     from maskrcnn_dist.data.sources import DataSources, SplitSource
     from maskrcnn_dist.data.sources.resolve import carve_val
