@@ -3,6 +3,7 @@ trains one step, and the checkpoint's categories are the export's real classes (
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from maskrcnn_dist.errors import DatasetError
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
-from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, roboflow, team_own, write_split
+from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, lvis_v1, roboflow, team_own, write_split
 
 
 def one_step(data_path: Path, out: Path, **flags: object):
@@ -154,3 +155,26 @@ def test_a_damaged_annotation_file_is_named_not_taken_for_no_split(tmp_path: Pat
     damaged.write_text('{"images": [')
     with pytest.raises(DatasetError, match=f"{damaged}: not valid JSON"):
         detect(tmp_path)
+
+
+def test_lvis_images_are_found_by_their_coco_url_under_any_of_its_folders(tmp_path: Path) -> None:
+    """LVIS lists its images by coco_url alone: the URL's path is the file name, found under the folder
+    holding train2017/ and val2017/ (val's images in both) or under train2017/ itself; an image with
+    neither a file_name nor a URL is refused naming both."""
+    lvis_v1(tmp_path / "lvis")
+    sources = detect(tmp_path / "lvis")
+    assert sources.splits["val"].images == tmp_path / "lvis"  # the folder holding both of val's folders
+    _, val_set = load_datasets(one_step(tmp_path / "lvis", tmp_path / "run"))
+    assert sorted(e.path.relative_to(tmp_path / "lvis").as_posix() for e in val_set.image_entries()) == [
+        "train2017/30.jpg",
+        "val2017/139.jpg",
+    ]
+    train_flags = {"train-annotations": tmp_path / "lvis/annotations/lvis_v1_train.json"}
+    cfg = fast_config(None, tmp_path / "run2", **train_flags, **{"train-images": tmp_path / "lvis/train2017"})
+    train_set, _ = load_datasets(cfg)
+    assert all(e.path.is_file() for e in train_set.image_entries())
+    data = json.loads((tmp_path / "lvis/annotations/lvis_v1_train.json").read_text())
+    del data["images"][0]["coco_url"]
+    (tmp_path / "lvis/annotations/lvis_v1_train.json").write_text(json.dumps(data))
+    with pytest.raises(DatasetError, match=r"image id 1: missing or empty 'file_name' \(and no 'coco_url'"):
+        load_datasets(cfg)

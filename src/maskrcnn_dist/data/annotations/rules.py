@@ -24,6 +24,9 @@ import numpy as np
 from ...errors import DatasetError
 from . import columns
 from .columns import COUNTS, OTHER, POLYGONS, REQUIRED, RLE, int_column, offsets
+from .image_names import URL_FIELDS
+
+NO_FILE_NAME = f"missing or empty 'file_name' (and no {' or '.join(map(repr, URL_FIELDS))} to take it from)"
 
 # pycocotools rasterises a polygon edge by edge in C, sized by the coordinates: points far outside the
 # image make it allocate without bound or crash the process (SIGSEGV at 1e12). Real annotations stray from
@@ -82,7 +85,7 @@ def image_fault(images: columns.ImageRecords, where: str) -> Fault | None:
         [
             ("no integer id", ~images.ok, lambda i: f"{where}: images[{i}] has no integer 'id'"),
             ("duplicate image id", repeated(images.ids, images.ok), lambda i: f"{ctx(i)}: duplicate image id"),
-            ("empty file_name", ~images.named, lambda i: f"{ctx(i)}: missing or empty 'file_name'"),
+            ("empty file_name", ~images.named, lambda i: f"{ctx(i)}: {NO_FILE_NAME}"),
             ("width", ~(images.width_ok & (images.width > 0)), size("width")),
             ("height", ~(images.height_ok & (images.height > 0)), size("height")),
         ]

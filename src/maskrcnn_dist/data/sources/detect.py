@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DatasetError
+from ..annotations.image_names import URL_FIELDS, image_file_name
 from . import DataSources, SplitSource, input_folder_problem
 from .file_names import name_parts, stripped
 
@@ -98,7 +99,11 @@ def coco_file_names(path: Path) -> list[str] | None:
         return None
     if '"images"' not in head or '"caption"' in head or '"keypoints"' in head:
         return None
-    return [json.loads(f'"{m}"') for m in re.findall(r'"file_name"\s*:\s*"((?:[^"\\]|\\.)*)"', head)[:SAMPLE]] or None
+    for field in ("file_name", *URL_FIELDS):  # LVIS names its images by coco_url alone (image_names.py)
+        found = re.findall(rf'"{field}"\s*:\s*"((?:[^"\\]|\\.)+)"', head)[:SAMPLE]
+        if found:
+            return [image_file_name({field: json.loads(f'"{m}"')}) for m in found]
+    return None
 
 
 def broken_split_file(root: Path, others: list[Path], split: str) -> str | None:
@@ -127,8 +132,8 @@ def _instance_names(data: object) -> list[str] | None:
         return None  # a keypoints file: its instances file is beside it
     if annotations and not (isinstance(annotations[0], dict) and "category_id" in annotations[0]):
         return None  # captions
-    names = [img.get("file_name") for img in data["images"][:SAMPLE] if isinstance(img, dict)]
-    return [n for n in names if isinstance(n, str) and n]  # empty: a file listing no images (refused later)
+    names = [image_file_name(img) for img in data["images"][:SAMPLE] if isinstance(img, dict)]
+    return [n for n in names if n]  # empty: a file listing no images (refused later)
 
 
 def image_folder(
