@@ -80,9 +80,19 @@ Classifier = Callable[[BaseException], "Failure | None"]
 
 
 def one_line(text: str, limit: int = LINE_LIMIT) -> str:
-    """`text` on one line, shortened to `limit` characters."""
+    """`text` on one line, shortened to `limit` characters from its middle: a message ends with its
+    hint (the flag to pass, what to do), after its last "; ", and the middle (a list of files, a quoted
+    value, a library's detail) is what can go. A last clause longer than half the line keeps its end."""
     flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    if len(flat) <= limit:
+        return flat
+    cut = " ... "
+    hint = flat.rsplit("; ", 1)[1] if "; " in flat else ""
+    if not hint or len(hint) > limit // 2:
+        hint = flat[-(limit // 3) :]
+        hint = hint[hint.find(" ") + 1 :] if " " in hint[:-1] else hint  # from a word's start
+    head = flat[: max(limit - len(cut) - len(hint), 0)]
+    return head.rstrip("; ") + cut + hint
 
 
 def debug_requested(argv: Sequence[str], env: Mapping[str, str]) -> bool:

@@ -11,9 +11,10 @@ import pytest
 
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.data import load_datasets
+from maskrcnn_dist.data.sources import SplitSource
 from maskrcnn_dist.data.sources.detect import detect, split_of
 from maskrcnn_dist.data.sources.file_names import resolve_image
-from maskrcnn_dist.errors import DatasetError
+from maskrcnn_dist.errors import DatasetError, classify
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
@@ -178,3 +179,36 @@ def test_lvis_images_are_found_by_their_coco_url_under_any_of_its_folders(tmp_pa
     (tmp_path / "lvis/annotations/lvis_v1_train.json").write_text(json.dumps(data))
     with pytest.raises(DatasetError, match=r"image id 1: missing or empty 'file_name' \(and no 'coco_url'"):
         load_datasets(cfg)
+
+
+def test_a_file_reached_through_a_link_is_one_file(tmp_path: Path) -> None:
+    """A V7 Darwin release as darwin-py pulls it: releases/latest links to the release pulled, so its
+    COCO file is there twice; one file, one train split, taken by the path through no link."""
+    root = tmp_path / "team" / "dataset"
+    release = root / "releases" / "v3"
+    write_split(
+        release / "annotations" / "output.json", root / "images", ["a.jpg", "b.jpg"], [{"id": 1, "name": "x"}], [1]
+    )
+    (root / "releases" / "latest").symlink_to("v3")
+    sources = detect(root)
+    assert sources.splits["train"] == SplitSource(release / "annotations" / "output.json", root / "images")
+    assert "val" not in sources.splits
+
+
+def test_a_refusal_too_long_for_one_line_keeps_its_hint(tmp_path: Path) -> None:
+    """The error line is cut from its middle: the flags that choose, at the end, are printed."""
+    cats = [{"id": 1, "name": "x"}]
+    for k in range(8):
+        write_split(
+            tmp_path / f"export_number_{k}_with_a_long_name" / "train.json",
+            tmp_path / f"images{k}",
+            ["a.jpg"],
+            cats,
+            [1],
+        )
+    with pytest.raises(DatasetError) as info:
+        detect(tmp_path)
+    (line,) = classify(info.value).lines
+    assert len(str(info.value)) > 400 >= len(line)
+    assert line.startswith(f"--data-path {tmp_path}: 8 files could be the train split: ")
+    assert line.endswith(" ... pass --train-annotations FILE --train-images DIR to choose"), line

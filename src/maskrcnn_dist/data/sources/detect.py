@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,9 +165,11 @@ def image_folder(
 def find_files(root: Path) -> tuple[list[Found], list[Path]]:
     """Every COCO instances file under `root` with its split and image folder, and the other JSON files."""
     listings = list(_walk(root))
-    jsons = [folder / name for folder, files in listings for name in files if name.lower().endswith(".json")]
+    jsons = one_path_per_file(
+        folder / name for folder, files in listings for name in files if name.lower().endswith(".json")
+    )
     instances, others = [], []
-    for path in sorted(jsons):
+    for path in jsons:
         names = coco_file_names(path)
         if names is None:
             others.append(path)
@@ -185,6 +187,18 @@ def find_files(root: Path) -> tuple[list[Found], list[Path]]:
         images = image_folder(names, index, split, root, path) if names else path.parent  # no image to place it by
         found.append(Found(path, split, images, names[0] if names else ""))
     return found, others
+
+
+def one_path_per_file(paths: Iterable[Path]) -> list[Path]:
+    """The paths in order, one per file: a file reached by two paths (a linked folder: a V7 Darwin
+    release's `releases/latest`, a split linked in beside its real folder) is one file, kept by the path
+    that goes through no link, else by the first."""
+    chosen: dict[str, Path] = {}
+    for path in sorted(paths):
+        real = os.path.realpath(path)
+        if real not in chosen or (Path(real) == path and chosen[real] != path):
+            chosen[real] = path
+    return sorted(chosen.values())
 
 
 def tool_name(root: Path, found: list[Found]) -> str:
