@@ -18,6 +18,7 @@ from maskrcnn_dist.errors import DatasetError, classify
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
+from .conftest import annotation_record, write_set
 from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, lvis_v1, roboflow, team_own, write_split
 
 
@@ -212,3 +213,19 @@ def test_a_refusal_too_long_for_one_line_keeps_its_hint(tmp_path: Path) -> None:
     assert len(str(info.value)) > 400 >= len(line)
     assert line.startswith(f"--data-path {tmp_path}: 8 files could be the train split: ")
     assert line.endswith(" ... pass --train-annotations FILE --train-images DIR to choose"), line
+
+
+def test_a_class_mostly_crowd_is_named_with_its_share(tmp_path: Path, caplog) -> None:
+    """supervision writes a mask with a hole or several parts as iscrowd 1 (12 of 15 of a SAM-made set):
+    a class whose crowd regions are a sizeable share is named with the share and the switch; one with
+    a crowd region now and then (COCO's) is not."""
+    anns = [annotation_record(k, category_id=1, iscrowd=int(k <= 12)) for k in range(1, 16)]
+    anns += [annotation_record(k, category_id=2, iscrowd=int(k == 16)) for k in range(16, 36)]
+    image_dir, ann_file = write_set(tmp_path, anns, categories=[{"id": 1, "name": "leaf"}, {"id": 2, "name": "pot"}])
+    flags = {"train-annotations": ann_file, "train-images": image_dir}
+    with caplog.at_level(logging.WARNING):
+        load_datasets(fast_config(None, tmp_path / "run", **flags))
+    warned = [r.getMessage() for r in caplog.records if "crowd" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "12 of the 15 annotations of category 'leaf' (id 1) (80%) are crowd regions" in warned[0]
+    assert "supervision" in warned[0] and "--crowd-as-instances" in warned[0]
