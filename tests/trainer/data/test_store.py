@@ -339,6 +339,34 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_memory(
     assert_same_target(dataset[0][1], want[dataset.image_ids[0]])
 
 
+@pytest.mark.parametrize("damage", ["folder", "link-loop"])
+def test_a_cache_path_that_is_no_file_is_named_and_the_run_goes_on(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder where the cache file belongs (no file can be renamed over it) is named in one warning and
+    the store kept in memory; a link loop there is named and replaced by the rebuilt file."""
+    images_dir, ann_file = write_mixed_set(tmp_path)
+    path = read.samples_file(ann_file, tmp_path / "cache").path
+    path.parent.mkdir()
+    if damage == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    with caplog.at_level(logging.WARNING):
+        dataset = CocoInstanceDataset(images_dir, ann_file, cache_dir=tmp_path / "cache")
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(str(path))]
+    assert len(warnings) == 1, warnings
+    warning = warnings[0]
+    if damage == "folder":
+        assert warning.startswith(f"{path}: a folder stands where this cache file belongs: parsed annotations kept")
+        assert path.is_dir()
+    else:
+        assert warning.startswith(f"{path}: cache not used (") and "Too many levels of symbolic links" in warning
+        assert path.is_file() and not path.is_symlink()
+    want, _ = reference(ann_file)
+    assert_same_target(dataset[0][1], want[dataset.image_ids[0]])
+
+
 # --- the data check's verdicts --------------------------------------------------------------------
 
 
