@@ -10,6 +10,8 @@ import pytest
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.config import build_config, config_to_dict, to_argv
 from maskrcnn_dist.data import load_datasets
+from maskrcnn_dist.data.annotations import json_read, read
+from maskrcnn_dist.data.prepare import flagged_sources, run_sources
 from maskrcnn_dist.data.sources import DataSources, SplitSource
 from maskrcnn_dist.data.sources.resolve import carve_val, resolve_sources
 from maskrcnn_dist.errors import ConfigError
@@ -71,6 +73,26 @@ def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Pat
     given = {"output-dir": cfg.output_dir, "test-only": True, "resume": cfg.output_dir / "checkpoints", "workers": 0}
     evaluated = train_command_config(None, given)  # what `eval` runs
     assert train(evaluated).eval["images"] == 3 and evaluated.data.val_fraction == 0.3
+
+
+def test_a_restart_carves_from_the_cache_and_parses_nothing(tmp_path: Path, monkeypatch) -> None:
+    """The carve needs the train file's image ids: a restart takes them from the store its first start
+    cached, as the splits' opening does; the file is read only where no valid cache is there."""
+    names = [f"{k}.jpg" for k in range(10)]
+    write_split(tmp_path / "big" / "train.json", tmp_path / "big" / "images", names, [{"id": 1, "name": "c"}], [1])
+    cfg = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3})
+    first = flagged_sources(cfg)  # no cache yet: the file's images are read
+    load_datasets(cfg, first)  # the first start caches the store
+    parsed: list[Path] = []
+    monkeypatch.setattr(json_read, "read_annotation_file", lambda path: parsed.append(path))
+    monkeypatch.setattr(read, "read_store", lambda path, kept=None: parsed.append(path))
+    assert flagged_sources(cfg) == first and run_sources(cfg) == first and not parsed
+    train_set, val_set = load_datasets(cfg)
+    assert (len(train_set), len(val_set)) == (7, 3) and not parsed
+    off = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3, "data-cache": "off"})
+    with pytest.raises(TypeError):  # no cache to read from: the file is read (here, refused by the stand-in)
+        flagged_sources(off)
+    assert parsed == [tmp_path / "big" / "train.json"]
 
 
 def _argv(*words: str) -> list[str]:
