@@ -414,6 +414,36 @@ def test_check_verdicts_are_reused_until_an_image_changes(tmp_path: Path, monkey
     assert len(checked) == len(dataset)
 
 
+def test_a_new_model_size_keeps_every_files_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--min-size/--max-size decide only whether the model's resize would empty an image: a change of
+    them reads no file again, and that one verdict follows the sizes of the day."""
+    from maskrcnn_dist.data.images import check
+
+    images = [{"id": 1, "file_name": "wide.png", "width": 400, "height": 1}]
+    images += [{"id": k, "file_name": f"{k}.png", "width": 8, "height": 6} for k in (2, 3)]
+    image_dir = tmp_path / "images"
+    image_dir.mkdir()
+    for img in images:
+        Image.new("RGB", (img["width"], img["height"])).save(image_dir / img["file_name"])
+    ann_file = tmp_path / "instances.json"
+    ann_file.write_text(json.dumps({"images": images, "annotations": [], "categories": [{"id": 1, "name": "x"}]}))
+    dataset = CocoInstanceDataset(image_dir, ann_file)
+    cache = tmp_path / "cache"
+    (first,) = check_datasets([dataset], CheckRules("header", "auto", 32, 64), cache_dir=cache)
+    assert [b.image_id for b in first.bad] == [1] and "too thin for the model" in first.bad[0].reason
+
+    checked: list[int] = []
+    real = check.check_image
+    monkeypatch.setattr(check, "check_image", lambda entry, rules: checked.append(entry.image_id) or real(entry, rules))
+    (wider,) = check_datasets([dataset], CheckRules("header", "auto", 32, 8192), cache_dir=cache)
+    assert not wider.bad and sorted(wider.frames) == [1, 2, 3]
+    assert checked == [1]  # the one refused for the sizes alone had no cached verdict; the others did
+    checked.clear()
+    (again,) = check_datasets([dataset], CheckRules("header", "auto", 32, 64), cache_dir=cache)
+    assert checked == [] and again.reused == 3 and [b.image_id for b in again.bad] == [1]
+    assert again.bad[0].reason == first.bad[0].reason
+
+
 def test_a_bad_file_is_named_when_the_cache_builds_it(tmp_path: Path) -> None:
     """The build runs in a child process: its one-line error reaches the caller as it was."""
     images_dir, ann_file = write_mixed_set(tmp_path)

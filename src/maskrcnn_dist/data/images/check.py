@@ -305,6 +305,17 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
     return DatasetError(" | ".join(parts) + f" ({hint})")
 
 
+def file_verdicts(report: CheckReport, entries: Sequence[ImageEntry], rules: CheckRules) -> dict[int, str]:
+    """Why each bad image of `report` is bad, less those refused by the model's sizes alone (a verdict on
+    the size, not the file: the cache keeps none of them)."""
+    annotated = {entry.image_id: entry.annotated for entry in entries}
+    return {
+        b.image_id: b.reason
+        for b in report.bad
+        if (size := annotated.get(b.image_id)) is None or b.reason != rules.resize_problem(size)
+    }
+
+
 def check_datasets(
     datasets: Sequence[CheckedSplit],
     rules: CheckRules,
@@ -331,13 +342,13 @@ def check_datasets(
                 stamps.update(stamps_of([entry for entry in entries if entry.image_id not in stamps]))
                 if cache_dir is not None:
                     cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
-                    known = cache.known(entries, stamps)
+                    known = cache.known(entries, stamps, rules.resize_problem)
         report = check_images(
             entries, rules, source=source, progress=Progress(f"checking {source}"), known=known, read_ahead=read
         )
         if cache and report.reused < report.checked:
             with gc_paused():
-                cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
+                cache.save(file_verdicts(report, entries, rules), report.frames, entries, stamps)
         if announce:
             log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:
