@@ -18,7 +18,7 @@ from maskrcnn_dist.errors import DatasetError, classify
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
-from .conftest import annotation_record, write_set
+from .conftest import annotation_record, dataset_error, write_set
 from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, lvis_v1, roboflow, team_own, write_split
 
 
@@ -229,3 +229,23 @@ def test_a_class_mostly_crowd_is_named_with_its_share(tmp_path: Path, caplog) ->
     assert len(warned) == 1, warned
     assert "12 of the 15 annotations of category 'leaf' (id 1) (80%) are crowd regions" in warned[0]
     assert "supervision" in warned[0] and "--crowd-as-instances" in warned[0]
+
+
+@pytest.mark.parametrize("segmentation", [[], None], ids=["empty", "absent"])
+def test_a_boxes_only_export_is_refused_as_such(tmp_path: Path, segmentation: list | None) -> None:
+    """An object-detection export (every 'segmentation' empty, or none at all) is refused as a file
+    without masks, with what to do, in one line; one annotation without a polygon among masks is
+    refused for itself."""
+
+    def annotation(k: int) -> dict:
+        record = annotation_record(k, segmentation=segmentation)
+        return {key: value for key, value in record.items() if value is not None}
+
+    message = dataset_error(tmp_path / "boxes", [annotation(k) for k in (1, 2, 3)])
+    says = "'segmentation' has no polygon" if segmentation == [] else "missing key 'segmentation'"
+    assert f"annotation id 1 (image id 1): {says}; none of the file's 3 annotations has a mask" in message
+    assert "(a boxes-only export)" in message and "export polygons or masks" in message
+    (line,) = classify(DatasetError(message)).lines
+    assert line.endswith("or make masks from the boxes (e.g. SAM)"), line
+    one = dataset_error(tmp_path / "one", [annotation(1), annotation_record(2), annotation_record(3)])
+    assert one.endswith(f"annotation id 1 (image id 1): {says}")
