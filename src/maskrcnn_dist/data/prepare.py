@@ -98,7 +98,7 @@ def open_splits(sources: DataSources, cfg: TrainConfig, *, training: bool = Fals
             exif_orientation=cfg.data.exif_orientation,
         )
         if name == "val" and not len(split):
-            log.warning("%s lists no images: no validation loss or COCO AP", source.annotations)
+            log.warning("%s lists no images: no validation loss or COCO AP", source.name)
             continue
         splits[name] = split
     first, *others = splits.values()
@@ -128,7 +128,7 @@ def open_split(
     chosen = opened.splits[split]
     if rules is None:
         return CocoInstanceDataset.of(chosen)
-    report = check_images(chosen.image_entries()[:first], rules, source=str(chosen.annotation_file))
+    report = check_images(chosen.image_entries()[:first], rules, source=chosen.name)
     if report.bad:
         raise bad_images_error([report], hint)
     return CocoInstanceDataset.of(chosen, report.frames)
@@ -235,7 +235,7 @@ def load_datasets(cfg: TrainConfig, sources: DataSources | None = None) -> Datas
 
 
 def empty_train_split(split: Split) -> DatasetError:
-    return DatasetError(f"{split.annotation_file}: the train split lists no images")
+    return DatasetError(f"{split.name}: the train split lists no images")
 
 
 def check_split(cfg: TrainConfig, splits: Sequence[str]) -> tuple[OpenSplits, list[CheckReport]]:

@@ -95,6 +95,11 @@ class CheckedSplit(Protocol):
     @property
     def annotation_file(self) -> Path: ...
 
+    @property
+    def name(self) -> str:
+        """What its logs call it (sources.SplitSource.name: a carved split is named as such)."""
+        ...
+
     def image_entries(self) -> list[ImageEntry]: ...
 
 
@@ -333,7 +338,7 @@ def check_datasets(
     parsed (data/check_ahead.py)."""
     reports = []
     for dataset in datasets:
-        source = str(dataset.annotation_file)
+        source = dataset.name
         with gc_paused():  # the bookkeeping of every image: entries, stamps, cached verdicts
             entries = dataset.image_entries()
             cache, known, read = None, None, None

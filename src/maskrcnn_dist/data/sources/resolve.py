@@ -143,7 +143,7 @@ def carve_val(sources: DataSources, fraction: float, seed: int, cache: Path | No
         )
     chosen = set(order[:count])
     splits = {
-        "train": SplitSource(train.annotations, train.images, tuple(i for i in ids if i not in chosen)),
-        "val": SplitSource(train.annotations, train.images, tuple(sorted(chosen))),
+        "train": SplitSource(train.annotations, train.images, tuple(i for i in ids if i not in chosen), "train"),
+        "val": SplitSource(train.annotations, train.images, tuple(sorted(chosen)), "val"),
     }
     return DataSources(f"{sources.layout}, val carved by --val-fraction {fraction:g}", splits)
