@@ -117,6 +117,8 @@ def _image_records(images: list[_Image]) -> c.ImageRecords:
     ids, width, height = (_column(images, name, np.int64) for name in ("id", "width", "height"))
     every = np.ones(len(images), dtype=bool)
     names = [image.file_name or _url_name(image) for image in images]
+    if any("://" in name for name in names):  # URLs written as file_names: their paths (image_names.py)
+        names = [image_file_name({"file_name": name}) for name in names]
     named = np.fromiter(map(bool, names), bool, len(names))
     return c.ImageRecords(ids, every, names, named, width, every, height, every)
 

@@ -6,7 +6,8 @@ a URL field. detectron2 joins the URL's last two parts to its COCO folder, MMDet
 here the URL's path is the file name (`train2017/000000391895.jpg`) and the file_name rule
 (data/sources/file_names.py) drops its leading folders until the file is found under the split's image
 folder: the folder holding train2017/ and val2017/, or train2017/ itself, or any folder the images were
-downloaded into flat.
+downloaded into flat. A `file_name` that is itself a URL (`https://bucket.example/x.jpg?X-Amz-Signature=...`,
+as some converters write cloud-hosted images) is taken by its path the same way.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def url_path(url: str) -> str:
 
 
 def image_file_name(record: Mapping[str, Any]) -> str:
-    """The image's file name: a non-empty `file_name`, else the path of its first URL field, else ""."""
+    """The image's file name: a non-empty `file_name` (the path of a URL written there: a signed
+    URL's query is no part of the file's name), else the path of its first URL field, else ""."""
     name = record.get("file_name")
     if isinstance(name, str) and name:
-        return name
+        return url_path(name) or name if "://" in name else name
     for field in URL_FIELDS:
         url = record.get(field)
         if isinstance(url, str) and (path := url_path(url)):
