@@ -264,3 +264,33 @@ def test_a_signed_url_written_as_file_name_finds_the_downloaded_file(tmp_path: P
             ann_file.write_text(json.dumps(data))
         dataset = CocoInstanceDataset(image_dir, ann_file)  # refuses a missing file
         assert [e.path for e in dataset.image_entries()] == [image_dir / "1.png"]
+
+
+def test_a_large_file_is_judged_by_both_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file too large to parse for detection is judged by its first and last bytes: COCO writes its
+    images first, LVIS (1.1 GB for train) its annotations first and its images and categories last; a
+    keypoints file (its categories last) is none."""
+    from maskrcnn_dist.data.sources import detect as detection
+
+    lvis_v1(tmp_path / "lvis")
+    path = tmp_path / "lvis" / "annotations" / "lvis_v1_train.json"
+    data = json.loads(path.read_text())
+    many = [{**data["annotations"][0], "id": k} for k in range(1, 400)]
+    ordered = {
+        "info": {},
+        "annotations": many,
+        "images": data["images"],
+        "licenses": [],
+        "categories": data["categories"],
+    }
+    path.write_text(json.dumps(ordered))
+    monkeypatch.setattr(detection, "MAX_PARSED", 1024)
+    monkeypatch.setattr(detection, "PEEK", 4096)
+    assert '"images"' not in path.read_text()[:4096]
+    assert detection.coco_file_names(path) == ["train2017/9.jpg", "train2017/25.jpg"]
+    coco_order = {"images": data["images"], "annotations": many, "categories": data["categories"]}
+    path.write_text(json.dumps(coco_order))
+    assert detection.coco_file_names(path) == ["train2017/9.jpg", "train2017/25.jpg"]
+    keypoints = {**coco_order, "categories": [{"id": 1, "name": "person", "keypoints": ["nose"], "skeleton": []}]}
+    path.write_text(json.dumps(keypoints))
+    assert detection.coco_file_names(path) is None

@@ -87,23 +87,34 @@ def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
 
 def coco_file_names(path: Path) -> list[str] | None:
     """The first file_names of a COCO instances file (none when it lists no image), or None when
-    `path` is not one."""
+    `path` is not one. A large file is judged by its two ends: COCO writes its images first, LVIS its
+    annotations first and its images and categories last."""
     try:
-        if path.stat().st_size <= MAX_PARSED:
+        size = path.stat().st_size
+        if size <= MAX_PARSED:
             text = path.read_text(encoding="utf-8")
             # Not parsed unless it can be one: a labelme folder holds a JSON file per image.
             return _instance_names(json.loads(text)) if '"images"' in text else None
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, "rb") as f:
             head = f.read(PEEK)
+            f.seek(max(size - PEEK, len(head)))
+            ends = (head + b"\n" + f.read(PEEK)).decode("utf-8", errors="replace")
     except (OSError, ValueError):
         return None
-    if '"images"' not in head or '"caption"' in head or '"keypoints"' in head:
+    if '"caption"' in ends or '"keypoints"' in ends:  # (COCO's keypoints categories come last)
         return None
-    for field in ("file_name", *URL_FIELDS):  # LVIS names its images by coco_url alone (image_names.py)
-        found = re.findall(rf'"{field}"\s*:\s*"((?:[^"\\]|\\.)+)"', head)[:SAMPLE]
+    names = _sampled_names(ends)
+    return names if names and ('"images"' in ends or '"categories"' in ends) else None
+
+
+def _sampled_names(text: str) -> list[str]:
+    """The first file names a part of a file lists: its file_names, else the paths of its URL fields
+    (LVIS names its images by coco_url alone: annotations/image_names.py)."""
+    for field in ("file_name", *URL_FIELDS):
+        found = re.findall(rf'"{field}"\s*:\s*"((?:[^"\\]|\\.)+)"', text)[:SAMPLE]
         if found:
             return [image_file_name({field: json.loads(f'"{m}"')}) for m in found]
-    return None
+    return []
 
 
 def broken_split_file(root: Path, others: list[Path], split: str) -> str | None:
