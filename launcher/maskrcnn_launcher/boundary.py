@@ -50,6 +50,8 @@ DEBUG_ENV = "MASKRCNN_DEBUG"
 DEBUG_FLAG = "--debug"
 _TRUE = ("1", "true", "yes", "on")
 LINE_LIMIT = 400  # torch's messages can run to a page; one line is what a user (and `kubectl logs`) reads
+# The kit's own refusals are worded to be read whole: the paths and files they name make some long.
+OWN_LINE_LIMIT = 1200
 
 # OS errors that mean "this path is not what the user said it is", as opposed to the machine failing.
 _USER_PATH_ERRNOS = {"ENOENT", "EACCES", "EPERM", "EISDIR", "ENOTDIR", "EROFS", "EEXIST", "ENAMETOOLONG", "ELOOP"}
@@ -63,8 +65,14 @@ class Failure:
     lines: tuple[str, ...]
 
     @classmethod
-    def of(cls, code: int, *lines: str) -> Failure:
-        return cls(code, tuple(one_line(line) for line in lines))
+    def of(cls, code: int, *lines: str, limit: int = LINE_LIMIT) -> Failure:
+        return cls(code, tuple(one_line(line, limit) for line in lines))
+
+    @classmethod
+    def own(cls, code: int, *lines: str) -> Failure:
+        """A refusal in the kit's own words (a user error: the file, field or flag and what to do), cut
+        only past OWN_LINE_LIMIT, and then in its middle (one_line)."""
+        return cls.of(code, *lines, limit=OWN_LINE_LIMIT)
 
 
 class ExitWith(Exception):  # noqa: N818 (not an error: how a command asks for its exit code and line)
@@ -122,7 +130,7 @@ def classify_common(exc: BaseException) -> Failure:
     if isinstance(exc, click.ClickException):
         return Failure.of(exc.exit_code, exc.format_message())
     if isinstance(exc, LauncherError):
-        return Failure.of(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_USER_ERROR, *exc.errors)
+        return Failure.own(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_USER_ERROR, *exc.errors)
     if isinstance(exc, OSError) and exc.filename is not None and _errno_name(exc) in _USER_PATH_ERRNOS:
         return Failure.of(EXIT_USER_ERROR, os_error_line(exc))
     if isinstance(exc, MemoryError):
