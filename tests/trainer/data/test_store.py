@@ -21,7 +21,7 @@ from pycocotools.coco import COCO
 from maskrcnn_dist.data import CocoInstanceDataset
 from maskrcnn_dist.data.annotations import read, store
 from maskrcnn_dist.data.annotations.masks import decode_masks
-from maskrcnn_dist.data.cache import HEADER_SIZE
+from maskrcnn_dist.data.cache import HEADER_SIZE, cache_name
 from maskrcnn_dist.data.images.check import CheckRules, check_datasets
 from maskrcnn_dist.errors import DatasetError
 
@@ -442,6 +442,18 @@ def test_a_new_model_size_keeps_every_files_verdict(tmp_path: Path, monkeypatch:
     (again,) = check_datasets([dataset], CheckRules("header", "auto", 32, 64), cache_dir=cache)
     assert checked == [] and again.reused == 3 and [b.image_id for b in again.bad] == [1]
     assert again.bad[0].reason == first.bad[0].reason
+
+
+def test_a_folder_where_the_verdicts_belong_is_named_and_the_check_runs(tmp_path: Path, caplog) -> None:
+    images_dir, ann_file = write_mixed_set(tmp_path)
+    dataset = CocoInstanceDataset(images_dir, ann_file)
+    blocked = tmp_path / "cache" / f"{cache_name(ann_file)}.check-header"
+    blocked.mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        (report,) = check_datasets([dataset], CheckRules("header"), cache_dir=tmp_path / "cache")
+    assert report.checked == len(dataset) and not report.bad and blocked.is_dir()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(str(blocked))]
+    assert "a folder stands where the cache file belongs" in said[0] and "cannot write" in said[1], said
 
 
 def test_a_bad_file_is_named_when_the_cache_builds_it(tmp_path: Path) -> None:
