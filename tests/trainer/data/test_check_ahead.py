@@ -49,6 +49,10 @@ class Split:
     entries: list[ImageEntry]
     frames: dict = field(default_factory=dict)
 
+    @property
+    def name(self) -> str:
+        return str(self.annotation_file)
+
     def image_entries(self) -> list[ImageEntry]:
         return list(self.entries)
 
