@@ -41,6 +41,13 @@ which one wins would be a guess (or, --data-path beside a split flag, the traine
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- $cache := (.Values.trainer.data | default dict).cache -}}
+{{- if kindIs "bool" $cache -}}
+{{- fail (printf "trainer.data.cache: YAML read a bare word as the boolean %v (off, on, no and yes are booleans there): quote it, e.g. cache: \"off\"" $cache) -}}
+{{- end -}}
+{{- if and (kindIs "string" $cache) (has (lower (trim $cache)) (list "auto" "off")) (ne $cache (lower (trim $cache))) -}}
+{{- fail (printf "trainer.data.cache: %q: write %s in lower case (./%s names a folder of that name)" $cache (lower (trim $cache)) (trim $cache)) -}}
+{{- end -}}
 {{- if include "maskrcnn-dist.cacheArgs" . | fromYamlArray -}}
 {{- range .Values.trainer.args -}}
 {{- if eq (regexReplaceAll "=.*$" (toString .) "") "--data-cache" -}}

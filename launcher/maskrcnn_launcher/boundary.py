@@ -50,6 +50,8 @@ DEBUG_ENV = "MASKRCNN_DEBUG"
 DEBUG_FLAG = "--debug"
 _TRUE = ("1", "true", "yes", "on")
 LINE_LIMIT = 400  # torch's messages can run to a page; one line is what a user (and `kubectl logs`) reads
+# The kit's own refusals are worded to be read whole: the paths and files they name make some long.
+OWN_LINE_LIMIT = 1200
 
 # OS errors that mean "this path is not what the user said it is", as opposed to the machine failing.
 _USER_PATH_ERRNOS = {"ENOENT", "EACCES", "EPERM", "EISDIR", "ENOTDIR", "EROFS", "EEXIST", "ENAMETOOLONG", "ELOOP"}
@@ -63,8 +65,14 @@ class Failure:
     lines: tuple[str, ...]
 
     @classmethod
-    def of(cls, code: int, *lines: str) -> Failure:
-        return cls(code, tuple(one_line(line) for line in lines))
+    def of(cls, code: int, *lines: str, limit: int = LINE_LIMIT) -> Failure:
+        return cls(code, tuple(one_line(line, limit) for line in lines))
+
+    @classmethod
+    def own(cls, code: int, *lines: str) -> Failure:
+        """A refusal in the kit's own words (a user error: the file, field or flag and what to do), cut
+        only past OWN_LINE_LIMIT, and then in its middle (one_line)."""
+        return cls.of(code, *lines, limit=OWN_LINE_LIMIT)
 
 
 class ExitWith(Exception):  # noqa: N818 (not an error: how a command asks for its exit code and line)
@@ -80,9 +88,19 @@ Classifier = Callable[[BaseException], "Failure | None"]
 
 
 def one_line(text: str, limit: int = LINE_LIMIT) -> str:
-    """`text` on one line, shortened to `limit` characters."""
+    """`text` on one line, shortened to `limit` characters from its middle: a message ends with its
+    hint (the flag to pass, what to do), after its last "; ", and the middle (a list of files, a quoted
+    value, a library's detail) is what can go. A last clause longer than half the line keeps its end."""
     flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    if len(flat) <= limit:
+        return flat
+    cut = " ... "
+    hint = flat.rsplit("; ", 1)[1] if "; " in flat else ""
+    if not hint or len(hint) > limit // 2:
+        hint = flat[-(limit // 3) :]
+        hint = hint[hint.find(" ") + 1 :] if " " in hint[:-1] else hint  # from a word's start
+    head = flat[: max(limit - len(cut) - len(hint), 0)]
+    return head.rstrip("; ") + cut + hint
 
 
 def debug_requested(argv: Sequence[str], env: Mapping[str, str]) -> bool:
@@ -112,7 +130,7 @@ def classify_common(exc: BaseException) -> Failure:
     if isinstance(exc, click.ClickException):
         return Failure.of(exc.exit_code, exc.format_message())
     if isinstance(exc, LauncherError):
-        return Failure.of(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_USER_ERROR, *exc.errors)
+        return Failure.own(EXIT_UNREACHABLE if isinstance(exc, PeerTimeout) else EXIT_USER_ERROR, *exc.errors)
     if isinstance(exc, OSError) and exc.filename is not None and _errno_name(exc) in _USER_PATH_ERRNOS:
         return Failure.of(EXIT_USER_ERROR, os_error_line(exc))
     if isinstance(exc, MemoryError):

@@ -67,7 +67,7 @@ def original_message(exc: BaseException) -> str:
 def classify(exc: BaseException) -> Failure | None:
     """The trainer's exceptions for the error boundary; None leaves the rest to it."""
     if isinstance(exc, UserError):
-        return Failure.of(EXIT_USER_ERROR, original_message(exc))
+        return Failure.own(EXIT_USER_ERROR, original_message(exc))
     if isinstance(exc, (TrainingError, ParityError)):
         return Failure.of(EXIT_RUNTIME, original_message(exc))
     if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), without importing torch here

@@ -101,3 +101,14 @@ def test_a_cache_folder_names_no_data(template_values) -> None:
     assert args == ["--data-path", "/data/coco", "--data-cache", "off"]
     both = template_values({"trainer": {"data": {"cache": "/c"}, "args": ["--data-cache=off"]}})
     assert both.returncode != 0 and "give the cache folder in one place" in both.stderr
+
+
+def test_a_cache_value_yaml_read_as_a_boolean_or_in_capitals_is_refused_with_the_fix(template_values) -> None:
+    """`cache: off` unquoted is YAML's false: refused naming the pitfall, not rendered as a folder named
+    false; `OFF` is refused (a folder named OFF is never what was meant)."""
+    for value, words in (
+        (False, "the boolean false (off, on, no and yes are booleans there): quote it"),
+        ("OFF", "write off in lower case"),
+    ):
+        proc = template_values({"trainer": {"data": {"cache": value}, "args": []}})
+        assert proc.returncode != 0 and "trainer.data.cache" in proc.stderr and words in proc.stderr, proc.stderr

@@ -13,7 +13,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,14 @@ def option(
     maximum: float | None = None,
     above: float | None = None,
     below: float | None = None,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """A config field with its CLI/YAML description. `flag` defaults to the field name with dashes.
     Numbers (and each integer of a list) are bounded by `minimum`/`maximum` (inclusive) and `above`/`below`
-    (exclusive); non-finite floats and integers beyond 64 bits are always refused."""
-    meta = {"help": help, "flag": flag, "choices": choices, "bounds": Bounds(minimum, maximum, above, below)}
+    (exclusive); non-finite floats and integers beyond 64 bits are always refused. `check`: what else is
+    wrong with a parsed value (the words after the flag), or None: run wherever the value is parsed."""
+    bounds = Bounds(minimum, maximum, above, below)
+    meta = {"help": help, "flag": flag, "choices": choices, "bounds": bounds, "check": check}
     return field(default=default, metadata=meta)
 
 
@@ -88,6 +91,7 @@ class FieldSpec:
     default: Any
     choices: tuple[str, ...] | None
     bounds: Bounds
+    check: Callable[[Any], str | None] | None = None
 
     def get(self, cfg: Any) -> Any:
         return getattr(self._owner(cfg), self.name)
@@ -125,6 +129,11 @@ class FieldSpec:
                 return float(value)
             except (TypeError, ValueError):
                 raise ValueError(f"{value!r} is not a number") from None
+        if isinstance(value, bool):  # from YAML: a bare off, on, no, yes is read as a boolean
+            raise ValueError(
+                f"YAML read a bare word as the boolean {str(value).lower()} (off, on, no and yes are booleans "
+                'there): quote it, e.g. "off"'
+            )
         return str(value)
 
     def problem(self, value: Any) -> str | None:
@@ -139,6 +148,8 @@ class FieldSpec:
         for number in numbers:
             if (out_of_range := self.bounds.problem(number)) is not None:
                 return f"--{self.flag} {out_of_range}, got {number}"
+        if self.check is not None and (wrong := self.check(value)) is not None:
+            return f"--{self.flag} {wrong}"
         return None
 
     @property
@@ -200,4 +211,5 @@ def field_specs(cls: type, section: str | None = None) -> Iterator[FieldSpec]:
             default=default,
             choices=meta.get("choices"),
             bounds=meta.get("bounds", Bounds()),
+            check=meta.get("check"),
         )

@@ -8,6 +8,8 @@ the range checks are derived from that. `TrainConfig` (train_config.py) holds th
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,32 @@ DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/transforms/augment.p
 # Those that give the model its training sizes: the model's own resize would undo them.
 SIZED_BY_DATA = ("multiscale", "lsj")
 LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
+
+
+def cache_folder_problem(value: str) -> str | None:
+    """What is wrong with a --data-cache value (words after the flag), or None: `auto`, `off`, or a folder
+    that is there or can be made (no file, device or link loop on its way)."""
+    if value in ("auto", "off"):
+        return None
+    if not value.strip():
+        return f"{value!r} names no folder (it would cache into the current folder): give auto, off or a folder"
+    if value.strip().lower() in ("auto", "off"):
+        return f"{value!r}: write {value.strip().lower()} in lower case (./{value.strip()} names a folder of that name)"
+    path = Path(value)
+    for where in (path, *path.parents):
+        try:
+            mode = os.stat(where).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # made when the cache is first written (or a file on the way, named below)
+        except OSError as e:  # a link loop, a folder it may not enter
+            return f"{value}: {where}: {e.strerror}; give auto, off or a folder"
+        if stat.S_ISDIR(mode):
+            return None
+        kind = "a file" if stat.S_ISREG(mode) else "a device or other special file"
+        if where == path:
+            return f"{value} is {kind}; it takes a folder to keep the caches in (or auto, or off: no cache)"
+        return f"{value}: {where} is {kind}, so no folder can be made under it"
+    return None
 
 
 @dataclass
@@ -112,8 +140,9 @@ class DataConfig:
     # A restart must not parse COCO's train JSON and check every image again (data/cache.py).
     data_cache: str = option(
         "auto",
-        "where the parsed annotations and the data check's verdicts are cached for the next start: auto "
-        "(OUTPUT_DIR/cache for train and eval; none for the other commands), off, or a folder",
+        "where train and eval cache the parsed annotations and the data check's verdicts for the next "
+        "start: auto (OUTPUT_DIR/cache), off, or a folder",
+        check=cache_folder_problem,
     )
 
     def sized_by_data(self) -> bool:

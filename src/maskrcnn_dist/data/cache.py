@@ -24,6 +24,7 @@ import logging
 import mmap
 import multiprocessing
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -67,7 +68,10 @@ class CacheFile:
         except OSError as e:
             raise CacheInvalid(f"cannot open: {one_line(e)}") from e
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a folder opens read-only too
+                raise CacheInvalid(f"{_kind_of(st.st_mode)} stands where the cache file belongs")
+            size = st.st_size
             header = _parse_header(os.pread(fd, HEADER_SIZE, 0))
             if not self._made_for(header):
                 raise CacheInvalid("made for another file or settings (stale)")
@@ -138,7 +142,7 @@ class CacheFile:
         """The lock a process holds while it builds this payload ahead of the trainer's need for it
         (data/parse_ahead.py). In the temporary folder, not beside the file: it is taken before the run
         may write in its folders; every process of a node (ddp's ranks in one pod) sees it."""
-        where = zlib.crc32(str(self.path.resolve()).encode())
+        where = zlib.crc32(os.path.realpath(self.path).encode())  # (realpath: a link loop is no error here)
         return Path(tempfile.gettempdir()) / f"maskrcnn-dist-{where:08x}.building"
 
     def wait_for_builder_ahead(self) -> float | None:
@@ -157,6 +161,10 @@ class CacheFile:
             return time.monotonic() - started
         finally:
             os.close(fd)  # and with it the shared lock
+
+
+def _kind_of(mode: int) -> str:
+    return "a folder" if stat.S_ISDIR(mode) else "something other than a file (a device, a pipe, a socket)"
 
 
 def _flock_within(fd: int, operation: int, wait_s: float) -> bool:
@@ -183,6 +191,14 @@ def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryvie
     then read what it wrote) and written. Without a cache, or where it cannot be written, the payload is
     built and kept in memory."""
     if cache is None:
+        return b"".join(build(None))
+    if cache.path.is_dir():  # no file can be renamed over it: built here, kept in memory, said once
+        log.warning(
+            "%s: a folder stands where this cache file belongs: %s kept in memory only; remove the folder to "
+            "cache them again",
+            cache.path,
+            what,
+        )
         return b"".join(build(None))
     try:
         return cache.read()

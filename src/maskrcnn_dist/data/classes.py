@@ -6,9 +6,12 @@ head that can never be positive. A category with no annotation in any split that
 placeholder (named as a background, the supercategory of another category, or id 0) is left out, with
 one warning naming it; any other category without objects is kept, with a warning.
 
-Crowd annotations (iscrowd 1) are not training targets (torchvision's reference), and CVAT writes its
-brush masks that way: a class drawn only with the brush would never be learned. Each such class is
-named with its count and the switch that trains crowd masks as instances (--crowd-as-instances).
+Crowd annotations (iscrowd 1) are not training targets (torchvision's reference), and tools write
+ordinary masks that way: CVAT its brush masks (a class drawn only with the brush would never be
+learned), supervision any mask with a hole or several parts. Each class of which crowd regions are a
+sizeable share (CROWD_SHARE or more of its annotations) is named with its counts and the switch that
+trains crowd masks as instances (--crowd-as-instances). COCO's own crowd regions (about 1% of its
+annotations, a few % of a class at most) stay below it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+CROWD_SHARE = 0.1  # of a class's annotations: from here on, untrained crowd regions are named
 BACKGROUND_NAMES = frozenset({"_background_", "__background__", "background", "bg", "__ignore__", "_ignore_"})
 
 
@@ -35,9 +39,14 @@ class ClassPlan:
     instances: Counter
     crowd: Counter
 
-    def crowd_only(self) -> list[int]:
-        """Categories whose every annotation is a crowd region."""
-        return [cid for cid in self.kept if self.crowd[cid] and not self.instances[cid]]
+    def crowd_share(self, cid: int) -> float:
+        """The share of crowd regions among category `cid`'s annotations (0 without any)."""
+        total = self.crowd[cid] + self.instances[cid]
+        return self.crowd[cid] / total if total else 0.0
+
+    def crowd_heavy(self) -> list[int]:
+        """Categories of which crowd regions are CROWD_SHARE or more of the annotations."""
+        return [cid for cid in self.kept if self.crowd[cid] and self.crowd_share(cid) >= CROWD_SHARE]
 
     def label(self, cid: int) -> str:
         return f"{self.names[cid]!r} (id {cid})"
@@ -46,7 +55,7 @@ class ClassPlan:
         """What check-data prints: each class with its counts, then the placeholders left out."""
         lines = [f"{len(self.kept)} classes:"]
         for cid in self.kept:
-            crowd = f", {self.crowd[cid]} crowd" if self.crowd[cid] else ""
+            crowd = f", {self.crowd[cid]} crowd ({self.crowd_share(cid):.0%})" if self.crowd[cid] else ""
             trained = " (trained as instances)" if crowd and crowd_as_instances else ""
             lines.append(f"  {self.label(cid)}: {self.instances[cid]} instances{crowd}{trained}")
         lines += [f"  left out: {self.label(cid)}, {why}" for cid, why in self.placeholders.items()]
@@ -109,12 +118,22 @@ def judge_classes(splits: Sequence[Any], crowd_as_instances: bool) -> ClassPlan:
             ", ".join(map(plan.label, plan.empty)),
         )
     if not crowd_as_instances:
-        for cid in plan.crowd_only():
-            log.warning(
-                "%s: every annotation of category %s is a crowd region (iscrowd 1, %d of them; CVAT writes "
-                "brush masks so): crowd regions are not trained; --crowd-as-instances trains them as instances",
-                where,
-                plan.label(cid),
-                plan.crowd[cid],
-            )
+        for cid in plan.crowd_heavy():
+            log.warning("%s: %s", where, crowd_words(plan, cid))
     return plan
+
+
+def crowd_words(plan: ClassPlan, cid: int) -> str:
+    """The warning about a class with many crowd regions: how many, what makes them, the switch."""
+    crowd, total = plan.crowd[cid], plan.crowd[cid] + plan.instances[cid]
+    if crowd == total:
+        how_many = f"every annotation of category {plan.label(cid)} is a crowd region (iscrowd 1, {crowd} of them)"
+    else:
+        how_many = (
+            f"{crowd} of the {total} annotations of category {plan.label(cid)} ({crowd / total:.0%}) are crowd "
+            "regions (iscrowd 1)"
+        )
+    return (
+        f"{how_many}; CVAT writes brush masks so, supervision any mask with a hole or several parts: crowd "
+        "regions are not trained; --crowd-as-instances trains them as instances"
+    )

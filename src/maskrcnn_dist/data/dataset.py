@@ -73,9 +73,9 @@ class Split:
     ) -> Split:
         """The split of `source`, its store mapped from `cache_dir` (annotations/read.py), every category
         a class. `check_files`: refuse missing image files here (else the data check's to find and drop)."""
-        where = str(source.annotations)
+        where = str(source.annotations)  # the file's (its dropped annotations are the whole file's)
         store = open_store(source.annotations, cache_dir, cache_wait_s)
-        rows = store.rows_of(source.image_ids, where)
+        rows = store.rows_of(source.image_ids, source.name)
         instances, crowd = store.category_counts(rows)
         if dropped := store.dropped:
             log.warning(
@@ -104,6 +104,11 @@ class Split:
     @property
     def annotation_file(self) -> Path:
         return self.source.annotations
+
+    @property
+    def name(self) -> str:
+        """What logs and errors call this split (a carved one is named as such)."""
+        return self.source.name
 
     @property
     def image_dir(self) -> Path:
@@ -202,6 +207,7 @@ class CocoInstanceDataset(torch.utils.data.Dataset):
     store = _of_split("store")
     image_dir = _of_split("image_dir")
     annotation_file = _of_split("annotation_file")
+    name = _of_split("name")
     source = _of_split("source", "Where this split's data is (what a checkpoint records of it).")
     categories = _of_split("categories")
     instance_counts = _of_split("instance_counts")

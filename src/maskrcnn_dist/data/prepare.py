@@ -58,18 +58,19 @@ def flagged_sources(cfg: TrainConfig) -> DataSources | None:
     after the output folder's own problems)."""
     if not names_data(cfg.data) or cfg.data.synthetic_images:
         return None
-    return resolve_sources(cfg.data, cfg.seed)
+    return resolve_sources(cfg.data, cfg.seed, cache=cache_dir(cfg, training=True))
 
 
-def run_sources(cfg: TrainConfig) -> DataSources:
+def run_sources(cfg: TrainConfig, *, training: bool = True) -> DataSources:
     """The splits the run's flags name; with --synthetic-images the set is generated first and
-    `cfg.data.data_path` set to it (the checkpoint's config records where)."""
+    `cfg.data.data_path` set to it (the checkpoint's config records where). `training`: for train or
+    eval (where --data-cache auto caches: a carve reads the cached train store)."""
     if cfg.data.synthetic_images:
         cfg.data.data_path = ensure_synthetic(cfg)
         sources = synthetic_sources(cfg.data.data_path)
         # The set has a val split: carve_val refuses --val-fraction with it, as for any dataset.
         return carve_val(sources, cfg.data.val_fraction, cfg.seed) if cfg.data.val_fraction is not None else sources
-    return resolve_sources(cfg.data, cfg.seed)
+    return resolve_sources(cfg.data, cfg.seed, cache=cache_dir(cfg, training=training))
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def open_splits(sources: DataSources, cfg: TrainConfig, *, training: bool = Fals
             exif_orientation=cfg.data.exif_orientation,
         )
         if name == "val" and not len(split):
-            log.warning("%s lists no images: no validation loss or COCO AP", source.annotations)
+            log.warning("%s lists no images: no validation loss or COCO AP", source.name)
             continue
         splits[name] = split
     first, *others = splits.values()
@@ -120,13 +121,13 @@ def open_split(
     """One split of the dataset cfg's data flags name, its classes judged over every split: what predict,
     report --gallery, export's parity images and profile read. With `rules`, its first `first` images
     (all: None) are checked first and read in the frames decided; a bad one stops it (one line, `hint`)."""
-    opened = open_splits(resolve_sources(cfg.data, cfg.seed), cfg)
+    opened = open_splits(resolve_sources(cfg.data, cfg.seed, cache=cache_dir(cfg, training=False)), cfg)
     if split not in opened.splits:
         raise DatasetError(f"{opened.sources.layout}: no {split} split")
     chosen = opened.splits[split]
     if rules is None:
         return CocoInstanceDataset.of(chosen)
-    report = check_images(chosen.image_entries()[:first], rules, source=str(chosen.annotation_file))
+    report = check_images(chosen.image_entries()[:first], rules, source=chosen.name)
     if report.bad:
         raise bad_images_error([report], hint)
     return CocoInstanceDataset.of(chosen, report.frames)
@@ -233,14 +234,14 @@ def load_datasets(cfg: TrainConfig, sources: DataSources | None = None) -> Datas
 
 
 def empty_train_split(split: Split) -> DatasetError:
-    return DatasetError(f"{split.annotation_file}: the train split lists no images")
+    return DatasetError(f"{split.name}: the train split lists no images")
 
 
 def check_split(cfg: TrainConfig, splits: Sequence[str]) -> tuple[OpenSplits, list[CheckReport]]:
     """`maskrcnn-dist check-data`: check every image of the named splits, judged as training judges
     them: a train split listing no images is refused; with both splits asked for, a missing val split
     is skipped with a warning (training runs without AP then), not an error."""
-    sources = run_sources(cfg)
+    sources = run_sources(cfg, training=False)
     if len(splits) == 1 and sources.get(splits[0]) is None:
         raise DatasetError(f"{sources.layout}: no {splits[0]} split found")
     if "val" in splits and sources.get("val") is None:

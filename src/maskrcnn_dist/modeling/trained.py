@@ -148,6 +148,11 @@ class TrainedModel:
             return None  # torchvision's reference scripts also save {"model": ...}: no settings recorded
         return cls.from_checkpoint(state, f"weights file {path}")
 
+    def keeps_carve(self, given: Mapping[str, Any], with_data: bool) -> bool:
+        """Whether a command reading this run's data (no data flag given) keeps the val split the run
+        carved: its recorded seed carves it, whatever --seed is given."""
+        return with_data and not _data_given(given) and "val-fraction" in self.data_flags and "seed" in self.data_flags
+
     def flags(self, given: Mapping[str, Any], reading: str, with_data: bool = False) -> dict[str, Any]:
         """The flags that rebuild this model (and, `with_data`, find its dataset), for build_config to put
         under `given` (the flags of the command line and YAML file) and over a --recipe's. Each given flag
@@ -157,7 +162,7 @@ class TrainedModel:
         base = {**self.settings, "exif-orientation": self.exif_orientation}
         # The recorded data only where no data flag is given: a --data-path beside recorded split flags
         # would be refused as a contradiction. Its --seed still carves the same --val-fraction split.
-        if with_data and not any(given.get(flag) is not None for flag in DATA_SOURCE_FLAGS):
+        if with_data and not _data_given(given):
             base.update(self.data_flags)
         elif with_data and "seed" in self.data_flags:
             base["seed"] = self.data_flags["seed"]
@@ -169,6 +174,16 @@ class TrainedModel:
                 continue
             value = BY_FLAG[flag].parse(given[flag])
             if value == BY_FLAG[flag].parse(saved):
+                continue
+            if flag == "seed" and self.keeps_carve(given, with_data):
+                log.warning(
+                    "--seed %s given: %s's val split is the one its run carved (--val-fraction %s, --seed %s), "
+                    "kept: another seed would carve one holding its training images (the data flags carve anew)",
+                    value,
+                    reading,
+                    self.data_flags["val-fraction"],
+                    saved,
+                )
                 continue
             if flag == "model":
                 raise ConfigError(
@@ -189,6 +204,10 @@ def _recipe_setting_yields(recipe: str, flag: str, value: Any, reading: str, sav
             f"--model {saved} to keep the recipe's other flags, or leave out --recipe"
         )
     log.info("--recipe %s's --%s %s not used: %s's model has %s", recipe, flag, value, reading, saved)
+
+
+def _data_given(given: Mapping[str, Any]) -> bool:
+    return any(given.get(flag) is not None for flag in DATA_SOURCE_FLAGS)
 
 
 def every_setting(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,7 +233,10 @@ def config_for(
     from_file = load_yaml_config(yaml_path) if yaml_path is not None else {}
     explicit = {**from_file, **{k: v for k, v in given.items() if v is not None}}
     base = trained.flags(explicit, reading, with_data=with_data)
-    return build_config(yaml_path, dict(given), base=base)
+    cfg = build_config(yaml_path, dict(given), base=base)
+    if trained.keeps_carve(explicit, with_data):  # the run's val split, never one holding its training images
+        cfg.seed = BY_FLAG["seed"].parse(trained.data_flags["seed"])
+    return cfg
 
 
 def _num_classes(model_state: Any, categories: Categories | None, source: str) -> int:

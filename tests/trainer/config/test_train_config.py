@@ -3,6 +3,7 @@ every number, and the model a checkpoint's saved config rebuilds."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,38 @@ def test_a_schedule_flag_the_scheduler_never_reads_is_refused(typed: dict, tmp_p
         build_config(tmp_path / "run.yaml", typed)
     # a recipe's steps are not the user's: cosine beside it is the user's choice of schedule
     assert build_config(None, {"recipe": "torchvision-v1", "lr-scheduler": "cosineannealinglr"}).optim.lr_steps
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{file}", "--data-cache {file} is a file; it takes a folder"),
+        ("/dev/null", "--data-cache /dev/null is a device or other special file"),
+        ("{file}/cache", "--data-cache {file}/cache: {file} is a file, so no folder can be made under it"),
+        ("", "--data-cache '' names no folder (it would cache into the current folder)"),
+        ("OFF", "--data-cache 'OFF': write off in lower case"),
+        ("{loop}/cache", "--data-cache {loop}/cache: {loop}/cache: Too many levels of symbolic links"),
+    ],
+)
+def test_a_data_cache_that_is_no_folder_is_refused_where_it_is_parsed(tmp_path: Path, value: str, message: str):
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "loop").symlink_to("loop")
+    names = {"file": tmp_path / "notes.txt", "loop": tmp_path / "loop"}
+    value, message = value.format(**names), message.format(**names)
+    with pytest.raises(ConfigError, match=re.escape(f"command line: {message}")):
+        build_config(None, {"data-cache": value})
+    (tmp_path / "run.yaml").write_text(f"data-cache: {value!r}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"run.yaml: {message}")):
+        build_config(tmp_path / "run.yaml", {})
+    assert build_config(None, {"data-cache": str(tmp_path / "new" / "cache")}).data.data_cache
+
+
+@pytest.mark.parametrize("key", ["data-cache", "check-data"])
+def test_a_bare_yaml_off_is_refused_naming_the_pitfall(tmp_path: Path, key: str):
+    (tmp_path / "run.yaml").write_text(f"{key}: off\n")
+    with pytest.raises(
+        ConfigError, match=r"run.yaml: .*boolean false \(off, on, no and yes are booleans there\): quote"
+    ):
+        build_config(tmp_path / "run.yaml", {})
+    (tmp_path / "run.yaml").write_text(f'{key}: "off"\n')
+    assert build_config(tmp_path / "run.yaml", {})

@@ -198,6 +198,28 @@ def mmdetection(root: Path) -> None:
     write_split(root / "annotations" / "val.json", root / "images", ["b3.jpg"], cats, [1, 2], first_id=3)
 
 
+def lvis_v1(root: Path) -> None:
+    """LVIS v1 as downloaded, in MMDetection's layout: annotations/lvis_v1_{train,val}.json beside COCO
+    2017's train2017/ and val2017/. Its images carry `coco_url` and no `file_name`, its annotations no
+    `iscrowd`, and its val split holds images of COCO's train2017 too."""
+    cats = _cats("aerosol_can", "air_conditioner", **{"frequency": "c", "synonyms": [], "synset": "x.n.01", "def": ""})
+    write_split(root / "annotations" / "lvis_v1_train.json", root / "train2017", ["9.jpg", "25.jpg"], cats, [1, 2])
+    write_split(
+        root / "annotations" / "lvis_v1_val.json", root / "val2017", ["139.jpg", "30.jpg"], cats, [1, 2], first_id=139
+    )
+    (root / "val2017" / "30.jpg").rename(root / "train2017" / "30.jpg")  # a train2017 image in LVIS's val
+    for split in ("train", "val"):
+        path = root / "annotations" / f"lvis_v1_{split}.json"
+        data = json.loads(path.read_text())
+        for image in data["images"]:
+            name = image.pop("file_name")
+            folder = "val2017" if (root / "val2017" / name).is_file() else "train2017"
+            image.update(coco_url=f"http://images.cocodataset.org/{folder}/{name}", flickr_url="http://farm.x/1.jpg")
+        for annotation in data["annotations"]:
+            del annotation["iscrowd"]
+        path.write_text(json.dumps(data))
+
+
 EXPORTS = (
     Export("roboflow", roboflow, ("circle", "square"), True),
     Export("cvat_task", cvat_task, ("car", "road"), False),
@@ -212,4 +234,5 @@ EXPORTS = (
     Export("team_own", team_own, ("cell", "nucleus"), True),
     Export("coco2017_no_val", coco2017_no_val, ("person", "bicycle"), False),
     Export("mmdetection", mmdetection, ("balloon", "kite"), True),
+    Export("lvis_v1", lvis_v1, ("aerosol_can", "air_conditioner"), True),
 )

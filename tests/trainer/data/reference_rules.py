@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from maskrcnn_dist.data.annotations.image_names import image_file_name
 from maskrcnn_dist.data.annotations.json_read import read_annotation_file
 from maskrcnn_dist.data.annotations.masks import to_rle
 from maskrcnn_dist.data.annotations.rules import compressed_rle_runs, validate_categories
@@ -47,8 +48,10 @@ def validate_images(images: list[Any], where: str) -> dict[int, dict]:
         ctx = f"{where}: image id {img['id']}"
         if img["id"] in by_id:
             raise DatasetError(f"{ctx}: duplicate image id")
-        if not isinstance(img.get("file_name"), str) or not img["file_name"]:
-            raise DatasetError(f"{ctx}: missing or empty 'file_name'")
+        if not image_file_name(img):  # a file_name, else a URL's path (LVIS: coco_url alone)
+            raise DatasetError(
+                f"{ctx}: missing or empty 'file_name' (and no 'coco_url' or 'url' or 'image_url' to take it from)"
+            )
         for key in ("width", "height"):
             if not _is_int(img.get(key)) or img[key] <= 0:
                 raise DatasetError(f"{ctx}: {key!r} must be a positive integer, got {img.get(key)!r}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.config import build_config, config_to_dict, to_argv
 from maskrcnn_dist.data import load_datasets
+from maskrcnn_dist.data.annotations import json_read, read
+from maskrcnn_dist.data.prepare import check_split, flagged_sources, run_sources
 from maskrcnn_dist.data.sources import DataSources, SplitSource
 from maskrcnn_dist.data.sources.resolve import carve_val, resolve_sources
 from maskrcnn_dist.errors import ConfigError
@@ -44,7 +47,7 @@ def split_flags_of(cfg) -> dict[str, object]:
     }
 
 
-def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Path, monkeypatch) -> None:
+def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Path, monkeypatch, caplog) -> None:
     cats = [{"id": 1, "name": "cell"}, {"id": 2, "name": "nucleus"}]
     names = [f"{k}.jpg" for k in range(10)]
     write_split(tmp_path / "big" / "train.json", tmp_path / "big" / "images", names, cats, [1, 2])
@@ -71,6 +74,46 @@ def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Pat
     given = {"output-dir": cfg.output_dir, "test-only": True, "resume": cfg.output_dir / "checkpoints", "workers": 0}
     evaluated = train_command_config(None, given)  # what `eval` runs
     assert train(evaluated).eval["images"] == 3 and evaluated.data.val_fraction == 0.3
+    # eval --seed 5 still evaluates on the run's val split: another seed would carve training images
+    with caplog.at_level(logging.WARNING):
+        reseeded = train_command_config(None, {**given, "seed": 5})
+    assert resolve_sources(reseeded.data, reseeded.seed).splits == rank0.splits
+    assert any(r.getMessage().startswith("--seed 5 given: ") for r in caplog.records)
+    # with the data flags given, the seed carves anew
+    flags = {**given, "data-path": tmp_path / "big", "val-fraction": 0.3, "seed": 5}
+    assert resolve_sources(train_command_config(None, flags).data, 5).splits != rank0.splits
+
+
+def test_a_carved_split_is_named_as_such(tmp_path: Path) -> None:
+    """Both splits carved from one file: the check names each by its part, not the file alone."""
+    names = [f"{k}.jpg" for k in range(10)]
+    write_split(tmp_path / "big" / "train.json", tmp_path / "big" / "images", names, [{"id": 1, "name": "c"}], [1])
+    cfg = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3})
+    _, reports = check_split(cfg, ["train", "val"])
+    assert [r.source for r in reports] == [
+        f"{tmp_path / 'big' / 'train.json'} (train split carved by --val-fraction: 7 images)",
+        f"{tmp_path / 'big' / 'train.json'} (val split carved by --val-fraction: 3 images)",
+    ]
+
+
+def test_a_restart_carves_from_the_cache_and_parses_nothing(tmp_path: Path, monkeypatch) -> None:
+    """The carve needs the train file's image ids: a restart takes them from the store its first start
+    cached, as the splits' opening does; the file is read only where no valid cache is there."""
+    names = [f"{k}.jpg" for k in range(10)]
+    write_split(tmp_path / "big" / "train.json", tmp_path / "big" / "images", names, [{"id": 1, "name": "c"}], [1])
+    cfg = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3})
+    first = flagged_sources(cfg)  # no cache yet: the file's images are read
+    load_datasets(cfg, first)  # the first start caches the store
+    parsed: list[Path] = []
+    monkeypatch.setattr(json_read, "read_annotation_file", lambda path: parsed.append(path))
+    monkeypatch.setattr(read, "read_store", lambda path, kept=None: parsed.append(path))
+    assert flagged_sources(cfg) == first and run_sources(cfg) == first and not parsed
+    train_set, val_set = load_datasets(cfg)
+    assert (len(train_set), len(val_set)) == (7, 3) and not parsed
+    off = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3, "data-cache": "off"})
+    with pytest.raises(TypeError):  # no cache to read from: the file is read (here, refused by the stand-in)
+        flagged_sources(off)
+    assert parsed == [tmp_path / "big" / "train.json"]
 
 
 def _argv(*words: str) -> list[str]:

@@ -3,20 +3,24 @@ trains one step, and the checkpoint's categories are the export's real classes (
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
+from maskrcnn_launcher.boundary import OWN_LINE_LIMIT
 
 from maskrcnn_dist.checkpoint import load_checkpoint
-from maskrcnn_dist.data import load_datasets
+from maskrcnn_dist.data import CocoInstanceDataset, load_datasets
+from maskrcnn_dist.data.sources import SplitSource
 from maskrcnn_dist.data.sources.detect import detect, split_of
 from maskrcnn_dist.data.sources.file_names import resolve_image
-from maskrcnn_dist.errors import DatasetError
+from maskrcnn_dist.errors import DatasetError, classify
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config
-from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, roboflow, team_own, write_split
+from .conftest import annotation_record, dataset_error, write_set
+from .exports import EXPORTS, LABEL_STUDIO_UP, Export, cvat_task, lvis_v1, roboflow, team_own, write_split
 
 
 def one_step(data_path: Path, out: Path, **flags: object):
@@ -154,3 +158,141 @@ def test_a_damaged_annotation_file_is_named_not_taken_for_no_split(tmp_path: Pat
     damaged.write_text('{"images": [')
     with pytest.raises(DatasetError, match=f"{damaged}: not valid JSON"):
         detect(tmp_path)
+
+
+def test_lvis_images_are_found_by_their_coco_url_under_any_of_its_folders(tmp_path: Path) -> None:
+    """LVIS lists its images by coco_url alone: the URL's path is the file name, found under the folder
+    holding train2017/ and val2017/ (val's images in both) or under train2017/ itself; an image with
+    neither a file_name nor a URL is refused naming both."""
+    lvis_v1(tmp_path / "lvis")
+    sources = detect(tmp_path / "lvis")
+    assert sources.splits["val"].images == tmp_path / "lvis"  # the folder holding both of val's folders
+    _, val_set = load_datasets(one_step(tmp_path / "lvis", tmp_path / "run"))
+    assert sorted(e.path.relative_to(tmp_path / "lvis").as_posix() for e in val_set.image_entries()) == [
+        "train2017/30.jpg",
+        "val2017/139.jpg",
+    ]
+    train_flags = {"train-annotations": tmp_path / "lvis/annotations/lvis_v1_train.json"}
+    cfg = fast_config(None, tmp_path / "run2", **train_flags, **{"train-images": tmp_path / "lvis/train2017"})
+    train_set, _ = load_datasets(cfg)
+    assert all(e.path.is_file() for e in train_set.image_entries())
+    data = json.loads((tmp_path / "lvis/annotations/lvis_v1_train.json").read_text())
+    del data["images"][0]["coco_url"]
+    (tmp_path / "lvis/annotations/lvis_v1_train.json").write_text(json.dumps(data))
+    with pytest.raises(DatasetError, match=r"image id 1: missing or empty 'file_name' \(and no 'coco_url'"):
+        load_datasets(cfg)
+
+
+def test_a_file_reached_through_a_link_is_one_file(tmp_path: Path) -> None:
+    """A V7 Darwin release as darwin-py pulls it: releases/latest links to the release pulled, so its
+    COCO file is there twice; one file, one train split, taken by the path through no link."""
+    root = tmp_path / "team" / "dataset"
+    release = root / "releases" / "v3"
+    write_split(
+        release / "annotations" / "output.json", root / "images", ["a.jpg", "b.jpg"], [{"id": 1, "name": "x"}], [1]
+    )
+    (root / "releases" / "latest").symlink_to("v3")
+    sources = detect(root)
+    assert sources.splits["train"] == SplitSource(release / "annotations" / "output.json", root / "images")
+    assert "val" not in sources.splits
+
+
+def test_a_refusal_too_long_for_one_line_keeps_its_hint(tmp_path: Path) -> None:
+    """The kit's own refusals are cut only when very long, and then from the middle: the flags that
+    choose, at the end, are printed."""
+    cats = [{"id": 1, "name": "x"}]
+    for k in range(16):
+        write_split(
+            tmp_path / f"export_number_{k}_with_a_long_name" / "train.json",
+            tmp_path / f"images{k}",
+            ["a.jpg"],
+            cats,
+            [1],
+        )
+    with pytest.raises(DatasetError) as info:
+        detect(tmp_path)
+    (line,) = classify(info.value).lines
+    assert len(str(info.value)) > OWN_LINE_LIMIT >= len(line)
+    assert line.startswith(f"--data-path {tmp_path}: 16 files could be the train split: ")
+    assert line.endswith(" ... pass --train-annotations FILE --train-images DIR to choose"), line
+
+
+def test_a_class_mostly_crowd_is_named_with_its_share(tmp_path: Path, caplog) -> None:
+    """supervision writes a mask with a hole or several parts as iscrowd 1 (12 of 15 of a SAM-made set):
+    a class whose crowd regions are a sizeable share is named with the share and the switch; one with
+    a crowd region now and then (COCO's) is not."""
+    anns = [annotation_record(k, category_id=1, iscrowd=int(k <= 12)) for k in range(1, 16)]
+    anns += [annotation_record(k, category_id=2, iscrowd=int(k == 16)) for k in range(16, 36)]
+    image_dir, ann_file = write_set(tmp_path, anns, categories=[{"id": 1, "name": "leaf"}, {"id": 2, "name": "pot"}])
+    flags = {"train-annotations": ann_file, "train-images": image_dir}
+    with caplog.at_level(logging.WARNING):
+        load_datasets(fast_config(None, tmp_path / "run", **flags))
+    warned = [r.getMessage() for r in caplog.records if "crowd" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "12 of the 15 annotations of category 'leaf' (id 1) (80%) are crowd regions" in warned[0]
+    assert "supervision" in warned[0] and "--crowd-as-instances" in warned[0]
+
+
+@pytest.mark.parametrize("segmentation", [[], None], ids=["empty", "absent"])
+def test_a_boxes_only_export_is_refused_as_such(tmp_path: Path, segmentation: list | None) -> None:
+    """An object-detection export (every 'segmentation' empty, or none at all) is refused as a file
+    without masks, with what to do, in one line; one annotation without a polygon among masks is
+    refused for itself."""
+
+    def annotation(k: int) -> dict:
+        record = annotation_record(k, segmentation=segmentation)
+        return {key: value for key, value in record.items() if value is not None}
+
+    message = dataset_error(tmp_path / "boxes", [annotation(k) for k in (1, 2, 3)])
+    says = "'segmentation' has no polygon" if segmentation == [] else "missing key 'segmentation'"
+    assert f"annotation id 1 (image id 1): {says}; none of the file's 3 annotations has a mask" in message
+    assert "(a boxes-only export)" in message and "export polygons or masks" in message
+    (line,) = classify(DatasetError(message)).lines
+    assert line.endswith("or make masks from the boxes (e.g. SAM)"), line
+    one = dataset_error(tmp_path / "one", [annotation(1), annotation_record(2), annotation_record(3)])
+    assert one.endswith(f"annotation id 1 (image id 1): {says}")
+
+
+def test_a_signed_url_written_as_file_name_finds_the_downloaded_file(tmp_path: Path) -> None:
+    """Converters of cloud-hosted sets write each image's URL as its file_name: its path (the query of a
+    signed URL no part of it) is the name the file_name rule looks for."""
+    image_dir, ann_file = write_set(tmp_path, [annotation_record(1)])
+    data = json.loads(ann_file.read_text())
+    data["images"][0]["file_name"] = "https://bucket.s3.amazonaws.com/project/1.png?X-Amz-Signature=ab%2Fc"
+    ann_file.write_text(json.dumps(data))
+    for read in ("msgspec", "json"):
+        if read == "json":  # an area left out: the msgspec read gives the file to json's
+            del data["annotations"][0]["area"]
+            ann_file.write_text(json.dumps(data))
+        dataset = CocoInstanceDataset(image_dir, ann_file)  # refuses a missing file
+        assert [e.path for e in dataset.image_entries()] == [image_dir / "1.png"]
+
+
+def test_a_large_file_is_judged_by_both_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file too large to parse for detection is judged by its first and last bytes: COCO writes its
+    images first, LVIS (1.1 GB for train) its annotations first and its images and categories last; a
+    keypoints file (its categories last) is none."""
+    from maskrcnn_dist.data.sources import detect as detection
+
+    lvis_v1(tmp_path / "lvis")
+    path = tmp_path / "lvis" / "annotations" / "lvis_v1_train.json"
+    data = json.loads(path.read_text())
+    many = [{**data["annotations"][0], "id": k} for k in range(1, 400)]
+    ordered = {
+        "info": {},
+        "annotations": many,
+        "images": data["images"],
+        "licenses": [],
+        "categories": data["categories"],
+    }
+    path.write_text(json.dumps(ordered))
+    monkeypatch.setattr(detection, "MAX_PARSED", 1024)
+    monkeypatch.setattr(detection, "PEEK", 4096)
+    assert '"images"' not in path.read_text()[:4096]
+    assert detection.coco_file_names(path) == ["train2017/9.jpg", "train2017/25.jpg"]
+    coco_order = {"images": data["images"], "annotations": many, "categories": data["categories"]}
+    path.write_text(json.dumps(coco_order))
+    assert detection.coco_file_names(path) == ["train2017/9.jpg", "train2017/25.jpg"]
+    keypoints = {**coco_order, "categories": [{"id": 1, "name": "person", "keypoints": ["nose"], "skeleton": []}]}
+    path.write_text(json.dumps(keypoints))
+    assert detection.coco_file_names(path) is None

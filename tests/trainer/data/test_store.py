@@ -21,7 +21,7 @@ from pycocotools.coco import COCO
 from maskrcnn_dist.data import CocoInstanceDataset
 from maskrcnn_dist.data.annotations import read, store
 from maskrcnn_dist.data.annotations.masks import decode_masks
-from maskrcnn_dist.data.cache import HEADER_SIZE
+from maskrcnn_dist.data.cache import HEADER_SIZE, cache_name
 from maskrcnn_dist.data.images.check import CheckRules, check_datasets
 from maskrcnn_dist.errors import DatasetError
 
@@ -339,6 +339,34 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_memory(
     assert_same_target(dataset[0][1], want[dataset.image_ids[0]])
 
 
+@pytest.mark.parametrize("damage", ["folder", "link-loop"])
+def test_a_cache_path_that_is_no_file_is_named_and_the_run_goes_on(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder where the cache file belongs (no file can be renamed over it) is named in one warning and
+    the store kept in memory; a link loop there is named and replaced by the rebuilt file."""
+    images_dir, ann_file = write_mixed_set(tmp_path)
+    path = read.samples_file(ann_file, tmp_path / "cache").path
+    path.parent.mkdir()
+    if damage == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    with caplog.at_level(logging.WARNING):
+        dataset = CocoInstanceDataset(images_dir, ann_file, cache_dir=tmp_path / "cache")
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(str(path))]
+    assert len(warnings) == 1, warnings
+    warning = warnings[0]
+    if damage == "folder":
+        assert warning.startswith(f"{path}: a folder stands where this cache file belongs: parsed annotations kept")
+        assert path.is_dir()
+    else:
+        assert warning.startswith(f"{path}: cache not used (") and "Too many levels of symbolic links" in warning
+        assert path.is_file() and not path.is_symlink()
+    want, _ = reference(ann_file)
+    assert_same_target(dataset[0][1], want[dataset.image_ids[0]])
+
+
 # --- the data check's verdicts --------------------------------------------------------------------
 
 
@@ -384,6 +412,48 @@ def test_check_verdicts_are_reused_until_an_image_changes(tmp_path: Path, monkey
     checked.clear()
     check_datasets([dataset], rules, cache_dir=tmp_path / "cache")
     assert len(checked) == len(dataset)
+
+
+def test_a_new_model_size_keeps_every_files_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--min-size/--max-size decide only whether the model's resize would empty an image: a change of
+    them reads no file again, and that one verdict follows the sizes of the day."""
+    from maskrcnn_dist.data.images import check
+
+    images = [{"id": 1, "file_name": "wide.png", "width": 400, "height": 1}]
+    images += [{"id": k, "file_name": f"{k}.png", "width": 8, "height": 6} for k in (2, 3)]
+    image_dir = tmp_path / "images"
+    image_dir.mkdir()
+    for img in images:
+        Image.new("RGB", (img["width"], img["height"])).save(image_dir / img["file_name"])
+    ann_file = tmp_path / "instances.json"
+    ann_file.write_text(json.dumps({"images": images, "annotations": [], "categories": [{"id": 1, "name": "x"}]}))
+    dataset = CocoInstanceDataset(image_dir, ann_file)
+    cache = tmp_path / "cache"
+    (first,) = check_datasets([dataset], CheckRules("header", "auto", 32, 64), cache_dir=cache)
+    assert [b.image_id for b in first.bad] == [1] and "too thin for the model" in first.bad[0].reason
+
+    checked: list[int] = []
+    real = check.check_image
+    monkeypatch.setattr(check, "check_image", lambda entry, rules: checked.append(entry.image_id) or real(entry, rules))
+    (wider,) = check_datasets([dataset], CheckRules("header", "auto", 32, 8192), cache_dir=cache)
+    assert not wider.bad and sorted(wider.frames) == [1, 2, 3]
+    assert checked == [1]  # the one refused for the sizes alone had no cached verdict; the others did
+    checked.clear()
+    (again,) = check_datasets([dataset], CheckRules("header", "auto", 32, 64), cache_dir=cache)
+    assert checked == [] and again.reused == 3 and [b.image_id for b in again.bad] == [1]
+    assert again.bad[0].reason == first.bad[0].reason
+
+
+def test_a_folder_where_the_verdicts_belong_is_named_and_the_check_runs(tmp_path: Path, caplog) -> None:
+    images_dir, ann_file = write_mixed_set(tmp_path)
+    dataset = CocoInstanceDataset(images_dir, ann_file)
+    blocked = tmp_path / "cache" / f"{cache_name(ann_file)}.check-header"
+    blocked.mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        (report,) = check_datasets([dataset], CheckRules("header"), cache_dir=tmp_path / "cache")
+    assert report.checked == len(dataset) and not report.bad and blocked.is_dir()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(str(blocked))]
+    assert "a folder stands where the cache file belongs" in said[0] and "cannot write" in said[1], said
 
 
 def test_a_bad_file_is_named_when_the_cache_builds_it(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from . import columns as c
+from .image_names import URL_FIELDS, image_file_name
 from .rules import Fault, ImageSizes, annotation_fault, image_fault, validate_categories
 
 _EXACT = float(2**53)  # below this, integer boxes add up in float64 exactly as Python's ints do
@@ -31,9 +32,12 @@ class NotPlain(Exception):
 
 class _Image(msgspec.Struct):
     id: int
-    file_name: str
     width: int
     height: int
+    file_name: str | None = None
+    coco_url: str | None = None  # image_names.URL_FIELDS: where an image has no file_name
+    url: str | None = None
+    image_url: str | None = None
 
 
 class _Rle(msgspec.Struct):
@@ -112,9 +116,16 @@ def read_columns(path: Path, where: str, kept: list[object] | None = None) -> tu
 def _image_records(images: list[_Image]) -> c.ImageRecords:
     ids, width, height = (_column(images, name, np.int64) for name in ("id", "width", "height"))
     every = np.ones(len(images), dtype=bool)
-    names = [image.file_name for image in images]
+    names = [image.file_name or _url_name(image) for image in images]
+    if any("://" in name for name in names):  # URLs written as file_names: their paths (image_names.py)
+        names = [image_file_name({"file_name": name}) for name in names]
     named = np.fromiter(map(bool, names), bool, len(names))
     return c.ImageRecords(ids, every, names, named, width, every, height, every)
+
+
+def _url_name(image: _Image) -> str:
+    """An image without a file_name: its URL's path (image_names.py), else ""."""
+    return image_file_name({field: getattr(image, field) for field in URL_FIELDS})
 
 
 def _annotation_records(anns: list[_Annotation]) -> c.AnnotationRecords:

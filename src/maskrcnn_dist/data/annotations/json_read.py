@@ -31,6 +31,7 @@ from .columns import (
     int_column,
     offsets,
 )
+from .image_names import image_file_name
 from .masks import to_rle
 from .rules import ImageSizes, annotation_fault, image_fault, validate_categories
 
@@ -98,11 +99,11 @@ def image_records(records: list[Any]) -> ImageRecords:
     sizes: dict[str, tuple[list[int], list[bool]]] = {"width": ([], []), "height": ([], [])}
     for img in records:
         record = img if isinstance(img, dict) else {}
-        iid, name = record.get("id"), record.get("file_name")
+        iid, name = record.get("id"), image_file_name(record)
         ok.append(_is_int(iid))
         ids.append(iid if ok[-1] else 0)
-        named.append(isinstance(name, str) and bool(name))
-        names.append(name if named[-1] else "")
+        named.append(bool(name))
+        names.append(name)
         for key, (values, valid) in sizes.items():
             value = record.get(key)
             valid.append(_is_int(value))
@@ -279,7 +280,8 @@ def _pair(size: Any) -> tuple[float, float]:
 def columns_of(images: ImageRecords, anns: AnnotationRecords, keep: np.ndarray, sizes: ImageSizes) -> Columns:
     """The store's columns of a judged file: images in id order, the kept annotations in file order, an
     area missing computed from the mask (as pycocotools' COCO.annToRLE rasterises it)."""
-    raw_images = sorted(images.raw or [], key=lambda img: img["id"])
+    raw_images = images.raw or []
+    by_id = sorted(range(len(raw_images)), key=lambda k: raw_images[k]["id"])
     kept = np.flatnonzero(keep)
     raw = [anns.raw[k] for k in kept.tolist()] if anns.raw is not None else []
     area = anns.area[kept].copy()
@@ -288,10 +290,10 @@ def columns_of(images: ImageRecords, anns: AnnotationRecords, keep: np.ndarray, 
         height, width = int(sizes.height[rows[j]]), int(sizes.width[rows[j]])
         area[j] = float(mask_utils.area(to_rle(raw[j]["segmentation"], height, width)))
     return Columns(
-        image_id=np.array([img["id"] for img in raw_images], dtype=np.int64),
-        width=np.array([img["width"] for img in raw_images], dtype=np.int32),
-        height=np.array([img["height"] for img in raw_images], dtype=np.int32),
-        file_names=[img["file_name"] for img in raw_images],
+        image_id=np.array([raw_images[k]["id"] for k in by_id], dtype=np.int64),
+        width=np.array([raw_images[k]["width"] for k in by_id], dtype=np.int32),
+        height=np.array([raw_images[k]["height"] for k in by_id], dtype=np.int32),
+        file_names=[images.file_names[k] for k in by_id],  # file_name, or a URL's path (image_names.py)
         ann_id=np.array([a["id"] for a in raw], dtype=np.int64),
         ann_image_id=np.array([a["image_id"] for a in raw], dtype=np.int64),
         category_id=np.array([a["category_id"] for a in raw], dtype=np.int64),

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from ...errors import DatasetError, one_line
-from ..cache import CacheFile, cache_name, file_identity, load_or_build
+from ..cache import CacheFile, CacheInvalid, cache_name, file_identity, load_or_build
 from . import fast_read, json_read
 from .store import STORE_VERSION, SampleStore
 
@@ -50,6 +50,18 @@ def open_store(annotation_file: Path, cache_dir: Path | None, wait_s: float = 18
     except (ValueError, KeyError, TypeError) as e:  # a verified file of a layout this code does not read
         where = cache.path if cache is not None else annotation_file
         raise DatasetError(f"{where}: cached samples do not match this program's layout ({e}); delete it") from e
+
+
+def cached_store(annotation_file: Path, cache_dir: Path | None) -> SampleStore | None:
+    """`annotation_file`'s store mapped from `cache_dir` when a valid cache of the file as it is now is
+    there, else None: nothing is parsed, built or written (what may run before a run's folders are
+    accepted: --val-fraction's carve on a restart)."""
+    if cache_dir is None:
+        return None
+    try:
+        return SampleStore.from_buffer(samples_file(annotation_file, cache_dir).read())
+    except (CacheInvalid, ValueError, KeyError, TypeError):  # open_store says why, when it rebuilds it
+        return None
 
 
 def store_cached(annotation_file: Path, cache_dir: Path | None) -> bool:

@@ -24,6 +24,9 @@ import numpy as np
 from ...errors import DatasetError
 from . import columns
 from .columns import COUNTS, OTHER, POLYGONS, REQUIRED, RLE, int_column, offsets
+from .image_names import URL_FIELDS
+
+NO_FILE_NAME = f"missing or empty 'file_name' (and no {' or '.join(map(repr, URL_FIELDS))} to take it from)"
 
 # pycocotools rasterises a polygon edge by edge in C, sized by the coordinates: points far outside the
 # image make it allocate without bound or crash the process (SIGSEGV at 1e12). Real annotations stray from
@@ -82,7 +85,7 @@ def image_fault(images: columns.ImageRecords, where: str) -> Fault | None:
         [
             ("no integer id", ~images.ok, lambda i: f"{where}: images[{i}] has no integer 'id'"),
             ("duplicate image id", repeated(images.ids, images.ok), lambda i: f"{ctx(i)}: duplicate image id"),
-            ("empty file_name", ~images.named, lambda i: f"{ctx(i)}: missing or empty 'file_name'"),
+            ("empty file_name", ~images.named, lambda i: f"{ctx(i)}: {NO_FILE_NAME}"),
             ("width", ~(images.width_ok & (images.width > 0)), size("width")),
             ("height", ~(images.height_ok & (images.height > 0)), size("height")),
         ]
@@ -144,17 +147,19 @@ def annotation_fault(
     def ctx(i: int) -> str:
         return f"{where}: annotation id {raw[i]['id']} (image id {raw[i].get('image_id')})"
 
+    missing_words, segmentation_words = _mask_words(anns, ctx, segmentation)
+
     checks: list[Check] = [
         ("no integer id", ~anns.ok, lambda i: f"{where}: annotations[{i}] has no integer 'id'"),
         ("duplicate annotation id", repeated(anns.ids, anns.ok), lambda i: f"{ctx(i)}: duplicate annotation id"),
-        ("missing key", anns.missing >= 0, lambda i: f"{ctx(i)}: missing key {REQUIRED[anns.missing[i]]!r}"),
+        ("missing key", anns.missing >= 0, missing_words),
         ("unknown image id", ~image_known, lambda i: f"{ctx(i)}: unknown image id {raw[i]['image_id']!r}"),
         (
             "unknown category id",
             ~category_known,
             lambda i: f"{ctx(i)}: unknown category id {raw[i]['category_id']!r}",
         ),
-        ("segmentation", segmentation.bad, lambda i: f"{ctx(i)}: {segmentation.words(i)}"),
+        ("segmentation", segmentation.bad, segmentation_words),
         (
             "bbox",
             ~anns.bbox_ok,
@@ -172,6 +177,22 @@ def annotation_fault(
         ),
     ]
     return first_fault(checks), kept
+
+
+def _mask_words(anns: columns.AnnotationRecords, ctx: Callable[[int], str], segmentation: SegmentationFaults) -> Any:
+    """The words of a missing key and of a bad segmentation; where no annotation of the file has a mask
+    (no 'segmentation', or no polygon), they say so: a boxes-only export, and what to do."""
+    empty = (anns.kind == POLYGONS) & (anns.polygon_count == 0)
+    boxes_only = len(anns.ids) > 0 and bool((empty | (anns.missing == REQUIRED.index("segmentation"))).all())
+    hint = (
+        f"; none of the file's {len(anns.ids)} annotations has a mask (a boxes-only export): Mask R-CNN learns "
+        'masks: export polygons or masks (Roboflow\'s "COCO Segmentation") or make masks from the boxes (e.g. SAM)'
+    )
+    end = hint if boxes_only else ""
+    return (
+        lambda i: f"{ctx(i)}: missing key {REQUIRED[anns.missing[i]]!r}{end}",
+        lambda i: f"{ctx(i)}: {segmentation.words(i)}{end}",
+    )
 
 
 @dataclass(frozen=True)

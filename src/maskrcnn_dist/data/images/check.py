@@ -95,6 +95,11 @@ class CheckedSplit(Protocol):
     @property
     def annotation_file(self) -> Path: ...
 
+    @property
+    def name(self) -> str:
+        """What its logs call it (sources.SplitSource.name: a carved split is named as such)."""
+        ...
+
     def image_entries(self) -> list[ImageEntry]: ...
 
 
@@ -305,6 +310,17 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
     return DatasetError(" | ".join(parts) + f" ({hint})")
 
 
+def file_verdicts(report: CheckReport, entries: Sequence[ImageEntry], rules: CheckRules) -> dict[int, str]:
+    """Why each bad image of `report` is bad, less those refused by the model's sizes alone (a verdict on
+    the size, not the file: the cache keeps none of them)."""
+    annotated = {entry.image_id: entry.annotated for entry in entries}
+    return {
+        b.image_id: b.reason
+        for b in report.bad
+        if (size := annotated.get(b.image_id)) is None or b.reason != rules.resize_problem(size)
+    }
+
+
 def check_datasets(
     datasets: Sequence[CheckedSplit],
     rules: CheckRules,
@@ -322,7 +338,7 @@ def check_datasets(
     parsed (data/check_ahead.py)."""
     reports = []
     for dataset in datasets:
-        source = str(dataset.annotation_file)
+        source = dataset.name
         with gc_paused():  # the bookkeeping of every image: entries, stamps, cached verdicts
             entries = dataset.image_entries()
             cache, known, read = None, None, None
@@ -331,13 +347,13 @@ def check_datasets(
                 stamps.update(stamps_of([entry for entry in entries if entry.image_id not in stamps]))
                 if cache_dir is not None:
                     cache = VerdictCache.open(cache_dir, dataset.annotation_file, asdict(rules), cache_wait_s)
-                    known = cache.known(entries, stamps)
+                    known = cache.known(entries, stamps, rules.resize_problem)
         report = check_images(
             entries, rules, source=source, progress=Progress(f"checking {source}"), known=known, read_ahead=read
         )
         if cache and report.reused < report.checked:
             with gc_paused():
-                cache.save({b.image_id: b.reason for b in report.bad}, report.frames, entries, stamps)
+                cache.save(file_verdicts(report, entries, rules), report.frames, entries, stamps)
         if announce:
             log.info("%s", report.summary())
         if stored := report.read_as_stored_though_turned:

@@ -6,13 +6,18 @@ set of rules (data/cache.py verifies it), and each image's verdict is reused onl
 size and modification time, and its annotated width x height are what they were when it was checked.
 A changed annotation file changes no verdict but those of the images whose size it changed; a new,
 touched or replaced image is checked again. Missing files are never cached (a stat says so anyway).
+
+The model's --min-size/--max-size are no part of the key: a verdict is the file's (its frame, or why
+the file is unusable), and whether the model's resize would empty an image follows from its annotated
+size, the one a usable frame has: it is judged as verdicts are read back, under the sizes of the day,
+and a refusal for it alone is never cached. A new image size keeps every file's verdict.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,8 +29,10 @@ from .orientation import AS_STORED, Frame
 
 log = logging.getLogger(__name__)
 
-VERDICTS_VERSION = 2
+VERDICTS_VERSION = 3  # 3: keyed without the model's sizes
 Verdict = Frame | str  # a frame: usable, read in it; a string: why not
+SizeRule = Callable[[tuple[int, int]], str | None]  # why the model's resize refuses an image of this size
+SIZE_RULES = ("min_size", "max_size")  # the check's rules no cached verdict depends on
 # What a verdict holds for: the image's path, its size and mtime_ns, its annotated width and height.
 Stamp = tuple[str, int, int, int | None, int | None]
 
@@ -67,13 +74,19 @@ class VerdictCache:
         open() verifies the rest)."""
         return _verdicts_file(cache_dir, annotation_file, rules).made_for_key()
 
-    def known(self, entries: Sequence[CheckedImage], stamps: Mapping[int, Stamp]) -> dict[int, Verdict]:
-        """The verdicts still valid for these entries (their stamps unchanged since they were checked)."""
+    def known(
+        self, entries: Sequence[CheckedImage], stamps: Mapping[int, Stamp], sized: SizeRule = lambda _: None
+    ) -> dict[int, Verdict]:
+        """The verdicts still valid for these entries (their stamps unchanged since they were checked),
+        a usable frame judged by `sized` (why the model's resize refuses an image of its annotated size)."""
         found = {}
         for entry in entries:
             cached = self.entries.get(entry.image_id)
             if cached is not None and entry.image_id in stamps and cached[0] == stamps[entry.image_id]:
-                found[entry.image_id] = cached[1]
+                verdict = cached[1]
+                if not isinstance(verdict, str) and entry.width is not None and entry.height is not None:
+                    verdict = sized((entry.width, entry.height)) or verdict
+                found[entry.image_id] = verdict
         return found
 
     def save(
@@ -87,8 +100,11 @@ class VerdictCache:
         taken before the check (a file changed while it was read is checked again next time) beside the
         other images' verdicts, atomically."""
         for entry in entries:
-            if (stamp := stamps.get(entry.image_id)) is not None:
-                self.entries[entry.image_id] = (stamp, bad.get(entry.image_id) or frames.get(entry.image_id, AS_STORED))
+            verdict = bad.get(entry.image_id) or frames.get(entry.image_id)
+            if (stamp := stamps.get(entry.image_id)) is not None and verdict is not None:
+                self.entries[entry.image_id] = (stamp, verdict)
+            else:  # refused by the model's sizes alone (not a verdict on the file): judged again next time
+                self.entries.pop(entry.image_id, None)
         try:
             with self.file.writer_lock():
                 self.file.write([_encode(self.entries)])
@@ -99,7 +115,8 @@ class VerdictCache:
 def _verdicts_file(
     cache_dir: Path, annotation_file: Path, rules: Mapping[str, Any], wait_s: float = 1800.0
 ) -> CacheFile:
-    key = {"annotations": str(annotation_file.resolve()), "rules": dict(rules), "version": VERDICTS_VERSION}
+    file_rules = {name: value for name, value in rules.items() if name not in SIZE_RULES}
+    key = {"annotations": str(annotation_file.resolve()), "rules": file_rules, "version": VERDICTS_VERSION}
     return CacheFile(cache_dir / f"{cache_name(annotation_file)}.check-{rules['mode']}", "check-verdicts", key, wait_s)
 
 

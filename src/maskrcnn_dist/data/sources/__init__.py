@@ -22,11 +22,21 @@ def input_folder_problem(path: Path, flag: str, takes: str) -> str | None:
 @dataclass(frozen=True)
 class SplitSource:
     """One split: an annotation file, the folder its images' `file_name`s are relative to, and, for a
-    split that keeps only some of the file's images (one carved from another), the ids it keeps."""
+    split that keeps only some of the file's images (one carved from another), the ids it keeps and
+    the split they were carved as (`carved`: "train" or "val", what its logs and errors call it)."""
 
     annotations: Path
     images: Path
     image_ids: tuple[int, ...] | None = None  # None: every image the file lists
+    carved: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What logs and errors call the split: its file, and for a carved one which part of it."""
+        if self.carved is None:
+            return str(self.annotations)
+        count = len(self.image_ids or ())
+        return f"{self.annotations} ({self.carved} split carved by --val-fraction: {count} images)"
 
     def describe(self) -> str:
         kept = "" if self.image_ids is None else f" ({len(self.image_ids)} of its images)"
@@ -37,12 +47,15 @@ class SplitSource:
         record: dict[str, Any] = {"annotations": str(self.annotations), "images": str(self.images)}
         if self.image_ids is not None:
             record["image_ids"] = list(self.image_ids)
+        if self.carved is not None:
+            record["carved"] = self.carved
         return record
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> SplitSource:
         ids = record.get("image_ids")
-        return cls(Path(record["annotations"]), Path(record["images"]), None if ids is None else tuple(ids))
+        images = Path(record["images"])
+        return cls(Path(record["annotations"]), images, None if ids is None else tuple(ids), record.get("carved"))
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DatasetError
+from ..annotations.image_names import URL_FIELDS, image_file_name
 from . import DataSources, SplitSource, input_folder_problem
 from .file_names import name_parts, stripped
 
@@ -86,19 +87,34 @@ def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
 
 def coco_file_names(path: Path) -> list[str] | None:
     """The first file_names of a COCO instances file (none when it lists no image), or None when
-    `path` is not one."""
+    `path` is not one. A large file is judged by its two ends: COCO writes its images first, LVIS its
+    annotations first and its images and categories last."""
     try:
-        if path.stat().st_size <= MAX_PARSED:
+        size = path.stat().st_size
+        if size <= MAX_PARSED:
             text = path.read_text(encoding="utf-8")
             # Not parsed unless it can be one: a labelme folder holds a JSON file per image.
             return _instance_names(json.loads(text)) if '"images"' in text else None
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, "rb") as f:
             head = f.read(PEEK)
+            f.seek(max(size - PEEK, len(head)))
+            ends = (head + b"\n" + f.read(PEEK)).decode("utf-8", errors="replace")
     except (OSError, ValueError):
         return None
-    if '"images"' not in head or '"caption"' in head or '"keypoints"' in head:
+    if '"caption"' in ends or '"keypoints"' in ends:  # (COCO's keypoints categories come last)
         return None
-    return [json.loads(f'"{m}"') for m in re.findall(r'"file_name"\s*:\s*"((?:[^"\\]|\\.)*)"', head)[:SAMPLE]] or None
+    names = _sampled_names(ends)
+    return names if names and ('"images"' in ends or '"categories"' in ends) else None
+
+
+def _sampled_names(text: str) -> list[str]:
+    """The first file names a part of a file lists: its file_names, else the paths of its URL fields
+    (LVIS names its images by coco_url alone: annotations/image_names.py)."""
+    for field in ("file_name", *URL_FIELDS):
+        found = re.findall(rf'"{field}"\s*:\s*"((?:[^"\\]|\\.)+)"', text)[:SAMPLE]
+        if found:
+            return [image_file_name({field: json.loads(f'"{m}"')}) for m in found]
+    return []
 
 
 def broken_split_file(root: Path, others: list[Path], split: str) -> str | None:
@@ -127,8 +143,8 @@ def _instance_names(data: object) -> list[str] | None:
         return None  # a keypoints file: its instances file is beside it
     if annotations and not (isinstance(annotations[0], dict) and "category_id" in annotations[0]):
         return None  # captions
-    names = [img.get("file_name") for img in data["images"][:SAMPLE] if isinstance(img, dict)]
-    return [n for n in names if isinstance(n, str) and n]  # empty: a file listing no images (refused later)
+    names = [image_file_name(img) for img in data["images"][:SAMPLE] if isinstance(img, dict)]
+    return [n for n in names if n]  # empty: a file listing no images (refused later)
 
 
 def image_folder(
@@ -160,9 +176,11 @@ def image_folder(
 def find_files(root: Path) -> tuple[list[Found], list[Path]]:
     """Every COCO instances file under `root` with its split and image folder, and the other JSON files."""
     listings = list(_walk(root))
-    jsons = [folder / name for folder, files in listings for name in files if name.lower().endswith(".json")]
+    jsons = one_path_per_file(
+        folder / name for folder, files in listings for name in files if name.lower().endswith(".json")
+    )
     instances, others = [], []
-    for path in sorted(jsons):
+    for path in jsons:
         names = coco_file_names(path)
         if names is None:
             others.append(path)
@@ -180,6 +198,18 @@ def find_files(root: Path) -> tuple[list[Found], list[Path]]:
         images = image_folder(names, index, split, root, path) if names else path.parent  # no image to place it by
         found.append(Found(path, split, images, names[0] if names else ""))
     return found, others
+
+
+def one_path_per_file(paths: Iterable[Path]) -> list[Path]:
+    """The paths in order, one per file: a file reached by two paths (a linked folder: a V7 Darwin
+    release's `releases/latest`, a split linked in beside its real folder) is one file, kept by the path
+    that goes through no link, else by the first."""
+    chosen: dict[str, Path] = {}
+    for path in sorted(paths):
+        real = os.path.realpath(path)
+        if real not in chosen or (Path(real) == path and chosen[real] != path):
+            chosen[real] = path
+    return sorted(chosen.values())
 
 
 def tool_name(root: Path, found: list[Found]) -> str:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+
 from ...config import DataConfig, TrainConfig
 from ...errors import ConfigError, DatasetError
 from ..annotations.json_read import image_ids
+from ..annotations.read import cached_store
 from . import DataSources, SplitSource, input_folder_problem
 from .detect import detect
 
@@ -55,11 +58,12 @@ def names_data(data: DataConfig) -> bool:
     )
 
 
-def resolve_sources(data: DataConfig, seed: int, *, ahead: bool = False) -> DataSources:
+def resolve_sources(data: DataConfig, seed: int, *, ahead: bool = False, cache: Path | None = None) -> DataSources:
     """The run's splits: the split flags, else (or for the splits they leave out) --data-path's, then
-    the val split --val-fraction carves. ConfigError/DatasetError naming the flag otherwise. `ahead`: only
-    the files the run will read, quietly (data/parse_ahead.py, before the trainer resolves them again
-    and says what it found): no val split carved, which would read the train split's file whole."""
+    the val split --val-fraction carves (from the train file's store cached in `cache` when there is
+    one). ConfigError/DatasetError naming the flag otherwise. `ahead`: only the files the run will read,
+    quietly (data/parse_ahead.py, before the trainer resolves them again and says what it found): no
+    val split carved, which would read the train split's file whole."""
     given = split_flags(data)
     if data.data_path is None and not given:
         raise ConfigError(
@@ -70,7 +74,9 @@ def resolve_sources(data: DataConfig, seed: int, *, ahead: bool = False) -> Data
         sources = DataSources("flags", given)
     else:
         sources = _with_data_path(data.data_path, given, announce=not ahead)
-    return carve_val(sources, data.val_fraction, seed) if not ahead and data.val_fraction is not None else sources
+    if ahead or data.val_fraction is None:
+        return sources
+    return carve_val(sources, data.val_fraction, seed, cache)
 
 
 def cache_dir(cfg: TrainConfig, *, training: bool) -> Path | None:
@@ -81,6 +87,14 @@ def cache_dir(cfg: TrainConfig, *, training: bool) -> Path | None:
     if choice == "off" or (choice == "auto" and not training):
         return None
     return cfg.output_dir / "cache" if choice == "auto" else Path(choice)
+
+
+def listed_ids(annotations: Path, cache: Path | None) -> list[int]:
+    """The ids of the images `annotations` lists, in id order: its cached store's, else the file's."""
+    store = cached_store(annotations, cache)
+    if store is None:
+        return image_ids(annotations)
+    return store.image_ids(np.arange(len(store)))
 
 
 def _with_data_path(root: Path, given: dict[str, SplitSource], announce: bool = True) -> DataSources:
@@ -107,9 +121,11 @@ def _same(a: SplitSource, b: SplitSource) -> bool:
     return a.annotations.resolve() == b.annotations.resolve() and a.images.resolve() == b.images.resolve()
 
 
-def carve_val(sources: DataSources, fraction: float, seed: int) -> DataSources:
+def carve_val(sources: DataSources, fraction: float, seed: int, cache: Path | None = None) -> DataSources:
     """A val split of `fraction` of the train images, the same for a seed wherever and whenever it is
-    carved (a hash of seed and image id orders them: no RNG state, every rank and a resume agree)."""
+    carved (a hash of seed and image id orders them: no RNG state, every rank and a resume agree). The
+    ids come from the train file's store cached in `cache` when it is valid (a restart parses nothing),
+    else from the file's images."""
     train = sources.get("train")
     if train is None:
         raise ConfigError("--val-fraction carves the train split, and there is none")
@@ -117,7 +133,7 @@ def carve_val(sources: DataSources, fraction: float, seed: int) -> DataSources:
         raise ConfigError(
             f"--val-fraction {fraction:g}: the dataset has a val split ({val.describe()}); leave --val-fraction out"
         )
-    ids = image_ids(train.annotations)
+    ids = listed_ids(train.annotations, cache)
     order = sorted(ids, key=lambda iid: hashlib.sha256(f"{seed}:{iid}".encode()).digest())
     count = round(fraction * len(ids))
     if not 0 < count < len(ids):
@@ -127,7 +143,7 @@ def carve_val(sources: DataSources, fraction: float, seed: int) -> DataSources:
         )
     chosen = set(order[:count])
     splits = {
-        "train": SplitSource(train.annotations, train.images, tuple(i for i in ids if i not in chosen)),
-        "val": SplitSource(train.annotations, train.images, tuple(sorted(chosen))),
+        "train": SplitSource(train.annotations, train.images, tuple(i for i in ids if i not in chosen), "train"),
+        "val": SplitSource(train.annotations, train.images, tuple(sorted(chosen)), "val"),
     }
     return DataSources(f"{sources.layout}, val carved by --val-fraction {fraction:g}", splits)
