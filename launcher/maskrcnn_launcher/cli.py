@@ -276,26 +276,36 @@ def launch(
     "(pods whose trainer has not started yet are stopped at once); after SIGTERM/SIGINT, seconds the pods "
     "get to stop at a step boundary and write their checkpoint.",
 )
+@click.option(
+    "--restart-workers",
+    type=click.IntRange(0, 1000),
+    default=0,
+    show_default=True,
+    help="ddp: start a lost worker pod again, as a kubelet or a Job would, up to this many times in all; it "
+    "rejoins the training at a step boundary (a worker that exits 2 or is drained with exit 75 is not started again).",
+)
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def local(
     topology_ref: str | None,
     master_port: int | None,
     wait_timeout: float,
     grace: float,
+    restart_workers: int,
     trainer_args: tuple[str, ...],
 ) -> None:
     """Run every pod of the topology as a local process on loopback (the multi-machine job on one host).
 
     Each pod is a real `launch` with an explicit identity, as on bare nodes. Exits with the first
-    failing pod's status. Without --master-port the master gets a free loopback port: the port is
-    released again before the master binds it, so another program may take it in between (rare; the
-    master then fails to bind and the group stops).
+    failing pod's status; in a ddp job a lost worker is reported and the others go on without it
+    (docs/elastic.md), so the job's status is the master's. Without --master-port the master gets a
+    free loopback port: the port is released again before the master binds it, so another program may
+    take it in between (rare; the master then fails to bind and the group stops).
     """
     from maskrcnn_launcher.local import local_pods, run_local
 
     port = master_port if master_port is not None else free_port()
     pods = local_pods(topology_ref, port, trainer_args, wait_timeout)
-    result = run_local(pods, grace, echo=lambda line: click.echo(line))
+    result = run_local(pods, grace, echo=lambda line: click.echo(line), restart_workers=restart_workers)
     if result.code == EXIT_STOPPED:  # every pod stopped on request: not a failure, no error line
         sys.exit(EXIT_STOPPED)
     if result.code:  # the pods' output went to stdout; stderr gets the one line that says why
