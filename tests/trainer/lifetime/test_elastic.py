@@ -98,7 +98,7 @@ def test_survivors_go_on_and_the_replacement_rejoins(job: Job) -> None:
     assert 2 in sizes and sizes[-1] == 3, sizes  # went on with two, grew back to three
     assert job.records(1)[-1]["weights"] == leader[-1]["weights"]
     assert job.records(2)[-1]["weights"] == leader[-1]["weights"]  # the replacement got the state
-    assert first_step_after < 1.0 + 5.0, first_step_after  # dead_after 1 s + regroup + a redone step
+    assert first_step_after < 1.0 + 3.0, first_step_after  # dead_after 1 s + regroup + a redone step (1.16 s seen)
 
 
 def test_a_drained_member_leaves_alone_with_exit_75(job: Job) -> None:
