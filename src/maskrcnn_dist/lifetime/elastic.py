@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from maskrcnn_launcher.contract import format_membership_line
 
 from .membership import (
     COMMITTED,
@@ -81,6 +82,7 @@ class ElasticGroup:
         self.generation: Generation | None = None
         self.newcomers: tuple[int, ...] = ()  # members the last generation admitted (they need the state)
         self.lost: tuple[int, ...] = ()  # members the last recovery left behind
+        self.steps_done = 0  # steps committed in this process's generations
         self._joins_seen = 0
 
     # -- the generation -------------------------------------------------------------------------
@@ -165,6 +167,7 @@ class ElasticGroup:
             self.store.compare_set(f"{key}/d", "", "abort")
         if self.store.get(f"{key}/d").decode() != COMMITTED:
             raise StepAborted(f"step {step + 1} was not committed in generation {number}: {self._abort_reason()}")
+        self.steps_done = step + 1
 
     # -- changes of membership ------------------------------------------------------------------
 
@@ -182,13 +185,8 @@ class ElasticGroup:
             joiners = self._take_joiners()
             generation = Generation(old.number + 1, next_members(old, staying, joiners))
             publish_generation(self.store, generation, [j for j in joiners if j in generation.members])
-            log.warning(
-                "elastic: generation %d lost %s (%s); going on with %d members",
-                old.number,
-                list(self.lost) or "none",
-                self._abort_reason(old.number),
-                generation.size,
-            )
+            log.warning("elastic: generation %d ended: %s", old.number, self._abort_reason(old.number))
+            self._announce(old, generation)
             return self._form(generation, newcomers=joiners)
         return self._follow(old.number + 1)
 
@@ -209,6 +207,7 @@ class ElasticGroup:
         generation = Generation(old.number + 1, next_members(old, staying, joiners))
         publish_generation(self.store, generation, joiners)
         self.lost = ()
+        self._announce(old, generation, leaving=decision.leaving)
         return self._form(generation, newcomers=joiners)
 
     def share_state(self, state: Any) -> Any:
@@ -261,6 +260,17 @@ class ElasticGroup:
             if pending:
                 time.sleep(POLL_S)
         return staying
+
+    def _announce(self, old: Generation, new: Generation, leaving: Iterable[int] = ()) -> None:
+        """One line per change (the contract's, which `maskrcnn-launch status` counts in the master's log)."""
+        left = set(leaving)
+        for member in old.members:
+            if member not in new.members:
+                event = "left" if member in left else "lost"
+                log.warning("%s", format_membership_line(event, member, self.steps_done, new.size))
+        for member in new.members:
+            if member not in old.members:
+                log.warning("%s", format_membership_line("joined", member, self.steps_done, new.size))
 
     # -- a follower's side ----------------------------------------------------------------------
 

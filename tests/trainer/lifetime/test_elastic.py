@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from maskrcnn_launcher.contract import parse_membership_line
 from maskrcnn_launcher.peers import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -62,6 +63,11 @@ class Job:
         codes = {m: p.wait(timeout=timeout) for m, p in self.procs.items()}
         return codes
 
+    def changes(self) -> list[tuple[str, int]]:
+        """(event, rank) of each change of membership the leader logged, as `status` reads them."""
+        lines = (self.out / "member0.log").read_text().splitlines()
+        return [(c["event"], c["rank"]) for line in lines if (c := parse_membership_line(line))]
+
     def log(self, member: int) -> str:
         return (self.out / f"member{member}.log").read_text()[-3000:]
 
@@ -79,7 +85,15 @@ def job(tmp_path: Path) -> Iterator[Job]:
     made.close()
 
 
-def test_survivors_go_on_and_the_replacement_rejoins(job: Job) -> None:
+def test_survivors_go_on_and_the_replacement_rejoins(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=150)  # time for the replacement to start on a loaded machine
+    try:
+        _survivors_go_on_and_the_replacement_rejoins(job)
+    finally:
+        job.close()
+
+
+def _survivors_go_on_and_the_replacement_rejoins(job: Job) -> None:
     for member in range(job.world):
         job.start(member)
     job.wait_for_step(8)
@@ -98,6 +112,7 @@ def test_survivors_go_on_and_the_replacement_rejoins(job: Job) -> None:
     assert 2 in sizes and sizes[-1] == 3, sizes  # went on with two, grew back to three
     assert job.records(1)[-1]["weights"] == leader[-1]["weights"]
     assert job.records(2)[-1]["weights"] == leader[-1]["weights"]  # the replacement got the state
+    assert job.changes() == [("lost", 2), ("joined", 2)]
     assert first_step_after < 1.0 + 3.0, first_step_after  # dead_after 1 s + regroup + a redone step (1.16 s seen)
 
 
@@ -111,7 +126,7 @@ def test_a_drained_member_leaves_alone_with_exit_75(job: Job) -> None:
     leader = job.records(0)
     assert [r["step"] for r in leader] == list(range(1, job.steps + 1))
     assert leader[-1]["weights"] == pytest.approx(reference(job.steps), abs=1e-5)
-    assert leader[-1]["size"] == 2
+    assert leader[-1]["size"] == 2 and job.changes() == [("left", 1)]
     assert job.records(2)[-1]["weights"] == leader[-1]["weights"]
     # It left at a boundary: its last step is one every member finished.
     assert job.records(1)[-1]["weights"] == job.records(0)[job.records(1)[-1]["step"] - 1]["weights"]
