@@ -7,6 +7,8 @@ run, whatever members it lost or admitted, equal an uninterrupted one-process ru
 Each finished step appends one JSON line to <out>/member<id>.jsonl: step, generation, size, weights.
 
     python elastic_member.py HOST PORT ID LAUNCH_WORLD STEPS OUT [STEP_SECONDS]
+    python elastic_member.py env STEPS OUT [STEP_SECONDS]   (under torchrun: MASTER_ADDR, MASTER_PORT, RANK,
+                                                            WORLD_SIZE; the store is the agent's)
 SIGTERM asks this member to leave at the next step boundary (exit 75); the leader asked stops everyone.
 ELASTIC_FAIL_AFTER_REDUCE=STEP makes this member's step STEP fail after its all-reduce succeeded, as a
 collective that failed on one member only: the commit point must keep the others from stepping.
@@ -67,6 +69,9 @@ def weights(model: torch.nn.Module) -> list[float]:
 def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path, step_s: float) -> int:
     asked: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _: asked.append(signum))
+    signal.signal(signal.SIGUSR1, lambda signum, _: asked.append(signum))  # torchrun's forwarded stop
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    (out / f"member{me}.pid").write_text(str(os.getpid()))
     group = ElasticGroup(host, port, me, launch_world, "gloo", POLICY)
     model, optimizer = build()
     if group.start() is None:
@@ -124,6 +129,12 @@ def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path
 
 
 if __name__ == "__main__":
-    host, port, me, world, steps, out = sys.argv[1:7]
-    step_s = float(sys.argv[7]) if len(sys.argv) > 7 else 0.05
-    sys.exit(main(host, int(port), int(me), int(world), int(steps), Path(out), step_s))
+    if sys.argv[1] == "env":
+        host, port, me, world = (os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
+        rest = sys.argv[2:]
+    else:
+        host, port, me, world = sys.argv[1:5]
+        rest = sys.argv[5:]
+    steps, out = int(rest[0]), Path(rest[1])
+    step_s = float(rest[2]) if len(rest) > 2 else 0.05
+    sys.exit(main(host, int(port), int(me), int(world), steps, out, step_s))
