@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from topologies import CPU_DDP_TOPOLOGY
 
 from .conftest import STAND_IN, TOPOLOGY, clean_env
 
@@ -183,13 +184,7 @@ def test_a_worker_stopped_while_waiting_for_its_master_exits_75_at_once(tmp_path
     assert "SIGTERM while waiting for the master: the trainer had not started, nothing to save; exit 75" in err
 
 
-DDP_TOPOLOGY = """\
-engine: ddp
-workers:
-  - {devices: 0}
-  - {devices: 0}
-network: {master_port: 29500, interface: lo}
-"""
+DDP_TOPOLOGY = CPU_DDP_TOPOLOGY
 # Under torchrun (a ddp pod's trainer): worker 2's first trainer dies (exit 1); its pod, started again,
 # says so in a file, which the master waits for before it finishes; worker 1 finishes with the master.
 LOST_AND_BACK = """

@@ -13,18 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from topologies import CPU_DDP_TOPOLOGY
 
 from .test_elastic import HERE, reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TOPOLOGY = """\
-engine: ddp
-workers:
-  - {devices: 0}
-  - {devices: 0}
-network: {master_port: 29500, interface: lo}
-"""
+TOPOLOGY = CPU_DDP_TOPOLOGY
 STEPS = 120
 
 
