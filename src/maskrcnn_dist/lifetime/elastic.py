@@ -236,11 +236,25 @@ class ElasticGroup:
         return self.store.add("joins", 0) > self._joins_seen
 
     def _take_joiners(self) -> list[int]:
-        """The ids of the replacements that asked since the last look, alive now."""
+        """The ids of the replacements that asked since the last look and still beat: one that died while
+        it waited would hold the next group's formation until the group timeout."""
         count = self.store.add("joins", 0)
         ids = [int(self.store.get(f"join/{n}")) for n in range(self._joins_seen + 1, count + 1)]
         self._joins_seen = count
-        return sorted(m for m in set(ids) if self.watcher.silent_for(m) <= self.policy.dead_after_s)
+        alive = sorted(m for m in set(ids) if self._beating(m))
+        if dead := sorted(set(ids) - set(alive)):
+            log.warning("elastic: members %s asked to join but fell silent: not admitted", dead)
+        return alive
+
+    def _beating(self, member: int) -> bool:
+        """Whether `member`'s heartbeat moves within the dead time (a live one moves within a beat)."""
+        first = self.store.add(f"hb/{member}", 0)
+        deadline = time.monotonic() + self.policy.dead_after_s
+        while time.monotonic() < deadline:
+            time.sleep(self.policy.beat_s / 2)
+            if self.store.add(f"hb/{member}", 0) != first:
+                return True
+        return False
 
     def _survivors(self, old: Generation) -> list[int]:
         """The members of `old` still here: each counted alive, or out once gone (drained) or silent."""

@@ -159,6 +159,25 @@ def test_no_member_steps_unless_every_member_finished_the_step(job: Job) -> None
     assert leader[-1]["weights"] == pytest.approx(reference(job.steps), abs=1e-5)
 
 
+def test_a_replacement_that_dies_while_it_waits_is_not_admitted(job: Job) -> None:
+    for member in range(job.world):
+        job.start(member)
+    job.wait_for_step(5)
+    job.signal(2, signal.SIGKILL)
+    job.start(2)
+    joins = dist.PrefixStore("maskrcnn-elastic/", job.store)
+    deadline = time.monotonic() + 60
+    while joins.add("joins", 0) < 1:  # it asked to join: kill it before the leader's next boundary
+        assert time.monotonic() < deadline, job.log(2)
+        time.sleep(0.005)
+    job.signal(2, signal.SIGKILL)
+    codes = job.finish()
+    assert codes == {0: 0, 1: 0, 2: -signal.SIGKILL}, job.log(0)
+    leader = job.records(0)
+    assert [r["step"] for r in leader] == list(range(1, job.steps + 1)) and leader[-1]["size"] == 2
+    assert "asked to join but fell silent: not admitted" in job.log(0)
+
+
 def test_chaos_random_workers_killed_and_started_again(tmp_path: Path) -> None:
     job = Job(tmp_path, world=3, steps=80, step_s=0.1)
     try:
