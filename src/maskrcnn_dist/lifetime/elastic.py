@@ -12,7 +12,10 @@ The step's protocol, on every member:
 A failure in 1 or 2 (a collective that errors, an aborted commit) goes to `recover()`: the generation
 is marked ended (which releases every member's commit), the old group dropped (which releases peers
 blocked on this process's sockets), and the leader forms the next generation of those still here.
-The step in flight was committed nowhere: the caller redoes it in the new generation.
+The step in flight was committed nowhere: the caller redoes it in the new generation. The caller drops
+whatever holds the old group (a DistributedDataParallel wrapper) before `recover()` and `regroup()`,
+so that dropping it closes the sockets, and wraps the model again in the new generation; after every
+new generation it calls `share_state` (a newcomer receives the leader's state there).
 """
 
 from __future__ import annotations
