@@ -20,6 +20,7 @@ new generation it calls `share_state` (a newcomer receives the leader's state th
 
 from __future__ import annotations
 
+import gc
 import logging
 import pickle
 import time
@@ -174,12 +175,15 @@ class ElasticGroup:
 
     # -- changes of membership ------------------------------------------------------------------
 
-    def recover(self, cause: BaseException) -> Generation | None:
-        """After a failed collective or an aborted commit: the next generation of those still here (and
-        the joiners waiting). A member the leader left out (counted lost while it was only slow) joins
-        again; None if the leader's run ended meanwhile."""
+    def recover(self, cause: str) -> Generation | None:
+        """After a failed collective or an aborted commit (`cause`: what failed, in words): the next
+        generation of those still here (and the joiners waiting). A member the leader left out (counted
+        lost while it was only slow) joins again; None if the leader's run ended meanwhile.
+
+        Call it after the `except` block, not inside: a live exception keeps the failed collective's
+        frames, and through them the old group and its sockets, which peers blocked on them wait for."""
         old = self._generation()
-        self.store.compare_set(f"g{old.number}/abort", "", f"member {self.me}: {str(cause)[:200]}")
+        self.store.compare_set(f"g{old.number}/abort", "", f"member {self.me}: {cause[:200]}")
         self._drop_group()  # closes this process's sockets: peers blocked on them are released
         self.store.set(f"g{old.number}/alive/{self.me}", "1")
         if self.is_leader:
@@ -319,11 +323,13 @@ class ElasticGroup:
         return self.store.get(key).decode() if self.store.check([key]) else "no reason recorded"
 
     def _drop_group(self) -> None:
+        """Tear the current group down; the collector then frees what still held it (its sockets close)."""
         if dist.is_initialized():
             if self.backend == "nccl":  # a communicator with a lost peer must be aborted, not torn down
                 dist.distributed_c10d._abort_process_group()
             else:
                 dist.destroy_process_group()
+            gc.collect()
 
 
 def _send_bytes(payload: bytes, dst: int) -> None:

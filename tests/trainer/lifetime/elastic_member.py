@@ -91,6 +91,7 @@ def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path
     record = open(out / f"member{me}.jsonl", "a", buffering=1)
     while position["step"] < steps:
         step = position["step"]
+        failure = None
         try:
             local_gradients(model, step, group.rank, group.size)
             time.sleep(step_s)
@@ -102,7 +103,10 @@ def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path
                 raise RuntimeError(f"injected: member {me}'s step {step + 1} failed after its all-reduce")
             group.commit(step)
         except (StepAborted, RuntimeError) as exc:
-            if group.recover(exc) is None:
+            failure = str(exc)
+        if failure is not None:  # outside the except block: the exception no longer holds the old group
+            print(f"{time.time():.3f} member {me}: step {step + 1}: {failure[:200]}", file=sys.stderr, flush=True)
+            if group.recover(failure) is None:
                 return 0
             share()
             continue
@@ -114,6 +118,7 @@ def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path
         position["step"] = step + 1
         generation = group.generation
         line = {"step": step + 1, "generation": generation.number, "size": generation.size, "weights": weights(model)}
+        line["time"] = round(time.time(), 3)
         record.write(json.dumps(line) + "\n")
         decision = group.read_boundary(summed[offset:])
         if decision.stop_all:
