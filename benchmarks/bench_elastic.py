@@ -4,8 +4,11 @@
 
 Each row is measured in this run, with real processes (spawned) around one TCPStore, as a ddp job's:
   killed peer     SIGKILL to one of 3 ranks; seconds until the survivors' next all-reduce raises
-  cascade keep    the same with --ranks ranks, each survivor keeping its failed group: the last released
-  cascade drop    the same, each survivor dropping its group as soon as its all-reduce raised
+  cascade keep    the same with --ranks ranks, each survivor keeping its failed group (HOLD_S): the last
+                  survivor released, hop by hop as its neighbours exit
+  cascade inside  each survivor dropping its group inside the except block: the exception keeps torch's
+                  frames, which hold the group and its sockets, so it is the same as keeping it
+  cascade after   each survivor dropping its group once the except block has ended
   frozen peer     SIGSTOP to one of 3 ranks (a node gone without a reset) while the others' abort() runs
                   from a thread: seconds until the all-reduce returns (gloo's own timeout, --frozen-timeout)
   new group       init of a ProcessGroupGloo of 2 through the store under a fresh prefix
@@ -41,30 +44,41 @@ def _store(port: int, master: bool = False) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", port, is_master=master, timeout=timedelta(seconds=60), wait_for_workers=False)
 
 
-def _loss_member(rank: int, world: int, port: int, drop: bool, frozen: bool, timeout_s: float, out: Any) -> None:
+def _loss_member(rank: int, world: int, port: int, drop: str, frozen: bool, timeout_s: float, out: Any) -> None:
     store = _store(port)
-    group = dist.ProcessGroupGloo(dist.PrefixStore("g0", store), rank, world, timedelta(seconds=timeout_s))
+    prefix = dist.PrefixStore("g0", store)
+    dist.init_process_group("gloo", store=prefix, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
     tensor = torch.ones(1_000_000)
-    group.allreduce([tensor]).wait()
+    dist.all_reduce(tensor)
     store.set(f"ready/{rank}", "1")
     if rank == world - 1:
         time.sleep(3600)  # the victim: killed or stopped by the parent
     store.wait(["hit"])
     hit = float(store.get("hit"))
     if frozen:
-        threading.Timer(0.2, group.abort).start()
+        threading.Timer(0.2, dist.distributed_c10d._get_default_group().abort).start()
     try:
-        group.allreduce([tensor]).wait()
+        dist.all_reduce(tensor)
     except RuntimeError:
         out.put((rank, time.time() - hit))
-    if drop:
-        del group
-        gc.collect()
-    time.sleep(4.0 if not drop else 0.5)  # keep this process's sockets open (keep) or not (drop)
+        if drop == "inside":  # the exception, and torch's frames that hold the group, still alive
+            _drop()
+            time.sleep(HOLD_S)
+    if drop == "after":
+        _drop()
+    time.sleep(HOLD_S)  # this process's sockets stay open now unless the group was dropped
     store.set(f"done/{rank}", "1")
 
 
-def time_loss(world: int, drop: bool, frozen: bool = False, timeout_s: float = 60.0) -> float:
+HOLD_S = 3.0
+
+
+def _drop() -> None:
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def time_loss(world: int, drop: str, frozen: bool = False, timeout_s: float = 60.0) -> float:
     """Seconds from the victim's SIGKILL (SIGSTOP when `frozen`) until the last survivor's all-reduce raised."""
     port = free_port()
     store = _store(port, master=True)
@@ -130,12 +144,13 @@ def main() -> None:
     args = parser.parse_args()
     formed, store_op, sent = time_pair(args.state_mb)
     rows = [
-        ("killed peer, 3 ranks", f"{time_loss(3, drop=False):.3f} s"),
-        (f"cascade keep, {args.ranks} ranks", f"{time_loss(args.ranks, drop=False):.3f} s"),
-        (f"cascade drop, {args.ranks} ranks", f"{time_loss(args.ranks, drop=True):.3f} s"),
+        ("killed peer, 3 ranks", f"{time_loss(3, drop='keep'):.3f} s"),
+        (f"cascade keep, {args.ranks} ranks", f"{time_loss(args.ranks, drop='keep'):.3f} s"),
+        (f"cascade drop inside except, {args.ranks} ranks", f"{time_loss(args.ranks, drop='inside'):.3f} s"),
+        (f"cascade drop after except, {args.ranks} ranks", f"{time_loss(args.ranks, drop='after'):.3f} s"),
         (
             f"frozen peer, abort() at 0.2 s, timeout {args.frozen_timeout:g} s",
-            f"{time_loss(3, drop=False, frozen=True, timeout_s=args.frozen_timeout):.3f} s",
+            f"{time_loss(3, drop='keep', frozen=True, timeout_s=args.frozen_timeout):.3f} s",
         ),
         ("new group of 2 through the store", f"{1000 * formed:.1f} ms"),
         ("store op (add)", f"{1000 * store_op:.3f} ms"),
