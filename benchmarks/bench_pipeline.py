@@ -8,13 +8,21 @@ busy time per step (process CPU time: forward, backward and optimizer step), the
 (the share of the step a stage is idle, averaged over stages), bytes per link per step, and the
 ideal throughput the measured stage times allow (batch / slowest stage's busy time: a perfectly
 filled pipeline) with the measured/ideal ratio. Numbers depend on what else the cores are doing.
+
+Messages: every pipeline configuration runs twice, interleaved, on the same workers: `hosts`
+(today's engine: stage hosts in each worker's registry, called by name) and `rref hosts` (the old
+shape, pipeline_legacy.py: each host an RRef's value, called through its proxies). The RPC messages
+of their timed steps, every kind and every sender, are counted from TensorPipe's log
+(rpc_messages.py) and printed per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +33,8 @@ from maskrcnn_launcher.peers import free_port
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_engines  # noqa: E402  (a sibling script, not a package)
+import common  # noqa: E402  (a sibling script, not a package)
+import rpc_messages  # noqa: E402
 
 NUM_CLASSES = 3
 
@@ -98,18 +107,24 @@ def summarize(name: str, batch: int, step_s: list[float], metrics: list[dict[str
     }
 
 
-def timed_steps(engine, batch, steps: int, warmup: int) -> tuple[list[float], list[dict[str, float]]]:
-    times, metrics = [], []
+def timed_steps(engine, batch, steps: int, warmup: int) -> tuple[list[float], list[dict[str, float]], tuple]:
+    """Step times and metrics of the `steps` steps after `warmup`, and their window (time.time())."""
+    times, metrics, window = [], [], [0.0, 0.0]
     for step in range(warmup + steps):
+        if step == warmup:
+            window[0] = time.time()
         started = time.perf_counter()
         engine.train_step(step, *batch)
         if step >= warmup:
             times.append(time.perf_counter() - started)
             metrics.append(engine.extra_metrics())
-    return times, metrics
+    window[1] = time.time()
+    return times, metrics, tuple(window)
 
 
 def run_master(args: argparse.Namespace) -> list[dict]:
+    from pipeline_legacy import LegacyEngine
+
     from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
     from maskrcnn_dist.engines.torch_engine import TorchEngine
 
@@ -118,35 +133,47 @@ def run_master(args: argparse.Namespace) -> list[dict]:
     batch = make_batch(args.batch, args.size)
     results = []
     local = TorchEngine(replace(config(args.size, 1, False), engine="local"), NUM_CLASSES, iters_per_epoch=100)
-    times, _ = timed_steps(local, batch, args.steps, args.warmup)
+    times, _, _ = timed_steps(local, batch, args.steps, args.warmup)
     results.append(summarize("single process", args.batch, times, []))
     del local
     port = free_port()
-    workers = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(rank), "--port", str(port), "--size", str(args.size)]
-        )
-        for rank in (1, 2)
-    ]
+    logs = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    env = {**os.environ, **rpc_messages.VERBOSE}
+    workers = []
+    for rank in (1, 2):
+        command = [sys.executable, __file__, "--worker", str(rank), "--port", str(port), "--size", str(args.size)]
+        with open(logs / f"worker{rank}.log", "w") as log:
+            workers.append(subprocess.Popen(command, env=env, stderr=log))
+    os.environ.update(rpc_messages.VERBOSE)  # read when RPC starts
     try:
         plan = localhost_plan(port, 0)
-        with master_session(config(args.size, max(args.micro), False), plan):
+        with (
+            rpc_messages.stderr_to(logs / "master.log"),
+            master_session(config(args.size, max(args.micro), False), plan),
+        ):
             for m in args.micro:
                 for bf16 in [False, True] if args.bf16 else [False]:
-                    engine = PipelineEngine(config(args.size, m, bf16), plan.stages, NUM_CLASSES, iters_per_epoch=100)
-                    times, metrics = timed_steps(engine, batch, args.steps, args.warmup)
-                    results.append(summarize(f"pipeline M={m}" + (" bf16" if bf16 else ""), args.batch, times, metrics))
-                    engine.close()
+                    for path, engine_type in (("hosts", PipelineEngine), ("rref hosts", LegacyEngine)):
+                        cfg = config(args.size, m, bf16)
+                        engine = engine_type(cfg, plan.stages, NUM_CLASSES, iters_per_epoch=100)
+                        times, metrics, window = timed_steps(engine, batch, args.steps, args.warmup)
+                        engine.close()
+                        name = f"pipeline M={m}" + (" bf16" if bf16 else "") + f", {path}"
+                        results.append({**summarize(name, args.batch, times, metrics), "window": window})
     finally:
         for proc in workers:
             proc.wait(timeout=60)
+    for r in results:
+        if "window" in r:
+            counted = rpc_messages.by_kind(rpc_messages.writes(logs.glob("*.log"), *r.pop("window")))
+            r["messages_per_step"] = {k: v / args.steps for k, v in counted.items()}
     return results
 
 
 def render_table(results: list[dict]) -> str:
     header = (
-        f"{'config':<20}{'img/s':>8}{'step s':>8}{'busy s (per stage)':>22}{'bubble':>8}"
-        f"{'ideal img/s':>12}{'ratio':>7}  bytes/step (w1->w2 fwd, bwd)"
+        f"{'config':<28}{'img/s':>8}{'step s':>8}{'busy s (per stage)':>22}{'bubble':>8}"
+        f"{'ideal img/s':>12}{'ratio':>7}{'msgs/step':>11}  bytes/step (w1->w2 fwd, bwd)"
     )
     lines = [header]
     for r in results:
@@ -160,9 +187,11 @@ def render_table(results: list[dict]) -> str:
             if links
             else "-"
         )
+        messages = f"{r['messages_per_step']['messages']:.1f}" if "messages_per_step" in r else "-"
         lines.append(
-            f"{r['config']:<20}{r['images_per_s']:>8.2f}{r['step_s']:>8.2f}{busy:>22}"
-            f"{r['bubble_fraction']:>8.2f}{r['ideal_images_per_s']:>12.2f}{r['ratio_to_ideal']:>7.2f}  {traffic}"
+            f"{r['config']:<28}{r['images_per_s']:>8.2f}{r['step_s']:>8.2f}{busy:>22}"
+            f"{r['bubble_fraction']:>8.2f}{r['ideal_images_per_s']:>12.2f}{r['ratio_to_ideal']:>7.2f}"
+            f"{messages:>11}  {traffic}"
         )
     return "\n".join(lines)
 
@@ -185,7 +214,7 @@ def main() -> None:
         serve(config(args.size, max(args.micro), False), localhost_plan(args.port, args.worker))
         return
     results = run_master(args)
-    bench_engines.emit(render_table(results), {"runs": results}, args.json_out)
+    common.emit(render_table(results), {"runs": results}, args.json_out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Fixtures shared by every test folder, and the guard that keeps every test inside the checkout
-(checkout_guard.py: a test that reads `../shared` or anything else beside the repository fails)."""
+"""Fixtures shared by every test folder, the guard that keeps every test inside the checkout
+(checkout_guard.py: a test that reads `../shared` or anything else beside the repository fails), and
+the device-map guard every pipeline process of the suite runs under (`_device_map_guard`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from maskrcnn_launcher.contract import DEVICE_MAP_GUARD
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
 pytest_plugins = ("checkout_guard",)
@@ -44,6 +46,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "helm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.needs_helm)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _device_map_guard() -> Iterator[None]:
+    """Every pipeline process a test starts (they inherit the environment) walks each of its RPC results
+    as TensorPipe walks them with device maps (engines/pipeline/guard.py): what would stop a pipeline
+    at its first step on a GPU fails the suite on CPU."""
+    before = os.environ.get(DEVICE_MAP_GUARD)
+    os.environ[DEVICE_MAP_GUARD] = "1"
+    yield
+    if before is None:
+        os.environ.pop(DEVICE_MAP_GUARD, None)
+    else:
+        os.environ[DEVICE_MAP_GUARD] = before
 
 
 @pytest.fixture

@@ -7,8 +7,15 @@ from typing import Any
 
 from .amp import check_amp, needs_bf16
 from .engines import check_checkpoint_devices, check_ddp, check_eval_amp
-from .harness import Check, Env, needs_cuda, needs_two_gpus
-from .pipeline import check_pipeline, needs_device_maps
+from .harness import Check, Env, needs_cuda
+from .pipeline import (
+    check_cpu_transport,
+    check_device_maps,
+    check_replicas,
+    check_streams,
+    needs_device_maps,
+    needs_replica_devices,
+)
 from .runs import run_logged
 from .throughput import check_throughput
 
@@ -17,21 +24,15 @@ INJECTED_HANG = "injected_hang"
 
 CHECKS: tuple[Check, ...] = (
     Check("throughput", 170, check_throughput),
-    Check(
-        "pipeline_device_maps",
-        120,
-        lambda env: check_pipeline(env, "pipeline_device_maps", "device_maps", 1),
-        needs_device_maps,
-    ),
+    Check("pipeline_device_maps", 150, check_device_maps, needs_device_maps),
+    Check("pipeline_streams", 90, check_streams, needs_cuda),
     Check("amp_bf16", 60, lambda env: check_amp(env, "bf16"), needs_bf16),
     Check("amp_fp16", 60, lambda env: check_amp(env, "fp16"), needs_cuda),
-    Check("pipeline_cpu", 100, lambda env: check_pipeline(env, "pipeline_cpu", "cpu", 1)),
+    Check("pipeline_cpu", 100, check_cpu_transport),
     Check("ddp", 60, check_ddp),
     Check("eval_amp", 45, check_eval_amp),
     Check("checkpoint_devices", 40, check_checkpoint_devices, needs_cuda),
-    Check(
-        "pipeline_replicas", 100, lambda env: check_pipeline(env, "pipeline_replicas", "device_maps", 2), needs_two_gpus
-    ),
+    Check("pipeline_replicas", 100, check_replicas, needs_replica_devices),
 )
 
 

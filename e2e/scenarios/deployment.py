@@ -62,10 +62,13 @@ class Deployment:
     # -- deploying --------------------------------------------------------------------------
 
     def values_files(self, values_file: Path, overlay: dict[str, Any]) -> list[Path]:
-        """The scenario's ci/ values file and the harness's overlay (image, wait bound, the scenario's)."""
+        """The scenario's ci/ values file and the harness's overlay (image, wait bound, device-map guard,
+        the scenario's)."""
         repo, _, tag = self.settings.image.rpartition(":")
         overlay = {"image": {"repository": repo, "tag": tag, "pullPolicy": "Never"}, **overlay}
-        overlay.setdefault("extraEnv", [{"name": "MASKRCNN_WAIT_TIMEOUT", "value": str(WAIT_TIMEOUT)}])
+        # Every pipeline pod walks its RPC results as a device-map agent would (engines/pipeline/guard.py).
+        guard = {"name": "MASKRCNN_DEVICE_MAP_GUARD", "value": "1"}
+        overlay.setdefault("extraEnv", [{"name": "MASKRCNN_WAIT_TIMEOUT", "value": str(WAIT_TIMEOUT)}, guard])
         overlay_file = self.cluster.host_dir / "e2e-values.yaml"
         overlay_file.write_text(yaml.safe_dump(overlay))
         return [values_file, overlay_file]

@@ -63,7 +63,7 @@ extraEnv: one of value and valueFrom per variable, and none of the launcher's en
 
 {{/*
 The variables of the launcher's environment contract a user must not set through extraEnv (besides
-every MASKRCNN_* but MASKRCNN_WAIT_TIMEOUT and MASKRCNN_TRAINER_CMD): the pod's identity, set by the
+every MASKRCNN_* but the user's, below): the pod's identity, set by the
 chart, the kubelet or Kubeflow Trainer (PET_*: the launcher would take the pod for a TrainJob's node),
 and what the launcher exports. A chart test compares it with maskrcnn_launcher.contract.
 */}}
@@ -73,11 +73,12 @@ and what the launcher exports. A chart test compares it with maskrcnn_launcher.c
 
 {{/*
 The MASKRCNN_* variables a user may set through extraEnv (maskrcnn_launcher.contract.USER_ENV_VARS; a
-chart test compares the two): the launcher's wait for the master, its trainer command, and the
-tracebacks of every entry point (MASKRCNN_DEBUG). Every other MASKRCNN_* is the pod's identity.
+chart test compares the two): the launcher's wait for the master, its trainer command, the
+tracebacks of every entry point (MASKRCNN_DEBUG) and the pipeline's device-map guard
+(MASKRCNN_DEVICE_MAP_GUARD). Every other MASKRCNN_* is the pod's identity.
 */}}
 {{- define "maskrcnn-dist.userEnv" -}}
-{{- toYaml (list "MASKRCNN_WAIT_TIMEOUT" "MASKRCNN_TRAINER_CMD" "MASKRCNN_DEBUG") -}}
+{{- toYaml (list "MASKRCNN_WAIT_TIMEOUT" "MASKRCNN_TRAINER_CMD" "MASKRCNN_DEBUG" "MASKRCNN_DEVICE_MAP_GUARD") -}}
 {{- end -}}
 
 {{/*

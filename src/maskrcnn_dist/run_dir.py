@@ -1,4 +1,5 @@
-"""The files a run writes under its --output-dir: their names, in one place.
+"""The files a run writes under its --output-dir: their names, in one place, and the guard that keeps
+a run from writing over another's.
 
 Torch-free on purpose: the container harness (e2e/) and tools that only read a run's results import
 this module without pulling in the trainer.
@@ -6,11 +7,16 @@ this module without pulling in the trainer.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"  # metrics.py: one JSON record per line
 REPORT_FILE = "report.png"  # outputs/report.py
@@ -115,6 +121,29 @@ def resume_problem(output_dir: Path, resume: Path | str | None, found: list[str]
             "or train into another --output-dir"
         )
     return None
+
+
+def guard_output_dir(output_dir: Path, resume: Path | str | None, test_only: bool, overwrite: bool) -> None:
+    """Never write over another run: a fresh run into an --output-dir with metrics or checkpoints is
+    refused unless --resume continues it (from its own newest checkpoint) or --overwrite moves its files
+    aside first. An evaluation (`test_only`) there must evaluate one of that run's own checkpoints."""
+    if problem := output_folder_problem(output_dir, "--output-dir") or layout_problem(output_dir):
+        raise ConfigError(problem)
+    found = previous_run(output_dir)
+    if not found:
+        return
+    if resume is not None or test_only:
+        if problem := resume_problem(output_dir, resume, found, trains=not test_only):
+            raise ConfigError(problem)
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"--output-dir {output_dir} already holds a run ({', '.join(found)}): add --resume auto to "
+            "continue it, --overwrite to move its files into a replaced-<time>/ folder there, or choose another "
+            "--output-dir"
+        )
+    moved = move_aside(output_dir, replaced_stamp())
+    log.warning("--overwrite: the previous run's files in %s were moved to %s", output_dir, moved)
 
 
 def move_aside(output_dir: Path, stamp: str, names: Iterable[str] = RUN_OUTPUTS) -> Path | None:

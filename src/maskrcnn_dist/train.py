@@ -22,13 +22,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
+from maskrcnn_launcher.contract import PodPlan
 
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
@@ -41,25 +39,24 @@ from .data.copy_paste import CopyPaste
 from .data.loader import collate
 from .data.parse_ahead import ParseAhead, released
 from .data.resolve import cache_dir, names_data, resolve_sources
-from .engines.base import Engine, resolve_device
+from .engines import (
+    EngineFactory,
+    check_device,
+    engine_session,
+    is_main_process,
+    require_torchrun_environment,
+    stop_before_start,
+)
+from .engines.base import Engine
 from .errors import ConfigError, DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
-from .modeling.model import torchvision_weights_hint
-from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel
-from .run_dir import (
-    checkpoint_dir,
-    layout_problem,
-    move_aside,
-    output_folder_problem,
-    previous_run,
-    replaced_stamp,
-    resume_problem,
-)
+from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
+from .run_dir import checkpoint_dir, guard_output_dir
 from .training.best import BestTracker, check_best_metric
 from .training.grace import grace_seconds
-from .training.hooks import EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
-from .training.loop import HookBase, Trainer
+from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
+from .training.loop import HookBase, RunCheckpointer, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
 from .training.state import Position
@@ -67,10 +64,6 @@ from .training.state import Position
 log = logging.getLogger(__name__)
 
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
-# One of the hooks build_hooks registers.
-H = TypeVar("H", bound=HookBase)
-# (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
-EngineFactory = Callable[[int, int], Engine]
 # Runs the data check where it must run once and hands every process its reports.
 CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
@@ -105,14 +98,13 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
         require_torchrun_environment()
     setup_process(cfg)
     grace_s = grace_seconds()
-    if cfg.engine != "pipeline":  # the pipeline places its stages by the topology, not by --device
-        resolve_device(cfg.device)  # --device cuda on a machine without one: refused before any data is made
-    check_input_files(cfg)
+    check_device(cfg)
+    check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
     # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
     sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
-    if is_main_process(cfg):
-        guard_output_dir(cfg)  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
+    if is_main_process(cfg):  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
+        guard_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
     # The process that will check the images reads them while the annotations are parsed (its workers
     # stop when the check starts; here, should anything before it fail).
     ahead = read_ahead_of(cfg, sources) if is_main_process(cfg) else None
@@ -125,10 +117,10 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
                 "(--val-fraction carves one)"
             )
         if cfg.engine != "ddp":
-            stop_alone(cfg, stop, "data loading")
+            stop_before_start(cfg, stop, "data loading")
             check_data(cfg, datasets, ahead=ahead)
-            stop_alone(cfg, stop, "the data check")
-        with _engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+            stop_before_start(cfg, stop, "the data check")
+        with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
             if cfg.engine == "ddp":
                 from .engines.torch_engine import on_rank0
 
@@ -143,13 +135,6 @@ def read_ahead_of(cfg: TrainConfig, sources: DataSources | None) -> CheckAhead |
         return None
     splits = ["val"] if cfg.test_only else ["train", "val"]
     return read_ahead(sources, splits, CheckRules.of(cfg), cache_dir(cfg, training=True))
-
-
-def stop_alone(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
-    """The local engine stops after the phase a request came in (no step yet: nothing to save). Processes
-    with peers first form their group, so that they all leave it together: the Trainer stops them."""
-    if cfg.engine == "local" and stop.requested:
-        raise Stopped.before_any_step(stop, phase)
 
 
 def check_data(
@@ -173,88 +158,6 @@ def check_data(
     settle(splits, reports, cfg.data.skip_bad_images)
 
 
-def is_main_process(cfg: TrainConfig) -> bool:
-    """The process that writes the run's metrics and checkpoints: ddp's rank 0, the pipeline's master
-    (its stage workers never get this far), the local engine's only process."""
-    return cfg.engine != "ddp" or os.environ.get(RANK, "0") == "0"
-
-
-def require_torchrun_environment() -> None:
-    """--engine ddp needs the variables torchrun (or the launcher) sets; say so before any work."""
-    missing = [name for name in (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) if not os.environ.get(name)]
-    if missing:
-        raise ConfigError(
-            f"--engine ddp runs under torchrun or the launcher, but {', '.join(missing)} not set: "
-            "`torchrun --nproc-per-node N -m maskrcnn_dist.cli train --engine ddp ...`, or `maskrcnn-launch`"
-        )
-
-
-def check_input_files(cfg: TrainConfig) -> None:
-    """The files the flags name exist, before any data is loaded or generated (their contents are read,
-    and checked, where they are used)."""
-    named = [
-        ("--resume", cfg.resume),
-        ("--weights", cfg.model.weights),
-        ("--weights-backbone", cfg.model.weights_backbone),
-    ]
-    for flag, path in named:
-        if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
-            backbone = flag == "--weights-backbone"
-            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, backbone)
-            raise ConfigError(f"{flag} {path}: no such file" + (f"; {hint}" if hint else ""))
-    if str(cfg.resume) == "best":
-        resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
-
-
-def guard_output_dir(cfg: TrainConfig) -> None:
-    """Never write over another run: a fresh run into an --output-dir with metrics or checkpoints is
-    refused unless --resume continues it (from its own newest checkpoint) or --overwrite moves its files
-    aside first. An evaluation (--test-only) there must evaluate one of that run's own checkpoints."""
-    if problem := output_folder_problem(cfg.output_dir, "--output-dir") or layout_problem(cfg.output_dir):
-        raise ConfigError(problem)
-    found = previous_run(cfg.output_dir)
-    if not found:
-        return
-    if cfg.resume is not None or cfg.test_only:
-        if problem := resume_problem(cfg.output_dir, cfg.resume, found, trains=not cfg.test_only):
-            raise ConfigError(problem)
-        return
-    if not cfg.overwrite:
-        raise ConfigError(
-            f"--output-dir {cfg.output_dir} already holds a run ({', '.join(found)}): add --resume auto to "
-            "continue it, --overwrite to move its files into a replaced-<time>/ folder there, or choose another "
-            "--output-dir"
-        )
-    moved = move_aside(cfg.output_dir, replaced_stamp())
-    log.warning("--overwrite: the previous run's files in %s were moved to %s", cfg.output_dir, moved)
-
-
-@contextmanager
-def _engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> Iterator[tuple[EngineFactory, int]]:
-    """The engine's process-level session, with its engine factory and how many processes share the data;
-    the engines it makes, and the pipeline master's session (for its workers' RPC calls), get `stop`."""
-    if cfg.engine == "pipeline":
-        from .engines.pipeline import PipelineEngine, master_session
-
-        assert plan is not None
-        with master_session(cfg, plan, stop):
-            yield (
-                lambda num_classes, iters: PipelineEngine(
-                    cfg, plan.stages, num_classes, iters, transport=plan.transport, stop=stop
-                ),
-                1,  # the master reads every batch
-            )
-        return
-    from .engines.torch_engine import TorchEngine, process_group
-
-    distributed = cfg.engine == "ddp"
-    with process_group(cfg) if distributed else contextlib.nullcontext(1) as world_size:
-        yield (
-            (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed, stop=stop)),
-            world_size,
-        )
-
-
 def _run(
     cfg: TrainConfig,
     datasets: Datasets,
@@ -271,16 +174,17 @@ def _run(
         raise DatasetError(
             "--test-only: the dataset has no val split (--val-annotations, or --val-fraction as trained)"
         )
-    total = total_steps(cfg, iters)
+    total = cfg.total_steps(iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
+        resume(trainer, cfg)
         if cfg.test_only:
-            evaluate_only(trainer, cfg, stop)
-        else:
-            resume(trainer, cfg)
-            trainer.fit()
-        validation, evaluation = hook_of(trainer, ValidationHook), hook_of(trainer, EvaluationHook)
-        return TrainResult(trainer.position, validation.last, evaluation.last, cfg.output_dir, trainer.stopped_early)
+            evaluation = evaluate_only(trainer.position.step, evaluation_of(cfg, engine, val_set, metrics), stop)
+            return TrainResult(trainer.position, None, evaluation, cfg.output_dir)
+        trainer.fit()
+        results = trainer.results
+        val, evaluation = results.get(ValidationHook.name), results.get(EvaluationHook.name)
+        return TrainResult(trainer.position, val, evaluation, cfg.output_dir, trainer.stopped_early)
 
 
 @dataclass
@@ -290,10 +194,6 @@ class TrainResult:
     eval: dict[str, float] | None
     output_dir: Path
     stopped_early: str | None = None  # the closing line of a --patience stop
-
-
-def total_steps(cfg: TrainConfig, iters_per_epoch: int) -> int:
-    return cfg.total_steps(iters_per_epoch)
 
 
 def run_metrics(cfg: TrainConfig, is_main: bool, total: int, env: Mapping[str, str] = os.environ) -> MetricsWriter:
@@ -343,10 +243,11 @@ def build_trainer(
         # What rebuilds this model exactly, for every tool that reads the checkpoint.
         TRAINED_MODEL_KEY: TrainedModel.of_run(cfg, categories, data_sources(cfg, train_set, val_set)).to_record(),
     }
-    checkpointer = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
-    hooks = build_hooks(cfg, engine, val_set, metrics, grace_s)
-    total = total_steps(cfg, iters_per_epoch)
-    return Trainer(engine, loader, iters_per_epoch, total, checkpointer, stop or StopRequest(), run_facts, hooks)
+    files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
+    total = cfg.total_steps(iters_per_epoch)
+    trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
+    trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
+    return trainer
 
 
 def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: CocoInstanceDataset | None) -> DataSources:
@@ -356,32 +257,34 @@ def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: Coco
 
 
 def build_hooks(
-    cfg: TrainConfig, engine: Engine, val_set: CocoInstanceDataset | None, metrics: MetricsWriter, grace_s: float | None
+    cfg: TrainConfig,
+    engine: Engine,
+    val_set: CocoInstanceDataset | None,
+    metrics: MetricsWriter,
+    checkpointer: RunCheckpointer,
+    grace_s: float | None,
 ) -> list[HookBase]:
-    """What runs around the steps, in order (hooks.py says why this order)."""
+    """What runs around the steps, in the order they run at a boundary where several are due."""
     data = cfg.data
-    hooks: list[HookBase] = [MetricsHook(metrics)]
+    hooks: list[HookBase] = [MetricsHook(metrics, engine)]
     if engine.is_main:
-        hooks.append(GraceHook(grace_s))
+        hooks.append(GraceHook(grace_s, checkpointer))
+    best = BestTracker(cfg.best_metric, cfg.patience)
     hooks += [
-        ValidationHook(val_set, cfg.val_period, data.val_batch_size, data.workers, metrics),
+        ValidationHook(engine, val_set, cfg.val_period, data.val_batch_size, data.workers, metrics),
         EvaluationHook(
-            val_set,
-            cfg.eval_every_epoch,
-            data.val_batch_size,
-            data.workers,
-            metrics,
-            BestTracker(cfg.best_metric, cfg.patience),
+            evaluation_of(cfg, engine, val_set, metrics), cfg.eval_every_epoch, best, checkpointer, engine, metrics
         ),
-        PeriodicCheckpointer(cfg.checkpoint_period),
+        PeriodicCheckpointer(cfg.checkpoint_period, checkpointer),
     ]
     return hooks
 
 
-def hook_of(trainer: Trainer, kind: type[H]) -> H:
-    """The one hook of `kind` that build_hooks registered."""
-    (hook,) = [hook for hook in trainer.hooks if isinstance(hook, kind)]
-    return hook
+def evaluation_of(
+    cfg: TrainConfig, engine: Engine, val_set: CocoInstanceDataset | None, metrics: MetricsWriter
+) -> Evaluation | None:
+    """COCO AP of the engine's model on `val_set` (None: there is no val split), recorded in `metrics`."""
+    return None if val_set is None else Evaluation(engine, val_set, cfg.data.val_batch_size, cfg.data.workers, metrics)
 
 
 def resume(trainer: Trainer, cfg: TrainConfig) -> None:
@@ -396,11 +299,11 @@ def resume(trainer: Trainer, cfg: TrainConfig) -> None:
     trainer.restore(load_checkpoint(source), source)
 
 
-def evaluate_only(trainer: Trainer, cfg: TrainConfig, stop: StopRequest) -> None:
-    """--test-only: COCO AP of the --resume checkpoint (or of the --weights model), recorded at its step."""
-    resume(trainer, cfg)
+def evaluate_only(step: int, evaluation: Evaluation | None, stop: StopRequest) -> dict[str, float] | None:
+    """--test-only: COCO AP of the --resume checkpoint (or of the --weights model), recorded at its `step`."""
+    assert evaluation is not None  # _run refuses --test-only without a val split
     try:
-        hook_of(trainer, EvaluationHook).evaluate(trainer.position.step)
+        return evaluation(step)
     except Interrupted:
         stop.finish("evaluation only, nothing to save")
         raise Stopped(stop, "evaluation") from None

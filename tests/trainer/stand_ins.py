@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from contextlib import closing
+from pathlib import Path
 
 import torch
 
 from maskrcnn_dist.config import TrainConfig
 from maskrcnn_dist.engines.base import Engine
 from maskrcnn_dist.lifetime.stop import StopRequest
-from maskrcnn_dist.train import build_trainer, resume, run_metrics, total_steps
+from maskrcnn_dist.train import build_trainer, resume, run_metrics
 from maskrcnn_dist.training.loop import Trainer
 
 
@@ -68,8 +69,17 @@ def fit_counting(
 ) -> Trainer:
     """Train as train.py would (its hooks, resume first if asked), with the counting engine (or `engine`)."""
     engine = engine if engine is not None else CountingEngine(stop)
-    with closing(run_metrics(cfg, engine.is_main, total_steps(cfg, iters_per_epoch))) as metrics:
+    with closing(run_metrics(cfg, engine.is_main, cfg.total_steps(iters_per_epoch))) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, iters_per_epoch, metrics, stop)
         resume(trainer, cfg)
         trainer.fit()
     return trainer
+
+
+def with_flat_hook_state(checkpoint: Path) -> None:
+    """Rewrite `checkpoint` in the layout checkpoints had before hook state was nested under "hooks": each
+    hook's state at the top level under its name, the evaluation's as "best" (what ce77e5b wrote)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    for name, hook_state in state.pop("hooks").items():
+        state["best" if name == "evaluation" else name] = hook_state
+    torch.save(state, checkpoint)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from maskrcnn_dist import checkpoint
+from maskrcnn_dist import train as composition
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.errors import ConfigError
@@ -24,7 +26,7 @@ from maskrcnn_dist.training.loop import Trainer
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config
-from .stand_ins import fit_counting
+from .stand_ins import fit_counting, with_flat_hook_state
 
 STEPS_PER_EPOCH = 2  # 4 training images, batch 2
 
@@ -108,7 +110,7 @@ def test_the_best_metric_must_be_one_the_evaluation_writes():
 
 def test_best_follows_the_metric_and_pruning_keeps_best_pt(four_images, tmp_path, scripted, monkeypatch):
     scripted([0.2, 0.5, 0.5, 0.3, 0.6, 0.1])
-    # A periodic checkpoint at every epoch's last step, before its evaluation: saved again after it.
+    # The periodic checkpoint and the evaluation are due at every epoch's last step: one checkpoint, after both.
     trainer = fit(four_images, tmp_path, epochs=6, **{"keep-checkpoints": 1, "checkpoint-period": STEPS_PER_EPOCH})
     assert trainer.position.step == 12 and trainer.stopped_early is None
     assert [(r["step"], r["value"], r["metric"]) for r in records(tmp_path, "best")] == [
@@ -118,8 +120,9 @@ def test_best_follows_the_metric_and_pruning_keeps_best_pt(four_images, tmp_path
     ]
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["checkpoint_00000012.pt"]
     best = best_file(tmp_path)
-    assert best["step"] == 10 and best["best"] == {"metric": "segm_AP", "value": 0.6, "step": 10, "since": 0}
-    assert load_checkpoint(tmp_path / "checkpoints")["best"]["since"] == 1  # step 12 did not beat it
+    assert best["step"] == 10
+    assert best["hooks"]["evaluation"] == {"metric": "segm_AP", "value": 0.6, "step": 10, "since": 0}
+    assert load_checkpoint(tmp_path / "checkpoints")["hooks"]["evaluation"]["since"] == 1  # step 12 did not beat it
     drawn = []
     monkeypatch.setattr(report, "save_figure", lambda fig, out: drawn.append(fig) or out)
     report.draw_report(tmp_path / "metrics.jsonl", tmp_path / "report.png")
@@ -127,6 +130,27 @@ def test_best_follows_the_metric_and_pruning_keeps_best_pt(four_images, tmp_path
     (star,) = [line for line in ap_axis.get_lines() if line.get_label().startswith("best ")]
     assert star.get_label() == "best segm_AP 0.600 (step 10, best.pt)"
     assert (list(star.get_xdata()), list(star.get_ydata())) == ([10], [0.6])
+
+
+def test_one_checkpoint_a_boundary_holds_the_verdict_whatever_the_order_of_the_hooks(
+    four_images, tmp_path, scripted, monkeypatch
+):
+    """No hook needs another to run after it: with the periodic checkpoint before the evaluation (the
+    hooks in reverse), each epoch end still writes one checkpoint, after both, and best.pt holds the
+    evaluation's verdict."""
+    build = composition.build_hooks
+    monkeypatch.setattr(composition, "build_hooks", lambda *args: list(reversed(build(*args))))
+    write = checkpoint.save_checkpoint
+    written: list[int] = []
+    monkeypatch.setattr(
+        checkpoint, "save_checkpoint", lambda state, *a: written.append(state["step"]) or write(state, *a)
+    )
+    scripted([0.2, 0.5, 0.1])
+    fit(four_images, tmp_path, epochs=3, **{"keep-checkpoints": 5})
+    assert written == [2, 4, 6]
+    best = best_file(tmp_path)
+    assert best["step"] == 4
+    assert best["hooks"]["evaluation"] == {"metric": "segm_AP", "value": 0.5, "step": 4, "since": 0}
 
 
 def test_patience_stops_after_n_evaluations_without_a_new_best(four_images, tmp_path, scripted):
@@ -160,6 +184,23 @@ def test_best_and_patience_survive_a_resume(four_images, tmp_path, scripted):
     assert resumed.stopped_early == straight.stopped_early
     assert [r["step"] for r in records(out, "best")] == [2]
     assert best_file(out)["step"] == 2
+
+
+def test_best_and_patience_survive_a_resume_from_a_checkpoint_written_before_hook_state_was_nested(
+    four_images, tmp_path, scripted
+):
+    """The same run as above, resumed from a checkpoint in the layout ce77e5b wrote: the best under "best"
+    at the top level. Read anywhere else, the best would start afresh: 0.1 a new best, the stop later."""
+    scripted([0.5, 0.1])
+    fit(four_images, tmp_path, epochs=5, patience=3, **{"max-steps": 4})
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    with_flat_hook_state(newest)
+    assert load_checkpoint(newest)["best"] == {"metric": "segm_AP", "value": 0.5, "step": 2, "since": 1}
+    scripted([0.1, 0.1, 0.1])
+    resumed = fit(four_images, tmp_path, epochs=5, patience=3, resume="auto")
+    assert resumed.position.step == 8 and resumed.stopped_early is not None
+    assert [r["step"] for r in records(tmp_path, "best")] == [2]
+    assert load_checkpoint(tmp_path / "checkpoints")["hooks"]["evaluation"]["since"] == 3
 
 
 def test_a_resume_publishes_the_best_checkpoint_a_crash_left_unpublished(four_images, tmp_path, scripted):

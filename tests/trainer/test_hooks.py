@@ -1,5 +1,6 @@
 """The loop's hook contract (loop.py HookBase): a hook added in train.py's `build_hooks` alone is called at
-every point, its periodic work runs when due, its state rides in the checkpoint, and a stop leaves its due
+every point, its periodic work runs when due, its state rides in the checkpoint under "hooks" by its name
+(and is read from a checkpoint that kept it flat, as checkpoints did before), and a stop leaves its due
 work pending by name for the resumed run to do first. The counting engine stands in for the model; the
 evaluation and validation losses are scripted (their real runs are covered elsewhere)."""
 
@@ -15,53 +16,57 @@ from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
 from maskrcnn_dist.training import hooks
-from maskrcnn_dist.training.loop import Boundary, HookBase
+from maskrcnn_dist.training.loop import Boundary, HookBase, Start, StepResult
 
 from .conftest import fast_config
-from .stand_ins import fit_counting
+from .stand_ins import fit_counting, with_flat_hook_state
 
 STEPS_PER_EPOCH = 2  # 4 training images, batch 2
 
 
 class Tally(HookBase):
     """A hook as a user adds one: records each call with the step it came at; due every third step; the
-    number of its runs is its state. `stop_at`: asks the run to stop from its after_step there."""
+    number of its runs is its state. `stop_at`: asks `stop` for a stop from its after_step there."""
 
     name = "tally"
 
-    def __init__(self, calls: list[tuple[str, int]], stop_at: int | None = None) -> None:
-        self.calls, self.stop_at, self.runs = calls, stop_at, 0
+    def __init__(self, calls: list[tuple[str, int]], stop: StopRequest | None = None, stop_at: int | None = None):
+        self.calls, self.stop, self.stop_at = calls, stop, stop_at
+        self.runs, self.step = 0, 0
+        self.restored: Any = "never"  # the state it was given on resume
 
-    def note(self, what: str) -> None:
-        self.calls.append((what, self.trainer.position.step))
+    def note(self, what: str, step: int) -> None:
+        self.step = step
+        self.calls.append((what, step))
 
-    def before_train(self) -> None:
-        self.note("before_train")
+    def before_train(self, start: Start) -> None:
+        self.note("before_train", start.step)
 
-    def after_step(self) -> None:
-        self.note("after_step")
-        if self.trainer.position.step == self.stop_at:
-            self.trainer.stop.request("a test")
+    def after_step(self, at: Boundary, result: StepResult) -> None:
+        self.note("after_step", at.step)
+        if at.step == self.stop_at:
+            assert self.stop is not None
+            self.stop.request("a test")
 
     def is_due(self, at: Boundary) -> bool:
         return at.step % 3 == 0
 
     def run(self, at: Boundary) -> None:
         self.runs += 1
-        self.note("run")
+        self.note("run", at.step)
 
-    def after_epoch(self) -> None:
-        self.note("after_epoch")
+    def after_epoch(self, at: Boundary) -> None:
+        self.note("after_epoch", at.step)
 
     def after_train(self) -> None:
-        self.note("after_train")
+        self.note("after_train", self.step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"runs": self.runs}
 
     def load_state_dict(self, state: Any, source: Path) -> None:
+        self.restored = state
         self.runs = state["runs"]
-        self.note("restored")
 
 
 @pytest.fixture
@@ -111,39 +116,64 @@ def test_a_hook_added_in_build_hooks_is_called_at_every_point_and_its_state_surv
         ("after_epoch", 3),
         ("after_train", 3),
     ]
-    assert newest(tmp_path)["tally"] == {"runs": 1}
+    assert newest(tmp_path)["hooks"]["tally"] == {"runs": 1}
 
     second: list[tuple[str, int]] = []
     tally = added(Tally(second))
     run(four_images, tmp_path, **{"max-steps": 6, "resume": "auto"})
-    assert second[:3] == [("restored", 3), ("before_train", 3), ("after_step", 4)]
+    assert tally.restored == {"runs": 1}
+    assert second[:2] == [("before_train", 3), ("after_step", 4)]
     assert ("run", 6) in second and second[-1] == ("after_train", 6)
-    assert tally.runs == 2 and newest(tmp_path)["tally"] == {"runs": 2}
+    assert tally.runs == 2 and newest(tmp_path)["hooks"]["tally"] == {"runs": 2}
 
 
 def test_a_stop_leaves_the_due_hooks_pending_by_name_and_the_resume_runs_them_first(four_images, tmp_path, added):
     """Step 3 is due for the tally and the periodic checkpoint; the stop writes the checkpoint itself, so
     only the tally is left pending, and the resumed run runs it before its first step."""
     calls: list[tuple[str, int]] = []
-    added(Tally(calls, stop_at=3))
+    stop = StopRequest()
+    added(Tally(calls, stop, stop_at=3))
     with pytest.raises(Stopped):
-        run(four_images, tmp_path, StopRequest(), **{"max-steps": 6, "checkpoint-period": 3})
+        run(four_images, tmp_path, stop, **{"max-steps": 6, "checkpoint-period": 3})
     assert ("run", 3) not in calls
     state = newest(tmp_path)
-    assert (state["step"], state["pending_hooks"], state["tally"]) == (3, ["tally"], {"runs": 0})
+    assert (state["step"], state["pending_hooks"], state["hooks"]["tally"]) == (3, ["tally"], {"runs": 0})
 
     resumed: list[tuple[str, int]] = []
     tally = added(Tally(resumed))
     run(four_images, tmp_path, **{"max-steps": 6, "checkpoint-period": 3, "resume": "auto"})
-    assert resumed[:4] == [("restored", 3), ("before_train", 3), ("run", 3), ("after_step", 4)]
+    assert resumed[:3] == [("before_train", 3), ("run", 3), ("after_step", 4)]
     assert tally.runs == 2  # the pending run at 3 and the one due at 6
     assert newest(tmp_path)["pending_hooks"] == []
 
 
-def test_a_hook_may_not_take_a_name_or_key_already_in_the_checkpoint(four_images, tmp_path, added):
-    class Clash(HookBase):
+def test_a_hook_named_like_a_key_of_the_run_keeps_its_state_apart_but_no_two_hooks_share_a_name(
+    four_images, tmp_path, added
+):
+    class Model(Tally):
         name = "model"
 
+    added(Model([]))
+    run(four_images, tmp_path, **{"max-steps": 3})
+    state = newest(tmp_path)
+    assert state["hooks"]["model"] == {"runs": 1} and int(state["model"]["steps"]) == 3
+
+    class Clash(HookBase):
+        name = "validation"
+
     added(Clash())
-    with pytest.raises(ValueError, match="'model'"):
-        run(four_images, tmp_path, **{"max-steps": 1})
+    with pytest.raises(ValueError, match="'validation'"):
+        run(four_images, tmp_path / "clash", **{"max-steps": 1})
+
+
+def test_a_checkpoint_with_the_hook_state_flat_beside_the_run_resumes_with_it(four_images, tmp_path, added):
+    """Checkpoints written before hook state was nested kept each hook's at the top level, by its name."""
+    added(Tally([]))
+    run(four_images, tmp_path, **{"max-steps": 3})
+    with_flat_hook_state(latest_checkpoint(tmp_path / "checkpoints"))
+    assert "hooks" not in newest(tmp_path) and newest(tmp_path)["tally"] == {"runs": 1}
+
+    tally = added(Tally([]))
+    run(four_images, tmp_path, **{"max-steps": 6, "resume": "auto"})
+    assert tally.restored == {"runs": 1} and tally.runs == 2
+    assert newest(tmp_path)["hooks"]["tally"] == {"runs": 2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -72,11 +73,29 @@ def test_norm_weight_decay_applies_to_the_normalization_layers_only():
 
 
 def test_schedule_state_is_one_counter():
-    """The scheduler's state dict (what a checkpoint keeps) holds no closure: only the position and base rates."""
+    """The scheduler's state dict (what a checkpoint keeps) holds nothing of the rate function: only the
+    position and base rates; a checkpoint of another run's settings leaves this run's schedule as it is."""
     model = nn.Linear(2, 2)
     optimizer = build_optimizer(model, OptimConfig(norm_weight_decay=0.0))
-    state = build_scheduler(optimizer, OptimConfig(lr_scheduler="cosineannealinglr"), 4, 16).state_dict()
-    assert state["last_epoch"] == 0 and state["lr_lambdas"] == [None]
+    scheduler = build_scheduler(optimizer, OptimConfig(lr_scheduler="cosineannealinglr"), 4, 16)
+    state = scheduler.state_dict()
+    assert state["last_epoch"] == 0 and state["lr_lambdas"] == [{}]
+    other = build_scheduler(build_optimizer(model, OptimConfig(norm_weight_decay=0.0)), OptimConfig(), 4, 16)
+    other.load_state_dict(state)
+    assert other.lr_lambdas[0].keywords["cfg"].lr_scheduler == "multisteplr"
+    old = dict(state, lr_lambdas=[None])  # what checkpoints of the closure's days hold
+    scheduler.load_state_dict(old)
+
+
+def test_the_scheduler_pickles():
+    """A pipeline stage's scheduler must survive TensorPipe's pickle walk of what it sends
+    (engines/pipeline/guard.py): its rate function is a module-level function, not a closure."""
+    model = nn.Linear(2, 2)
+    scheduler = build_scheduler(build_optimizer(model, OptimConfig()), OptimConfig(warmup_iters=3), 4, 16)
+    copy = pickle.loads(pickle.dumps(scheduler))
+    assert [copy.lr_lambdas[0](i) for i in range(6)] == [
+        lr_factor(i, OptimConfig(warmup_iters=3), 4, 16) for i in range(6)
+    ]
 
 
 def test_resume_restores_the_cosine_and_the_param_groups(train_only_coco, tmp_path):  # noqa: F811

@@ -11,7 +11,7 @@ from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
-from maskrcnn_dist.train import build_trainer, resume, run_metrics, total_steps
+from maskrcnn_dist.train import build_trainer, resume, run_metrics
 from maskrcnn_dist.training.loop import Trainer
 from maskrcnn_dist.training.metrics import read_metrics
 
@@ -32,7 +32,7 @@ def fit(cfg, asked_in_validation: bool) -> Trainer:
             return validate(images, targets)
 
         engine.validation_losses = asked_meanwhile
-    with closing(run_metrics(cfg, True, total_steps(cfg, ITERS))) as metrics:
+    with closing(run_metrics(cfg, True, cfg.total_steps(ITERS))) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, ITERS, metrics, stop)
         resume(trainer, cfg)
         trainer.fit()

@@ -14,7 +14,7 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import TrainingError
 from maskrcnn_dist.outputs.report import draw_report
-from maskrcnn_dist.train import build_trainer, run_metrics, total_steps, train
+from maskrcnn_dist.train import build_trainer, run_metrics, train
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config
@@ -96,7 +96,7 @@ def test_non_finite_loss_stops_before_the_update(tiny_coco, tmp_path):
     cfg = fast_config(tiny_coco, tmp_path, **{"max-steps": 2, "checkpoint-period": 1})
     train_set, val_set = load_datasets(cfg)
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
-    with closing(run_metrics(cfg, True, total_steps(cfg, 6))) as metrics:
+    with closing(run_metrics(cfg, True, cfg.total_steps(6))) as metrics:
         build_trainer(cfg, engine, train_set, val_set, 6, metrics).fit()
     saved = list_checkpoints(cfg.output_dir / "checkpoints")
     bias = engine.model.roi_heads.box_predictor.cls_score.bias

@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_CLUSTER_DOMAIN",
     "DEFAULT_MASTER_PORT",
     "DEFAULT_WAIT_TIMEOUT_S",
+    "DEVICE_MAP_GUARD",
     "EXPORTED_VARS",
     "GLOO_SOCKET_IFNAME",
     "HEADLESS_SERVICE",
@@ -163,6 +164,11 @@ TRAINER_SERVER_VARS = (TRAINER_SERVER_URL, TRAINER_SERVER_CA_CERT, TRAINER_SERVE
 TERMINATION_GRACE_SECONDS = "MASKRCNN_TERMINATION_GRACE_SECONDS"
 #: Every variable the trainer itself reads from the pod spec.
 TRAINER_READ_VARS = (TERMINATION_GRACE_SECONDS,)
+#: Opt-in, set by a user (extraEnv) or a test: `1` makes every pipeline process walk each of its RPC
+#: results as TensorPipe walks them with device maps, and refuse a result that is more than tensors and
+#: small plain values (trainer: engines/pipeline/guard.py), so a pipeline that would stop at its first
+#: step on a GPU stops the same way on CPU. `0` or unset: off. The test suite turns it on.
+DEVICE_MAP_GUARD = "MASKRCNN_DEVICE_MAP_GUARD"
 
 # ---------------------------------------------------------------------------------------------
 # Variables the launcher exports to the trainer (besides MASTER_ADDR and MASTER_PORT above).
@@ -216,10 +222,11 @@ READ_VARS = (
     TRAINER_CMD,
     WAIT_TIMEOUT,
 )
-#: The only MASKRCNN_* variables a user sets in a pod spec (the chart's extraEnv): the contract's two
-#: and the error boundary's MASKRCNN_DEBUG (tracebacks, in every process). The chart refuses every
-#: other variable of the contract, which the pod's identity or the launcher own.
-USER_ENV_VARS = (TRAINER_CMD, WAIT_TIMEOUT, DEBUG_ENV)
+#: The only MASKRCNN_* variables a user sets in a pod spec (the chart's extraEnv): the contract's two,
+#: the error boundary's MASKRCNN_DEBUG (tracebacks, in every process) and the pipeline's device-map
+#: guard. The chart refuses every other variable of the contract, which the pod's identity or the
+#: launcher own.
+USER_ENV_VARS = (TRAINER_CMD, WAIT_TIMEOUT, DEBUG_ENV, DEVICE_MAP_GUARD)
 #: Every variable the launcher may export.
 EXPORTED_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, POD_PLAN) + (
     SOCKET_IFNAME_VARS

@@ -3,7 +3,7 @@
 `option(...)` declares a dataclass field with its default, flag name (the CLI's `--flag` and the YAML
 key), help text and allowed values. `field_specs` turns a settings dataclass into `FieldSpec`s: the
 one type converter the CLI and YAML files share (`FieldSpec.parse`) and the check that names the flag
-(`FieldSpec.problem`). The tables themselves are train_config.py's and tool_options.py's.
+(`FieldSpec.problem`). The tables themselves are sections.py's, train_config.py's and tool_options.py's.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
+from .build import apply_overrides
 from .fields import FieldSpec, field_specs, option
-from .train_config import DATA_SOURCE_FLAGS, apply_overrides
+from .train_config import DATA_SOURCE_FLAGS
 
 __all__ = [
     "EXPORT_BY_FLAG",

@@ -6,10 +6,17 @@ the first iterations; then the rate is multiplied by `lr_gamma` at each epoch in
 (multisteplr), or follows a cosine over the run's epochs (cosineannealinglr). Both move once per epoch,
 as the references' schedulers stepped at epoch ends do. One LambdaLR stepped per iteration does it all,
 so the schedule's whole state is one counter (simple to checkpoint, identical in every engine).
+
+Its rate function is `lr_factor`, a module-level function bound to the run's figures with
+functools.partial, not a closure: a scheduler pickles (what a pipeline stage holds must survive
+TensorPipe's pickle walk, engines/pipeline/guard.py), and its state dict keeps nothing of the
+function (`lr_lambdas` is `[{}]`: a partial's empty `__dict__`), so a checkpoint never fixes the schedule's
+settings: a resumed run follows its own flags.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -55,5 +62,5 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, iters_per_epoch: int, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedule of a run of `total_steps` optimizer steps (TrainConfig.total_steps)."""
-    iters = max(1, iters_per_epoch)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_factor(it, cfg, iters, total_steps))
+    schedule = functools.partial(lr_factor, cfg=cfg, iters_per_epoch=max(1, iters_per_epoch), total_steps=total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

@@ -43,12 +43,10 @@ from ..config import (
     build_config,
     config_to_dict,
     load_yaml_config,
-    saved_data_flags,
-    saved_model_flags,
 )
 from ..data.sources import DataSources
 from ..errors import CheckpointError, ConfigError, UserError, WeightsError
-from .model import CLASS_SCORE_WEIGHT, builder_kwargs, state_num_classes
+from .model import CLASS_SCORE_WEIGHT, builder_kwargs, state_num_classes, torchvision_weights_hint
 from .perf import CHANNELS_LAST_MODULES
 
 log = logging.getLogger(__name__)
@@ -230,6 +228,24 @@ def train_command_config(yaml_path: Path | None, given: Mapping[str, Any]) -> Tr
     return config_for(given, yaml_path, trained, reading, with_data=cfg.test_only)
 
 
+def check_model_files(cfg: TrainConfig) -> None:
+    """The checkpoint and weight files train's flags name exist, before any data is loaded or generated
+    (their contents are read, and checked, where they are used); a name of torchvision's weights gets
+    the way to their file."""
+    named = [
+        ("--resume", cfg.resume),
+        ("--weights", cfg.model.weights),
+        ("--weights-backbone", cfg.model.weights_backbone),
+    ]
+    for flag, path in named:
+        if path is not None and str(path) not in ("auto", "best") and not Path(path).exists():
+            backbone = flag == "--weights-backbone"
+            hint = None if flag == "--resume" else torchvision_weights_hint(str(path), cfg.model, backbone)
+            raise ConfigError(f"{flag} {path}: no such file" + (f"; {hint}" if hint else ""))
+    if str(cfg.resume) == "best":
+        resolve_resume(cfg.resume, cfg.output_dir)  # OUTPUT_DIR/checkpoints/best.pt must exist
+
+
 def _checkpoint_named(cfg: TrainConfig) -> tuple[TrainedModel, str] | None:
     """The trained model the flags name, and the flag that names it."""
     if cfg.test_only and cfg.resume is not None:
@@ -240,6 +256,41 @@ def _checkpoint_named(cfg: TrainConfig) -> tuple[TrainedModel, str] | None:
         return None
     trained = TrainedModel.of_weights_file(Path(weights))
     return None if trained is None else (trained, f"--weights {weights}")
+
+
+def saved_model_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a checkpoint's config (config_to_dict's form) as flag-name -> value, so a
+    checkpoint rebuilds the model it was trained with. Weight files are left out: they were the starting
+    point, the checkpoint holds the result (and they need not exist where the checkpoint is read)."""
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(model, dict):
+        return {}
+    skip = ("weights", "weights_backbone")
+    flags = {s.flag: model[s.name] for s in FIELDS if s.section == "model" and s.name in model and s.name not in skip}
+    # Without the weight files "auto" would mean another BatchNorm (and another state dict layout).
+    as_trained = ModelConfig(
+        weights=model.get("weights"),
+        weights_backbone=model.get("weights_backbone"),
+        backbone_norm=model.get("backbone_norm", "auto"),
+    )
+    flags["backbone-norm"] = as_trained.resolved_backbone_norm()
+    return flags
+
+
+def saved_data_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """Where a checkpoint's run found its data (DATA_SOURCE_FLAGS and the seed that carved a val split),
+    as flag-name -> value from its config (config_to_dict's form); empty when it records none."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    if not isinstance(data, dict):
+        return {}
+    flags = {
+        s.flag: data[s.name]
+        for s in FIELDS
+        if s.section == "data" and s.flag in DATA_SOURCE_FLAGS and data.get(s.name) not in (None, False)
+    }
+    if flags and isinstance(saved.get("seed"), int):
+        flags["seed"] = saved["seed"]
+    return flags
 
 
 def _absolute_paths(flags: dict[str, Any]) -> dict[str, Any]:

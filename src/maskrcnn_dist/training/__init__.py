@@ -4,6 +4,7 @@
   hooks), `HookBase`, and stopping at a step boundary with the due hooks pending;
 - `hooks.py`: the hooks a run is made of (metrics, the grace check, validation, evaluation with the best
   checkpoint and patience, the periodic checkpoint), chosen by the composition root (train.py);
+- `state.py`: the run's part of a checkpoint (position, pending hooks, RNG, every hook's state);
 - `best.py`: the best value and the patience count (`BestTracker`), judged alike on every rank;
 - `grace.py`: the pod's termination grace period against one step plus one checkpoint write;
 - `metrics.py`: the metrics writer (JSON lines, TensorBoard, the console) and its sinks;

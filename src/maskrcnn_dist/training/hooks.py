@@ -1,10 +1,10 @@
 """The hooks a training run is made of (detectron2's engine/hooks.py): each is one concern around the
-step, with its own state in the checkpoint. The composition root (train.py `build_hooks`) chooses them
-and their order; the loop (loop.py) calls them.
+step, given its collaborators when it is made, with its own state in the checkpoint. The composition
+root (train.py `build_hooks`) makes them; the loop (loop.py) calls them.
 
-Order matters at a boundary where several are due, as in detectron2: the periodic checkpoint comes last,
-so that it holds what every hook before it did at its step (the evaluation's verdict on the best among
-them, which the evaluation hook then publishes as best.pt in its after_epoch).
+No hook relies on another running before or after it: the periodic checkpoint and the evaluation that
+finds a new best ask the run's checkpointer for their step's checkpoint, which the loop writes once, after
+all of the boundary's work; the evaluation then publishes it as best.pt.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..engines.base import Engine
 from ..errors import TrainingError
 from ..evaluation import evaluate, validation_loss
 from .best import BestTracker, agreed_value, restore_best_file
 from .grace import GraceCheck
-from .loop import Boundary, HookBase
+from .loop import Boundary, Done, HookBase, RunCheckpointer, Start, StepResult
 from .metrics import MetricsWriter, non_finite
 
 log = logging.getLogger(__name__)
@@ -29,26 +30,23 @@ class MetricsHook(HookBase):
 
     name = "metrics"
 
-    def __init__(self, writer: MetricsWriter) -> None:
-        self.writer = writer
+    def __init__(self, writer: MetricsWriter, engine: Engine) -> None:
+        self.writer, self.engine = writer, engine
 
-    def before_train(self) -> None:
-        step = self.trainer.position.step
-        if dropped := self.writer.truncate_after(step):
-            log.info("%s: dropped %d record(s) after step %d", self.writer.path, dropped, step)
+    def before_train(self, start: Start) -> None:
+        if dropped := self.writer.truncate_after(start.step):
+            log.info("%s: dropped %d record(s) after step %d", self.writer.path, dropped, start.step)
 
-    def after_step(self) -> None:
-        engine, result = self.trainer.engine, self.trainer.last_step
-        assert result is not None  # after_step follows a step
+    def after_step(self, at: Boundary, result: StepResult) -> None:
         record = {
             **result.losses,
             "loss": sum(result.losses.values()),
-            "lr": engine.lr(),
-            "images_per_s": result.images * engine.data_world_size / max(result.seconds, 1e-9),
-            "epoch": self.trainer.position.epoch,
-            **engine.extra_metrics(),
+            "lr": self.engine.lr(),
+            "images_per_s": result.images * self.engine.data_world_size / max(result.seconds, 1e-9),
+            "epoch": at.epoch,
+            **self.engine.extra_metrics(),
         }
-        self.writer.write("train", self.trainer.position.step, record)
+        self.writer.write("train", at.step, record)
 
 
 class GraceHook(HookBase):
@@ -57,101 +55,100 @@ class GraceHook(HookBase):
 
     name = "grace"
 
-    def __init__(self, grace_s: float | None) -> None:
-        self.check = GraceCheck(grace_s)
+    def __init__(self, grace_s: float | None, checkpointer: RunCheckpointer) -> None:
+        self.check, self.checkpointer = GraceCheck(grace_s), checkpointer
 
-    def after_step(self) -> None:
-        trainer = self.trainer
-        assert trainer.last_step is not None
-
-        def trial_save() -> None:
-            trainer.checkpointer.trial(trainer.checkpoint_state())
-
-        self.check.after_step(trainer.last_step.seconds, trial_save, last=trainer.position.step >= trainer.total_steps)
+    def after_step(self, at: Boundary, result: StepResult) -> None:
+        self.check.after_step(result.seconds, self.checkpointer.trial, last=at.final)
 
 
 class ValidationHook(HookBase):
-    """The validation loss every `period` steps and at every epoch end: once at a step that is both."""
+    """The validation loss every `period` steps and at every epoch end: once at a step that is both.
+    No val split (`val_set` None): never due."""
 
     name = "validation"
 
-    def __init__(self, val_set, period: int, batch_size: int, workers: int, writer: MetricsWriter) -> None:
-        self.val_set, self.period = val_set, period
+    def __init__(
+        self, engine: Engine, val_set, period: int, batch_size: int, workers: int, writer: MetricsWriter
+    ) -> None:
+        self.engine, self.val_set, self.period = engine, val_set, period
         self.batch_size, self.workers = batch_size, workers
         self.writer = writer
-        self.last: dict[str, float] | None = None
 
     def is_due(self, at: Boundary) -> bool:
         periodic = bool(self.period) and at.step % self.period == 0
         return self.val_set is not None and (periodic or at.epoch_end)
 
-    def run(self, at: Boundary) -> None:
-        self.last = validation_loss(self.trainer.engine, self.val_set, self.batch_size, self.workers)
-        self.writer.write("val", at.step, self.last)
+    def run(self, at: Boundary) -> Done:
+        losses = validation_loss(self.engine, self.val_set, self.batch_size, self.workers)
+        self.writer.write("val", at.step, losses)
         # Every rank holds the same (all-reduced) losses: all stop together.
-        stop_if_diverged("validation loss", at.step, self.last)
+        stop_if_diverged("validation loss", at.step, losses)
+        return Done(losses)
+
+
+class Evaluation:
+    """COCO AP of the engine's model on the val split, recorded at a step (an `eval` record): what the
+    evaluation hook runs at epoch ends and `eval` (--test-only) runs once. Rank 0 gets the metrics, the
+    other ranks None."""
+
+    def __init__(self, engine: Engine, val_set, batch_size: int, workers: int, writer: MetricsWriter) -> None:
+        self.engine, self.val_set = engine, val_set
+        self.batch_size, self.workers = batch_size, workers
+        self.writer = writer
+
+    def __call__(self, step: int) -> dict[str, float] | None:
+        metrics = evaluate(self.engine, self.val_set, self.batch_size, self.workers)
+        if metrics is not None:
+            self.writer.write("eval", step, metrics)
+            if self.engine.data_world_size == 1:  # else EvaluationHook stops every rank on the agreed value
+                stop_if_diverged("evaluation", step, metrics)
+        return metrics
 
 
 class EvaluationHook(HookBase):
     """COCO evaluation at every epoch end (`every_epoch`) or at the last step, with the best checkpoint and
-    patience (best.py): every process judges rank 0's value alike; a new best's checkpoint (this step's) is
-    published as checkpoints/best.pt with a `best` record; `patience` evaluations in a row without one
-    end training. Its state (the best so far) is the checkpoint's `best`."""
+    patience (best.py): every process judges rank 0's value alike; a new best's checkpoint (this step's,
+    with the verdict in it) is published as checkpoints/best.pt with a `best` record; `patience`
+    evaluations in a row without one end training. No val split (`evaluation` None): never due."""
 
     name = "evaluation"
 
     def __init__(
-        self, val_set, every_epoch: bool, batch_size: int, workers: int, writer: MetricsWriter, best: BestTracker
+        self,
+        evaluation: Evaluation | None,
+        every_epoch: bool,
+        best: BestTracker,
+        checkpointer: RunCheckpointer,
+        engine: Engine,
+        writer: MetricsWriter,
     ) -> None:
-        self.val_set, self.every_epoch = val_set, every_epoch
-        self.batch_size, self.workers = batch_size, workers
-        self.writer = writer
-        self.best = best
-        self.new_best = False  # this boundary's evaluation beat the best: publish once its checkpoint is written
-        self.last: dict[str, float] | None = None
-
-    @property
-    def state_key(self) -> str:
-        return "best"  # the key checkpoints have always kept the best under
+        self.evaluation, self.every_epoch, self.best = evaluation, every_epoch, best
+        self.checkpointer, self.engine, self.writer = checkpointer, engine, writer
 
     def is_due(self, at: Boundary) -> bool:
-        return self.val_set is not None and at.epoch_end and (self.every_epoch or at.final)
+        return self.evaluation is not None and at.epoch_end and (self.every_epoch or at.final)
 
-    def evaluate(self, step: int) -> dict[str, float] | None:
-        """COCO AP of the model as it is now, recorded at `step` (rank 0 holds it; the others get None)."""
-        self.last = evaluate(self.trainer.engine, self.val_set, self.batch_size, self.workers)
-        if self.last is not None:
-            self.writer.write("eval", step, self.last)
-            if self.trainer.engine.data_world_size == 1:  # else run() stops every rank on the agreed value
-                stop_if_diverged("evaluation", step, self.last)
-        return self.last
-
-    def run(self, at: Boundary) -> None:
-        trainer = self.trainer
-        value = agreed_value(self.evaluate(at.step), self.best.metric, trainer.engine.all_reduce_sum)
+    def run(self, at: Boundary) -> Done:
+        assert self.evaluation is not None  # is_due
+        metrics = self.evaluation(at.step)
+        value = agreed_value(metrics, self.best.metric, self.engine.all_reduce_sum)
         # Before the verdict: a diverged model's evaluation never becomes best.pt.
         stop_if_diverged("evaluation", at.step, {self.best.metric: value})
-        self.new_best = self.best.update(value, at.step)
-        if self.best.exhausted and not at.final:
-            trainer.stopped_early = self.best.closing_line()
+        if self.best.update(value, at.step):
+            self.checkpointer.request(then=self.publish_best)
+        return Done(metrics, self.best.closing_line() if self.best.exhausted and not at.final else None)
 
-    def after_epoch(self) -> None:
-        """After the boundary's work, so that this step's checkpoint (the periodic checkpoint's, written after
-        this hook ran) holds the verdict: publish it as best.pt."""
-        if not self.new_best:
-            return
-        self.new_best = False
-        trainer = self.trainer
-        path = trainer.save()  # written by the periodic checkpoint already, where there is one
-        if trainer.engine.is_main:
-            best = trainer.checkpointer.publish_best(path)
+    def publish_best(self, checkpoint: Path) -> None:
+        """The new best's checkpoint (its step's, written with the verdict in it) as best.pt."""
+        if self.engine.is_main:
+            best = self.checkpointer.publish_best(checkpoint)
             log.info("new best %s %.4f: %s", self.best.metric, self.best.value, best)
-            self.writer.write("best", trainer.position.step, self.best.record())
+            self.writer.write("best", self.best.step, self.best.record())
 
-    def before_train(self) -> None:
-        trainer = self.trainer
-        if trainer.resumed_from is not None and trainer.engine.is_main:
-            restore_best_file(self.best, trainer.resumed_from, trainer.position.step)
+    def before_train(self, start: Start) -> None:
+        if start.resumed_from is not None and self.engine.is_main:
+            restore_best_file(self.best, start.resumed_from, start.step)
 
     def state_dict(self) -> dict[str, Any]:
         return self.best.to_state()
@@ -171,17 +168,17 @@ def stop_if_diverged(what: str, step: int, values: dict[str, float]) -> None:
 
 
 class PeriodicCheckpointer(HookBase):
-    """A checkpoint every `period` steps (0: none) and at every epoch end. A stop writes its own
-    checkpoint of the step: this one is never left pending."""
+    """A checkpoint every `period` steps (0: none) and at every epoch end. A stop writes its own checkpoint
+    of the step: this one is never left pending."""
 
     name = "checkpoint"
     pending_after_stop = False
 
-    def __init__(self, period: int) -> None:
-        self.period = period
+    def __init__(self, period: int, checkpointer: RunCheckpointer) -> None:
+        self.period, self.checkpointer = period, checkpointer
 
     def is_due(self, at: Boundary) -> bool:
         return at.epoch_end or (bool(self.period) and at.step % self.period == 0)
 
     def run(self, at: Boundary) -> None:
-        self.trainer.save()
+        self.checkpointer.request()

@@ -2,8 +2,11 @@
 
 `Trainer.fit` reads top to bottom: a batch, the engine's step, the position, then the hooks. Everything
 around the step is a hook (hooks.py), chosen by the composition root (train.py): metrics, the grace
-check, validation, evaluation with the best checkpoint and patience, the periodic checkpoint. A hook
-keeps its own state in the checkpoint, under its `state_key`.
+check, validation, evaluation with the best checkpoint and patience, the periodic checkpoint. A hook is
+given its collaborators when it is made (the engine, the metrics writer, the run's checkpointer) and
+what happened through its methods' arguments; what its periodic work measured it returns (`Done`).
+No hook needs another to run before or after it. Each keeps its own state in the checkpoint, under
+"hooks", by its name (state.py).
 
 After every step the loop asks each hook, once, whether its periodic work is due at this boundary
 (`is_due`): that list is the one place that says what runs here. A stop request (stop.py) is honoured at
@@ -35,10 +38,19 @@ LoaderFactory = Callable[[int, int], Iterable[tuple[Images, Targets]]]
 
 
 @dataclass(frozen=True)
+class Start:
+    """Where a fit starts: the position's step, and the checkpoint it resumed from (None: a fresh run)."""
+
+    step: int
+    resumed_from: Path | None
+
+
+@dataclass(frozen=True)
 class Boundary:
     """The boundary after a step, where hooks decide whether their periodic work is due."""
 
     step: int
+    epoch: int  # the position's epoch after this step: the next batch's
     epoch_end: bool  # this step ended an epoch, or training inside one
     final: bool  # the last planned step
 
@@ -53,9 +65,18 @@ class StepResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Done:
+    """What a hook's periodic work gave the run: the values it measured (validation losses, COCO AP;
+    None where this process holds none), and its closing line when that work ends training."""
+
+    values: dict[str, float] | None = None
+    ends_training: str | None = None
+
+
 class Saver(Protocol):
-    """Writes the Trainer's checkpoints (checkpoint.Checkpointer); the hooks use its trial write (the grace
-    check) and its best.pt (the evaluation)."""
+    """Writes checkpoint files (checkpoint.Checkpointer): one write per step unless asked `again`, a
+    trial write, and best.pt."""
 
     def save(self, state: Callable[[], dict[str, Any]], step: int, again: bool = False) -> Path: ...
 
@@ -64,40 +85,76 @@ class Saver(Protocol):
     def publish_best(self, checkpoint: Path) -> Path: ...
 
 
+class RunCheckpointer:
+    """The run's checkpoints. A hook asks for its boundary's checkpoint (`request`); the loop writes it
+    once the boundary's work is done (`write_requested`), so that it holds what every hook did there,
+    whatever their order, and hands it to whoever asked to see it (a new best publishes it). Each
+    write captures the run as it is then (the Trainer's state, every hook's included) into `files`."""
+
+    def __init__(self, files: Saver, capture: Callable[[], dict[str, Any]]) -> None:
+        self.files, self.capture = files, capture
+        self._requested = False
+        self._then: list[Callable[[Path], None]] = []
+
+    def request(self, then: Callable[[Path], None] | None = None) -> None:
+        """This boundary's checkpoint, once its work is done; `then(path)` after it is written."""
+        self._requested = True
+        self._then += [then] if then is not None else []
+
+    def write_requested(self, step: int, again: bool = False) -> None:
+        """The loop, after a boundary's work: the checkpoint asked for, handed on (`again`: written even
+        when none was asked for or the step has one: what is pending changed)."""
+        if self._requested or again:
+            path = self.save(step, again)
+            for then in self._then:
+                then(path)
+        self._requested, self._then = False, []
+
+    def save(self, step: int, again: bool = False) -> Path:
+        """`step`'s checkpoint (the main process writes it; every process gets its path). `again`: write
+        it even when this step has one (a stop or a resume changes what is pending)."""
+        return self.files.save(self.capture, step, again)
+
+    def trial(self) -> None:
+        """What a checkpoint write costs here, without a checkpoint to show for it (grace.py)."""
+        self.files.trial(self.capture())
+
+    def publish_best(self, checkpoint: Path) -> Path:
+        """`checkpoint`, one just written, as best.pt."""
+        return self.files.publish_best(checkpoint)
+
+
 class HookBase:
     """Something the Trainer calls around its steps (detectron2's HookBase). Every method is optional.
 
-    - `before_train`: after a resume, before any pending work and the first step;
-    - `after_step`: after every step, before the boundary's periodic work (records, measurements);
+    - `before_train(start)`: after a resume, before any pending work and the first step;
+    - `after_step(at, result)`: after every step, before the boundary's periodic work (records,
+      measurements);
     - `is_due(at)` and `run(at)`: periodic work at a step boundary (validation, evaluation, a
-      checkpoint). A stop before or inside `run` (Interrupted) leaves it pending, by `name`, unless
-      `pending_after_stop` is False (the stop's own checkpoint does that work);
-    - `after_epoch`: at every epoch end, after the boundary's work;
+      checkpoint), which may return what it measured and end training (`Done`). A stop before or
+      inside `run` (Interrupted) leaves it pending, by `name`, unless `pending_after_stop` is False
+      (the stop's own checkpoint does that work);
+    - `after_epoch(at)`: at every epoch end, after the boundary's work;
     - `after_train`: once the loop ends, whichever way;
-    - `state_dict` / `load_state_dict`: the hook's part of the checkpoint, under `state_key`.
+    - `state_dict` / `load_state_dict`: the hook's part of the checkpoint, under its `name`.
     """
 
     name: ClassVar[str] = ""
     pending_after_stop: ClassVar[bool] = True
-    trainer: Trainer
 
-    @property
-    def state_key(self) -> str:
-        return self.name
-
-    def before_train(self) -> None:
+    def before_train(self, start: Start) -> None:
         pass
 
-    def after_step(self) -> None:
+    def after_step(self, at: Boundary, result: StepResult) -> None:
         pass
 
     def is_due(self, at: Boundary) -> bool:
         return False
 
-    def run(self, at: Boundary) -> None:
-        pass
+    def run(self, at: Boundary) -> Done | None:
+        return None
 
-    def after_epoch(self) -> None:
+    def after_epoch(self, at: Boundary) -> None:
         pass
 
     def after_train(self) -> None:
@@ -113,7 +170,8 @@ class HookBase:
 class Trainer:
     """Epochs of engine steps with hooks around them. `iters_per_epoch` is the composition root's
     (train.py), the same number the engine's learning-rate schedule was built with; `run_facts` are
-    what every checkpoint carries about the run (engine, config, categories)."""
+    what every checkpoint carries about the run (engine, config, categories). Its `checkpointer` (the
+    run's checkpoints in `files`) is what the hooks that write checkpoints are given."""
 
     def __init__(
         self,
@@ -121,39 +179,37 @@ class Trainer:
         loader: LoaderFactory,
         iters_per_epoch: int,
         total_steps: int,
-        checkpointer: Saver,
+        files: Saver,
         stop: StopRequest,
         run_facts: dict[str, Any],
-        hooks: Sequence[HookBase] = (),
     ) -> None:
         self.engine = engine
         self.loader = loader
         self.iters_per_epoch = iters_per_epoch
         self.total_steps = total_steps
-        self.checkpointer = checkpointer
+        self.checkpointer = RunCheckpointer(files, self.checkpoint_state)
         self.stop = stop
         self.run_facts = run_facts
         self.position = Position()
-        self.last_step: StepResult | None = None
         self.pending: list[str] = []  # names of hooks a stop kept from running at this position
         self.resumed_from: Path | None = None
+        self.results: dict[str, dict[str, float] | None] = {}  # hook name -> what its latest run measured
         self.stopped_early: str | None = None  # a hook's closing line when it ended training (--patience)
         self.hooks: list[HookBase] = []
-        for hook in hooks:
-            self.register(hook)
 
-    def register(self, hook: HookBase) -> None:
-        if problem := state.key_problem(self.hooks, hook):
-            raise ValueError(problem)
-        hook.trainer = self
-        self.hooks.append(hook)
+    def register_hooks(self, hooks: Sequence[HookBase]) -> None:
+        for hook in hooks:
+            if problem := state.name_problem(self.hooks, hook):
+                raise ValueError(problem)
+            self.hooks.append(hook)
 
     # -- the loop ---------------------------------------------------------------------------
 
     def fit(self) -> Position:
         try:
+            start = Start(self.position.step, self.resumed_from)
             for hook in self.hooks:
-                hook.before_train()
+                hook.before_train(start)
             self.run_pending()
             if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
                 self.stop_now([])
@@ -161,9 +217,9 @@ class Trainer:
                 for images, targets in self.loader(self.position.epoch, self.position.batch):
                     started = time.perf_counter()
                     losses = self.engine.train_step(self.position.step, images, targets)
-                    self.last_step = StepResult(losses, len(images), time.perf_counter() - started)
+                    result = StepResult(losses, len(images), time.perf_counter() - started)
                     self._advance()
-                    self.after_step()
+                    self.after_step(result)
                     if self.position.step >= self.total_steps or self.stopped_early:
                         break
         finally:
@@ -183,27 +239,33 @@ class Trainer:
     def boundary(self) -> Boundary:
         p = self.position
         final = p.step >= self.total_steps
-        return Boundary(step=p.step, epoch_end=(p.batch == 0 and p.step > 0) or final, final=final)
+        epoch_end = (p.batch == 0 and p.step > 0) or final
+        return Boundary(step=p.step, epoch=p.epoch, epoch_end=epoch_end, final=final)
 
-    def after_step(self) -> None:
+    def after_step(self, result: StepResult) -> None:
         at = self.boundary()
         for hook in self.hooks:
-            hook.after_step()
+            hook.after_step(at, result)
         due = [hook for hook in self.hooks if hook.is_due(at)]
         if self.engine.stop_after_step():  # the step boundary: every process of the engine agrees here
             self.stop_now(due)
         self.run_hooks(due, at)
+        self.checkpointer.write_requested(at.step)
         if at.epoch_end:
             for hook in self.hooks:
-                hook.after_epoch()
+                hook.after_epoch(at)
 
     def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
-        """The boundary's periodic work in order; a stop agreed inside one leaves it and the rest pending."""
+        """The boundary's periodic work in order, keeping what each measured; a stop agreed inside one
+        leaves it and the rest pending."""
         for i, hook in enumerate(due):
             try:
-                hook.run(at)
+                done = hook.run(at)
             except Interrupted:
                 self.stop_now(due[i:], during=hook.name)
+            if done is not None:
+                self.results[hook.name] = done.values
+                self.stopped_early = self.stopped_early or done.ends_training
 
     def run_pending(self) -> None:
         """On resume, finish the boundary a stop interrupted: the hooks it kept from running, the checkpoint
@@ -217,10 +279,10 @@ class Trainer:
         pending, self.pending = [by_name[name] for name in self.pending if name in by_name], []
         at = self.boundary()
         self.run_hooks(pending, at)
-        self.save(again=True)
+        self.checkpointer.write_requested(at.step, again=True)
         if at.epoch_end:
             for hook in self.hooks:
-                hook.after_epoch()
+                hook.after_epoch(at)
 
     # -- stopping -----------------------------------------------------------------------------
 
@@ -244,7 +306,7 @@ class Trainer:
     def save(self, again: bool = False) -> Path:
         """This step's checkpoint (the main process writes it; every process gets its path). `again`:
         write it even when this step has one (a stop or a resume changes what is pending)."""
-        return self.checkpointer.save(self.checkpoint_state, self.position.step, again)
+        return self.checkpointer.save(self.position.step, again)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return state.capture(self.engine, self.position, self.pending, self.hooks, self.run_facts)

@@ -1,8 +1,9 @@
 """The run's part of a checkpoint: where training stands, what a stop left pending, the RNG, the engine's
 state and every hook's, beside the facts of the run (engine, config, categories).
 
-A hook's state goes under its own key (`HookWithState.state_key`), so a checkpoint stays one flat dict of
-plain types and tensors that `weights_only=True` loads; `CHECKPOINT_KEYS` are the keys no hook may take.
+Every hook's state goes under one key, `hooks`, by the hook's name: `{"hooks": {"evaluation": {...}}}`,
+plain types and tensors that `weights_only=True` loads. Checkpoints written before that kept each one
+flat beside the run's keys (`FLAT_RUN_KEYS`), the evaluation's as `best`; they are read as they are.
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_KEYS = frozenset(
+HOOKS_KEY = "hooks"
+#: The run's own keys in a checkpoint that keeps its hooks' state flat beside them (written before
+#: HOOKS_KEY): none of them is a hook's state.
+FLAT_RUN_KEYS = frozenset(
     {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
     | {"engine", "config", "categories", "trained_model"}
 )
+#: Hook name -> the key a flat checkpoint kept its state under, where that is not the name.
+FLAT_KEYS = {"evaluation": "best"}
 
 
 @dataclass
@@ -38,26 +44,23 @@ class Position:
 class HookWithState(Protocol):
     name: str
 
-    @property
-    def state_key(self) -> str: ...
-
     def state_dict(self) -> dict[str, Any] | None: ...
 
     def load_state_dict(self, state: Any, source: Path) -> None: ...
 
 
-def key_problem(hooks: Sequence[HookWithState], new: HookWithState) -> str | None:
-    """Why `new` cannot join `hooks`: its name or state key is another's, or a checkpoint key."""
-    taken = {h.name for h in hooks} | {h.state_key for h in hooks} | CHECKPOINT_KEYS
-    if new.name in taken or new.state_key in taken - {new.name}:
-        return f"hook {type(new).__name__}: name {new.name!r} or key {new.state_key!r} is taken"
+def name_problem(hooks: Sequence[HookWithState], new: HookWithState) -> str | None:
+    """Why `new` cannot join `hooks`: it has no name, or another's (its state and what a stop leaves
+    pending go by it)."""
+    if not new.name or new.name in {h.name for h in hooks}:
+        return f"hook {type(new).__name__}: name {new.name!r} is empty or another hook's"
     return None
 
 
 def capture(
     engine: Engine, position: Position, pending: list[str], hooks: Sequence[HookWithState], facts: dict[str, Any]
 ) -> dict[str, Any]:
-    hook_states = {hook.state_key: state for hook in hooks if (state := hook.state_dict()) is not None}
+    hook_states = {hook.name: state for hook in hooks if (state := hook.state_dict()) is not None}
     return {
         **engine.state_dict(),
         "step": position.step,
@@ -67,7 +70,7 @@ def capture(
         "rng": torch.get_rng_state(),
         "engine": engine.name,
         **facts,
-        **hook_states,
+        HOOKS_KEY: hook_states,
     }
 
 
@@ -88,4 +91,12 @@ def restore(engine: Engine, state: dict[str, Any], source: Path) -> tuple[Positi
 
 def restore_hooks(hooks: Sequence[HookWithState], state: dict[str, Any], source: Path) -> None:
     for hook in hooks:
-        hook.load_state_dict(state.get(hook.state_key), source)
+        hook.load_state_dict(hook_state(state, hook.name), source)
+
+
+def hook_state(state: dict[str, Any], name: str) -> Any:
+    """The state a checkpoint holds for the hook `name` (None: none), in either layout."""
+    if HOOKS_KEY in state:
+        return state[HOOKS_KEY].get(name)
+    key = FLAT_KEYS.get(name, name)
+    return None if key in FLAT_RUN_KEYS else state.get(key)

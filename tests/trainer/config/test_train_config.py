@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from maskrcnn_dist.config import FIELDS, build_config, saved_model_flags
+from maskrcnn_dist.config import FIELDS, build_config
 from maskrcnn_dist.errors import ConfigError
+from maskrcnn_dist.modeling.trained import saved_model_flags
 
 
 def test_yaml_then_flags_override_defaults(tmp_path: Path):

@@ -1,13 +1,14 @@
 """The master's side of the pipeline engine: micro-batches in, losses out, steps driven over RPC.
 
-One training step, as in PyTorch's "distributed pipeline parallelism using RPC" tutorial:
+One training step, as in PyTorch's "distributed pipeline parallelism using RPC" tutorial, with the
+stage hosts reached through functions called by name (hosts.py), never through an RRef to a host:
 
     for each micro-batch k:                      # none of these calls waits
-        y_k = stage1.remote().forward(k, batch_k)        # the output stays on worker 1
-        z_k = stage2.rpc_async().forward(k, y_k)         # worker 2 pulls y_k from worker 1
+        y_k = rpc.remote(worker1, hosts.forward, (run, 0, k, batch_k))   # the output stays on worker 1
+        z_k = rpc.rpc_async(worker2, hosts.forward, (run, 1, k, y_k))    # worker 2 pulls y_k from worker 1
     losses = weighted mean of wait(z_k)           # the master holds every micro-batch's losses
     dist_autograd.backward(ctx, [sum(losses)])
-    every stage: sum its replicas' gradients, (clip globally), step
+    every stage: hosts.reduce (its replicas' gradients summed), (clip globally), hosts.apply
 
 Stage 1 works on micro-batch k+1 while stage 2 works on k: the master only waits at the end.
 """
@@ -30,7 +31,7 @@ from ...config import TrainConfig
 from ...errors import PeerLostError, TrainingError
 from ...lifetime.stop import StopRequest
 from ..base import Engine, Images, Targets, check_finite
-from .host import StageHost
+from .hosts import StageClient, new_run_id
 from .stages import MicroBatchState
 from .state import merge_optimizer_states, split_optimizer_state
 from .transport import wire_bytes
@@ -84,17 +85,11 @@ class PipelineEngine(Engine):
         self.timeout = cfg.peers.timeout
         self.micro_batches = cfg.pipeline.micro_batches
         self.workers = [s.rpc_name for s in stages]
+        self.run = new_run_id()
+        self.hosts = self._connect(stages)
         with self._rpc_errors("building the stages"):
-            self.hosts = [
-                rpc.remote(
-                    s.rpc_name,
-                    StageHost,
-                    args=(cfg, tuple(stages), i, num_classes, iters_per_epoch, transport),
-                    timeout=self.timeout,
-                )
-                for i, s in enumerate(stages)
-            ]
-            self.layout = [h.rpc_sync(timeout=self.timeout).describe() for h in self.hosts]
+            created = [h.create(cfg, tuple(stages), num_classes, iters_per_epoch, transport) for h in self.hosts]
+            self.layout = torch.futures.wait_all(created)
         self._lr = self.layout[0]["lr"]
         self._round = 0
         self._last_step = 0
@@ -104,6 +99,10 @@ class PipelineEngine(Engine):
             " -> ".join(f"{s.rpc_name}{list(s.modules)}x{len(s.devices)}" for s in stages),
             self.micro_batches,
         )
+
+    def _connect(self, stages: Sequence[StagePlacement]) -> list[StageClient]:
+        """The master's handles on the stage hosts of this engine's run (one per stage)."""
+        return [StageClient(s.rpc_name, self.run, i, self.timeout) for i, s in enumerate(stages)]
 
     # -- failures ---------------------------------------------------------------------------
 
@@ -140,8 +139,8 @@ class PipelineEngine(Engine):
         output. Intermediate outputs stay on their workers (RRefs): the next stage pulls them."""
         carried: MicroBatchState | rpc.RRef = MicroBatchState.from_inputs(images, targets)
         for host in self.hosts[:-1]:
-            carried = host.remote(timeout=self.timeout).forward(round_id, step, micro, carried, mode)
-        return self.hosts[-1].rpc_async(timeout=self.timeout).forward(round_id, step, micro, carried, mode)
+            carried = host.forward_kept(round_id, step, micro, carried, mode)
+        return self.hosts[-1].forward(round_id, step, micro, carried, mode)
 
     def _run_round(
         self, step: int, images: Images, targets: Targets | None, mode: str
@@ -174,15 +173,13 @@ class PipelineEngine(Engine):
 
     def _step(self, context_id: int) -> list[dict[str, float]]:
         clip = self.cfg.optim.clip_grad_norm
-        norms = torch.futures.wait_all(
-            [h.rpc_async(timeout=self.timeout).reduce_gradients(context_id, bool(clip)) for h in self.hosts]
-        )
+        norms = torch.futures.wait_all([h.reduce(context_id, bool(clip)) for h in self.hosts])
         coef = None
         if clip:
             # Global norm over every stage, as clip_grad_norm_ computes it over the whole model.
             total = torch.linalg.vector_norm(torch.cat([n for n in norms]))
             coef = torch.clamp(clip / (total + 1e-6), max=1.0)
-        return torch.futures.wait_all([h.rpc_async(timeout=self.timeout).apply_step(coef) for h in self.hosts])
+        return torch.futures.wait_all([h.apply(coef) for h in self.hosts])
 
     def _record(
         self,
@@ -222,7 +219,7 @@ class PipelineEngine(Engine):
 
     def state_dict(self) -> dict[str, Any]:
         with self._rpc_errors("gathering the checkpoint"):
-            parts = [h.rpc_sync(timeout=self.timeout).state() for h in self.hosts]
+            parts = torch.futures.wait_all([h.state() for h in self.hosts])
         for name, part in zip(self.workers, parts):
             if len(set(part["checksums"])) > 1:
                 raise TrainingError(f"{name}: stage replicas have diverged (checksums {part['checksums']})")
@@ -248,7 +245,7 @@ class PipelineEngine(Engine):
         with self._rpc_errors("loading the checkpoint"):
             torch.futures.wait_all(
                 [
-                    h.rpc_async(timeout=self.timeout).load(
+                    h.load(
                         {k: model[k] for k in layout["keys"]},
                         None if optimizers is None else optimizers[i],
                         state.get("scheduler") if optimizers is not None else None,
@@ -266,4 +263,17 @@ class PipelineEngine(Engine):
         return dict(self._metrics)
 
     def close(self) -> None:
-        self.hosts = []  # drop the RRefs: the workers free the stages before RPC shuts down
+        """Drop this run's stage hosts on their workers (their memory is freed before RPC shuts down).
+        A worker that no longer answers has nothing left to free: closing does not fail on it."""
+        clients, self.hosts = self.hosts, []
+        pending = []
+        for client in clients:
+            try:
+                pending.append((client, client.drop()))
+            except Exception as exc:  # RPC refuses the call at once when the worker is known gone
+                log.warning("could not drop stage %d on %s: %s", client.stage + 1, client.worker, exc)
+        for client, dropped in pending:
+            try:
+                dropped.wait()
+            except Exception as exc:
+                log.warning("could not drop stage %d on %s: %s", client.stage + 1, client.worker, exc)

@@ -1,12 +1,18 @@
 """The stage host: the object that lives on a worker and holds one stage's replicas.
 
-The master creates it remotely (``rpc.remote(worker, StageHost, args=(cfg, placements, index, ...))``)
-and drives it through its RRef. The host instance is all the state a worker has: replicas, optimizers, counters.
+It never leaves its worker: hosts.py keeps it in the worker's registry and the master reaches it
+through module-level functions called by name. What its methods return crosses the wire, so they
+return tensors and small plain values only (a MicroBatchState, a norm, a dict of figures, a
+checkpoint's part), never a module, an optimizer or anything holding a lock (guard.py checks).
 
 Ordering. RPC runs requests on a thread pool, so calls arrive in any order. Each replica has a
 Turnstile that lets micro-batch calls through in the master's order (round, index). That keeps
 BatchNorm statistics and therefore runs reproducible, and it is what makes the pipeline overlap:
 micro-batch k+1 enters stage 1 while stage 2 works on k.
+
+Streams. Each replica runs its GPU work on a stream of its own (streams.py: `Lane`), whichever
+stream RPC gave the request, so a replica's forward, gradient reduction and optimizer step keep
+their order on the device.
 
 Random numbers. StepSeeder reseeds the process-wide generator before the transform, RPN and RoI
 heads run. Replicas of one stage run in threads of one process, so those modules run under a
@@ -18,13 +24,12 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed.autograd as dist_autograd
 from maskrcnn_launcher.contract import StagePlacement
 from torch import nn
 from torch.distributed.rpc import PyRRef
@@ -36,6 +41,7 @@ from ...modeling.perf import autocast_context
 from ...modeling.rng import StepSeeder
 from .stages import MicroBatchState, StageModule, build_stages
 from .state import checksum
+from .streams import Lane, StreamOps
 from .transport import from_wire, gradient_bytes, sends_device_tensors, to_wire, wire_bytes
 
 MODES = ("train", "eval", "validate")
@@ -67,11 +73,15 @@ class Turnstile:
 @dataclass
 class Replica:
     stage: StageModule
-    device: torch.device
+    lane: Lane  # its stream: all of its GPU work runs there
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     seeder: StepSeeder
     turnstile: Turnstile = field(default_factory=Turnstile)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lane.device
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -120,11 +130,13 @@ def _fetch(incoming: MicroBatchState | PyRRef, timeout: float) -> MicroBatchStat
 
 class StageHost:
     """Stage `index` of `placements` on this worker: one replica per device of its placement, each
-    with its own optimizer and scheduler.
+    with its own optimizer, scheduler and stream.
 
     `transport`: the topology's ("cpu" or "device_maps"). Outputs go through host memory unless the
     next stage's worker maps this replica's device (`sends_device_tensors`), decided per edge and
-    replica: under device_maps a GPU stage before a CPU stage still stages through host memory."""
+    replica: under device_maps a GPU stage before a CPU stage still stages through host memory.
+    `streams`: the replicas' stream operations (None: CUDA streams on a GPU, none on a CPU; tests
+    pass a recorder)."""
 
     def __init__(
         self,
@@ -134,6 +146,7 @@ class StageHost:
         num_classes: int,
         iters_per_epoch: int,
         transport: str = "cpu",
+        streams: StreamOps | None = None,
     ) -> None:
         self.cfg = cfg
         self.rpc_timeout = cfg.peers.timeout
@@ -144,36 +157,33 @@ class StageHost:
         model = build_model(cfg.model, num_classes, keep_data_sizes=cfg.data.sized_by_data())
         stage = build_stages(model, [p.modules for p in placements])[index]
         self.replicas = [
-            self._replica(stage if r == 0 else copy.deepcopy(stage), device)
+            self._replica(stage if r == 0 else copy.deepcopy(stage), Lane(torch.device(device), streams))
             for r, device in enumerate(placements[index].devices)
         ]
         self.device_senders = sends_device_tensors(placements, index, transport)
         self._rng_lock = threading.Lock()
         self.meter = StepMeter()
 
-    def _replica(self, stage: StageModule, device: str) -> Replica:
-        stage = stage.to(device)
-        optimizer = build_optimizer(stage, self.cfg.optim)
+    def _replica(self, stage: StageModule, lane: Lane) -> Replica:
+        with lane.entered():  # the copy to the device is the replica's first work on its stream
+            stage = stage.to(lane.device)
+            optimizer = build_optimizer(stage, self.cfg.optim)
         seeder = StepSeeder(self.cfg.seed)
         seeder.attach(stage.parts())
-        return Replica(
-            stage,
-            torch.device(device),
-            optimizer,
-            build_scheduler(
-                optimizer, self.cfg.optim, self.iters_per_epoch, self.cfg.total_steps(self.iters_per_epoch)
-            ),
-            seeder,
-        )
+        total_steps = self.cfg.total_steps(self.iters_per_epoch)
+        scheduler = build_scheduler(optimizer, self.cfg.optim, self.iters_per_epoch, total_steps)
+        return Replica(stage, lane, optimizer, scheduler, seeder)
 
     # -- description ----------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
+        """What the master needs to know of this stage: its state dict's keys, its number of trainable
+        parameters (to split an optimizer state) and its learning rate. Plain values only."""
         first = self.replicas[0]
         return {
             "keys": list(first.stage.state_dict()),
             "trainable": len(first.trainable),
-            "lr": first.optimizer.param_groups[0]["lr"],
+            "lr": float(first.optimizer.param_groups[0]["lr"]),
         }
 
     # -- forward ----------------------------------------------------------------------------
@@ -190,15 +200,15 @@ class StageHost:
             if isinstance(fetched, BaseException):
                 raise fetched
             started = time.perf_counter()
-            # Under --amp the stage computes in bf16 anyway: bf16 features stay bf16 on arrival.
-            state = from_wire(fetched, replica.device, keep_bf16=self.cfg.amp)
-            replica.seeder.at(step, micro)
-            # Mixed precision inside the stage is bf16 only: dist_autograd has no place for fp16's scaler.
-            with autocast_context(replica.device, self.cfg.amp, "bfloat16"):
-                state = self._run(replica.stage, state, mode)
-            last = replica.stage.is_last
-            bf16_features = self.cfg.pipeline.bf16_transport and not last
-            state = to_wire(state, bf16_features, str(replica.device) not in self.device_senders)
+            with replica.lane.entered(incoming=fetched) as visit:
+                # Under --amp the stage computes in bf16 anyway: bf16 features stay bf16 on arrival.
+                state = from_wire(fetched, replica.device, keep_bf16=self.cfg.amp)
+                replica.seeder.at(step, micro)
+                # Mixed precision inside the stage is bf16 only: dist_autograd has no place for fp16's scaler.
+                with autocast_context(replica.device, self.cfg.amp, "bfloat16"):
+                    state = self._run(replica.stage, state, mode)
+                bf16_features = self.cfg.pipeline.bf16_transport and not replica.stage.is_last
+                state = visit.hand_back(to_wire(state, bf16_features, str(replica.device) not in self.device_senders))
             if mode == "train":
                 self.meter.forward_s += time.perf_counter() - started
                 self.meter.bytes_forward += wire_bytes(state)
@@ -227,76 +237,109 @@ class StageHost:
 
     # -- optimizer step, in two phases driven by the master ---------------------------------
 
-    def reduce_gradients(self, context_id: int, want_norms: bool) -> torch.Tensor | None:
-        """Phase 1: sum this context's gradients over replicas and write them to every replica.
+    def reduce_gradients(self, grads: Mapping[torch.Tensor, torch.Tensor], want_norms: bool) -> torch.Tensor | None:
+        """Phase 1: sum one backward pass's gradients (`grads`: parameter -> gradient, as
+        dist_autograd.get_gradients gives them) over replicas and write them to every replica.
 
         Micro-batch k ran on replica k % R only, and the master's loss is sum_k w_k L_k, so replica
         r's gradient is the partial sum over its own micro-batches; the sum over replicas is the
         whole batch's gradient, exactly what one replica that ran every micro-batch would hold.
         Summing in replica order and copying the same result to all keeps replicas bitwise equal.
-        Returns each parameter's gradient norm (for global clipping) when asked.
+        The sum runs on the first replica's stream after every replica's (and after the device has
+        finished the backward pass), each copy back on its replica's stream after the sum. Returns
+        each parameter's gradient norm (for global clipping) when asked.
         """
-        grads = dist_autograd.get_gradients(context_id)
-        first = self.replicas[0]
-        for params in zip(*(r.trainable for r in self.replicas)):
-            parts = [grads[p] for p in params if p in grads]
-            total = None
-            if parts:
-                total = parts[0].to(first.device, copy=True)
-                for part in parts[1:]:
-                    total += part.to(first.device)
-            for p in params:  # parameters without a gradient keep None, as zero_grad(set_to_none) does
-                p.grad = None if total is None else total.to(p.device, copy=True)
-        if not want_norms:
-            return None
-        with_grad = [p.grad for p in first.trainable if p.grad is not None]
-        # The same computation as torch.nn.utils.clip_grad_norm_ (per-tensor norms first).
-        return torch.stack(torch._foreach_norm(with_grad)).cpu() if with_grad else torch.zeros(0)
+        # dist_autograd accumulated these gradients on streams no request of ours sees (its backward syncs
+        # them with the stream of the RPC that ran it, not with ours): wait for the device once, here.
+        for device in self._cuda_devices():
+            torch.cuda.synchronize(device)
+        first, others = self.replicas[0], self.replicas[1:]
+        totals: list[torch.Tensor | None] = []
+        with first.lane.entered(incoming=list(grads.values()), after=[r.lane for r in others]) as visit:
+            for params in zip(*(r.trainable for r in self.replicas)):
+                parts = [grads[p] for p in params if p in grads]
+                total = None
+                if parts:
+                    total = parts[0].to(first.device, copy=True)
+                    for part in parts[1:]:
+                        total += part.to(first.device)
+                totals.append(total)
+            # Parameters without a gradient keep None, as zero_grad(set_to_none) does.
+            for p, total in zip(first.trainable, totals):
+                p.grad = total
+            norms = None
+            if want_norms:
+                with_grad = [t for t in totals if t is not None]
+                # The same computation as torch.nn.utils.clip_grad_norm_ (per-tensor norms first).
+                norms = visit.hand_back(
+                    torch.stack(torch._foreach_norm(with_grad)).cpu() if with_grad else torch.zeros(0)
+                )
+        for replica in others:
+            with replica.lane.entered(incoming=totals, after=[first.lane]):
+                for p, total in zip(replica.trainable, totals):
+                    p.grad = None if total is None else total.to(p.device, copy=True)
+        return norms
 
     def apply_step(self, clip_coef: torch.Tensor | None) -> dict[str, float]:
         """Phase 2: optional clipping by the global coefficient, optimizer and scheduler steps on every
-        replica, buffers made equal. Returns this step's figures."""
+        replica (each on its stream), buffers made equal. Returns this step's figures."""
         for replica in self.replicas:
-            if clip_coef is not None:
-                grads = [p.grad for p in replica.trainable if p.grad is not None]
-                torch._foreach_mul_(grads, clip_coef.to(replica.device))
-            replica.optimizer.step()
-            replica.scheduler.step()
+            with replica.lane.entered(incoming=clip_coef):
+                if clip_coef is not None:
+                    grads = [p.grad for p in replica.trainable if p.grad is not None]
+                    torch._foreach_mul_(grads, clip_coef.to(replica.device))
+                replica.optimizer.step()
+            replica.scheduler.step()  # sets the rate in the param groups: host values, no GPU work
         self._sync_buffers()
-        return {**self.meter.report(), "lr": self.replicas[0].optimizer.param_groups[0]["lr"]}
+        return {**self.meter.report(), "lr": float(self.replicas[0].optimizer.param_groups[0]["lr"])}
 
     def _sync_buffers(self) -> None:
         """BatchNorm running statistics saw different micro-batches on each replica: replace them by
         their mean over replicas (integer counters are equal already), so replicas stay identical."""
         if len(self.replicas) == 1:
             return
-        first = self.replicas[0]
-        for buffers in zip(*(r.stage.buffers() for r in self.replicas)):
-            if not buffers[0].is_floating_point():
-                continue
-            mean = buffers[0].to(first.device, copy=True)
-            for b in buffers[1:]:
-                mean += b.to(first.device)
-            mean /= len(buffers)
-            for b in buffers:
-                b.copy_(mean)
+        first, others = self.replicas[0], self.replicas[1:]
+        means: list[torch.Tensor | None] = []
+        with first.lane.entered(after=[r.lane for r in others]):
+            for buffers in zip(*(r.stage.buffers() for r in self.replicas)):
+                if not buffers[0].is_floating_point():
+                    means.append(None)
+                    continue
+                mean = buffers[0].to(first.device, copy=True)
+                for b in buffers[1:]:
+                    mean += b.to(first.device)
+                mean /= len(buffers)
+                means.append(mean)
+        for replica in self.replicas:
+            with replica.lane.entered(incoming=means, after=[first.lane]):
+                for b, mean in zip(replica.stage.buffers(), means):
+                    if mean is not None:
+                        b.copy_(mean)
 
     # -- checkpoints -----------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
+        """This stage's part of a checkpoint, in host memory: the first replica's weights, optimizer and
+        scheduler states, and every replica's checksum (they must all be equal)."""
+        checksums = []
+        for replica in self.replicas:
+            with replica.lane.entered():
+                checksums.append(checksum(replica.state_tensors()))
         first = self.replicas[0]
-        return {
-            "model": {k: v.detach().cpu() for k, v in first.stage.state_dict().items()},
-            "optimizer": _to_cpu(first.optimizer.state_dict()),
-            "scheduler": first.scheduler.state_dict(),
-            "checksums": [checksum(r.state_tensors()) for r in self.replicas],
-        }
+        with first.lane.entered():
+            return {
+                "model": {k: v.detach().cpu() for k, v in first.stage.state_dict().items()},
+                "optimizer": _to_cpu(first.optimizer.state_dict()),
+                "scheduler": first.scheduler.state_dict(),
+                "checksums": checksums,
+            }
 
     def load(self, model: dict[str, torch.Tensor], optimizer: dict | None, scheduler: dict | None) -> None:
         for replica in self.replicas:
-            replica.stage.load_state_dict(model)
-            if optimizer is not None:
-                replica.optimizer.load_state_dict(copy.deepcopy(optimizer))
+            with replica.lane.entered(incoming=model):
+                replica.stage.load_state_dict(model)
+                if optimizer is not None:
+                    replica.optimizer.load_state_dict(copy.deepcopy(optimizer))
             if scheduler is not None:
                 replica.scheduler.load_state_dict(scheduler)
 

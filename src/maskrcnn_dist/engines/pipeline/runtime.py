@@ -8,6 +8,9 @@ Failure rules (docs/architecture.md: any process that loses a peer exits non-zer
     if the store stops answering before the master has written "done", the master is gone and
     the worker exits with status 1 and a message saying so.
 
+Device-map guard (guard.py): with `MASKRCNN_DEVICE_MAP_GUARD=1` every process walks each of its RPC results as
+TensorPipe does with device maps; `join_rpc` installs it before RPC starts, for the process's lifetime.
+
 Stop rules (stop.py): a worker that gets SIGTERM/SIGINT keeps serving and tells the master (`StopForwarder`,
 an ordinary RPC); the master stops at its next step boundary, writes the checkpoint, tells every worker
 that the session ends on a stop, and shuts RPC down gracefully; then every process exits 75. Those RPC
@@ -34,6 +37,7 @@ from maskrcnn_launcher.contract import PodPlan
 from ...config import TrainConfig
 from ...lifetime.stop import Stopped, StopRequest
 from .engine import MASTER
+from .guard import install_if_enabled
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +169,8 @@ def join_rpc(cfg: TrainConfig, plan: PodPlan, name: str, rank: int) -> None:
     """rpc.init_rpc, bounded: torch's rendezvous waits up to 30 minutes for a peer that never comes
     (a pending pod, a wrong address); after --join-timeout this process exits 1 saying so."""
     timeout = cfg.peers.join_timeout
+    if install_if_enabled():  # before init_rpc: torch's handler looks up the function it wraps when RPC starts
+        log.info("%s: device-map guard on: every RPC result walked as TensorPipe walks it", name)
 
     def give_up() -> None:
         print(

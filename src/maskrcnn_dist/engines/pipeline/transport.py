@@ -70,12 +70,19 @@ def sends_device_tensors(placements: Sequence[StagePlacement], index: int, trans
 
 def to_wire(state: MicroBatchState, bf16_features: bool, to_cpu: bool) -> MicroBatchState:
     """Prepare a stage's output for the next stage: features in bf16 on request (autograd flows
-    through the cast), and every tensor in host memory unless device maps move them directly."""
+    through the cast), and every tensor in host memory unless device maps move them directly; even
+    then an empty device tensor goes as an empty host tensor (`empty_on_host`)."""
     if bf16_features and state.features is not None:
         state.features = map_tensors(state.features, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
-    if to_cpu:
-        state = map_tensors(state, lambda t: t.cpu())
-    return state
+    return map_tensors(state, (lambda t: t.cpu()) if to_cpu else empty_on_host)
+
+
+def empty_on_host(t: Tensor) -> Tensor:
+    """`t`, or an empty host tensor of its shape and dtype when it is an empty device tensor. TensorPipe
+    aborts the process that sends a CUDA tensor with no elements (its null pointer has no device:
+    pytorch/tensorpipe#447, seen on an H200 with an image without objects); from_wire puts it back on
+    the device. Nothing flows back through an empty tensor, so it needs no autograd link."""
+    return torch.empty(t.shape, dtype=t.dtype) if t.device.type != "cpu" and t.numel() == 0 else t
 
 
 def from_wire(state: MicroBatchState, device: torch.device, keep_bf16: bool = False) -> MicroBatchState:

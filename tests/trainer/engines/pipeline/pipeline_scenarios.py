@@ -6,11 +6,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed.rpc as rpc
 from pipeline_procs import make_plans
 from pipeline_toy import NUM_CLASSES, make_batch
 from reference import local_accumulating
 
-from maskrcnn_dist.engines.pipeline import PipelineEngine, master_session
+from maskrcnn_dist.engines.pipeline import PipelineEngine, guard, hosts, master_session
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
@@ -30,7 +31,7 @@ def _pipeline(cfg, micro_batches: int, replicas=(1, 1), iters_per_epoch: int = 1
 
 def _stage_lrs(engine: PipelineEngine) -> list[float]:
     """Every stage's current learning rate, read from its optimizer."""
-    return [h.rpc_sync().state()["optimizer"]["param_groups"][0]["lr"] for h in engine.hosts]
+    return [h.state().wait()["optimizer"]["param_groups"][0]["lr"] for h in engine.hosts]
 
 
 def _train(engine, steps: int, batch) -> list[dict[str, float]]:
@@ -85,9 +86,18 @@ def compare(args: dict, cfg) -> None:
         out["r2_losses"] = _train(rep, steps, batch)
         out["r2_state"] = rep.state_dict()
         out["r2_losses"] += [rep.train_step(step, *batch) for step in range(steps, args.get("replica_steps", 4))]
-        out["r2_checksums"] = [h.rpc_sync().state()["checksums"] for h in rep.hosts]
+        out["r2_checksums"] = [h.state().wait()["checksums"] for h in rep.hosts]
         rep.close()
+        # Every process of the session ran under the device-map guard, and closed engines left no host.
+        out["guarded"] = {name: rpc.rpc_sync(name, guard.is_installed) for name in ("worker1", "worker2")}
+        out["guarded"]["master"] = guard.is_installed()
+        out["hosts_left"] = {name: rpc.rpc_sync(name, hosts_alive) for name in ("worker1", "worker2")}
     torch.save(out, Path(args["out"]) / "result.pt")
+
+
+def hosts_alive() -> int:
+    """On a worker: the stage hosts its registry holds."""
+    return len(hosts.REGISTRY.keys())
 
 
 def _same_model(a: dict, b: dict) -> bool:

@@ -104,6 +104,16 @@ def test_replicas_stay_identical_and_match_one_replica(compared) -> None:
     assert _max_diff(compared["r2_state"]["model"], compared["m2_state"]["model"], buffers=False) < 1e-6
 
 
+def test_every_process_ran_under_the_device_map_guard(compared) -> None:
+    # tests/conftest.py turns the guard on; each process installed it before joining RPC (runtime.join_rpc),
+    # so every result of this whole session was walked as a device-map agent walks it.
+    assert compared["guarded"] == {"worker1": True, "worker2": True, "master": True}
+
+
+def test_closed_engines_leave_no_stage_host_behind(compared) -> None:
+    assert compared["hosts_left"] == {"worker1": 0, "worker2": 0}
+
+
 def test_loss_falls(compared) -> None:
     losses = [sum(d.values()) for d in compared["r2_losses"]]
     assert losses[-1] < losses[0], losses

@@ -74,6 +74,19 @@ def test_bf16_transport_halves_feature_bytes_and_keeps_autograd() -> None:
     assert feature.grad is not None and torch.equal(feature.grad, torch.ones_like(feature))
 
 
+def test_an_empty_device_tensor_crosses_as_an_empty_host_tensor() -> None:
+    """TensorPipe aborts the sender of an empty CUDA tensor (pytorch/tensorpipe#447): under device maps an
+    image without objects has empty targets. ("meta" stands in for a device here: it holds no data.)"""
+    empty, full = torch.empty(0, 4, device="meta"), torch.empty(2, 4, device="meta")
+    state = MicroBatchState(original_image_sizes=[(4, 4)], targets=[{"boxes": empty, "masks": full}])
+    sent = to_wire(state, bf16_features=False, to_cpu=False)
+    boxes, masks = sent.targets[0]["boxes"], sent.targets[0]["masks"]
+    assert (boxes.device.type, boxes.shape, boxes.dtype) == ("cpu", (0, 4), torch.float32)
+    assert masks.device.type == "meta"  # a tensor with elements stays where device maps move it
+    received = from_wire(sent, torch.device("meta"))
+    assert received.targets[0]["boxes"].device.type == "meta"
+
+
 def test_turnstile_lets_calls_through_in_order() -> None:
     gate, seen = Turnstile(), []
 

@@ -1,0 +1,212 @@
+"""The sections' table: every setting of `train` and `eval` but the run's own, one dataclass per
+section (data, model, optim, peers, pipeline), and the values their choices allow.
+
+Each field declares, once, its default, its flag name (the CLI's `--flag` and the YAML key), its help
+text and its allowed values (fields.py's `option`); the click options, the YAML keys, the converter and
+the range checks are derived from that. `TrainConfig` (train_config.py) holds these sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .fields import option
+
+__all__ = [
+    "AMP_DTYPES",
+    "BACKBONE_NORMS",
+    "CHECK_MODES",
+    "DATA_AUGMENTATIONS",
+    "DEVICES",
+    "ENGINES",
+    "EXIF_ORIENTATIONS",
+    "LR_SCHEDULERS",
+    "MODEL_NAMES",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PeersConfig",
+    "PipelineConfig",
+]
+
+MODEL_NAMES = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "maskrcnn_resnet18_fpn")
+ENGINES = ("local", "ddp", "pipeline")
+AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
+DEVICES = ("auto", "cpu", "cuda")
+BACKBONE_NORMS = ("auto", "frozen", "batch")
+CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
+EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
+DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/augment.py says what each one does
+# Those that give the model its training sizes: the model's own resize would undo them.
+SIZED_BY_DATA = ("multiscale", "lsj")
+LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
+
+
+@dataclass
+class DataConfig:
+    # data/detect.py finds the splits under it: any COCO instances JSON (the common annotation tools'
+    # exports), split names from file and folder names, the image folder where its file_names are.
+    data_path: Path | None = option(
+        None,
+        "dataset folder as an annotation tool exported it (COCO, Roboflow, CVAT, Label Studio, ...): "
+        "the splits and image folders are found in it",
+    )
+    # The universal form (detectron2's json_file + image_root): no layout to guess.
+    train_annotations: Path | None = option(None, "COCO instances JSON of the train split (with --train-images)")
+    train_images: Path | None = option(None, "folder the train split's file_names are relative to")
+    val_annotations: Path | None = option(None, "COCO instances JSON of the val split (with --val-images)")
+    val_images: Path | None = option(None, "folder the val split's file_names are relative to")
+    # Exports with no val split (CVAT task, Label Studio): carved by --seed, the same on every rank and resume.
+    val_fraction: float | None = option(
+        None, "no val split: carve this fraction of the train images into one, chosen by --seed", above=0, below=1
+    )
+    # CVAT exports brush masks as RLE with iscrowd 1; torchvision's reference never trains crowd regions.
+    crowd_as_instances: bool = option(
+        False, "train (and evaluate) crowd annotations (iscrowd 1, e.g. CVAT's brush masks) as instances"
+    )
+    synthetic_images: int = option(
+        0,
+        "generate a synthetic COCO set of N training images (at --data-path or OUTPUT_DIR/data)",
+        minimum=0,
+        maximum=1_000_000,
+    )
+    synthetic_image_size: int = option(128, "largest side of the synthetic images, pixels", minimum=32, maximum=4096)
+    batch_size: int = option(2, "images per step per process", minimum=1, maximum=4096)
+    workers: int = option(2, "DataLoader worker processes", minimum=0, maximum=256)
+    # torchvision's default: group images of similar aspect ratio into batches (less padding).
+    aspect_ratio_group_factor: int = option(
+        3, "group images by aspect ratio into batches (-1: off)", minimum=-1, maximum=100
+    )
+    val_batch_size: int = option(2, "images per evaluation batch", minimum=1, maximum=4096)
+    check_data: str = option(
+        "header",
+        "check every image before training: header (opens, size as annotated, not truncated), "
+        "full (also decode every pixel) or off (only that the files exist)",
+        choices=CHECK_MODES,
+    )
+    data_augmentation: str = option(
+        "hflip",
+        "training augmentation, as torchvision's references: hflip (a horizontal flip), multiscale (short side "
+        "drawn from 480-800 x --min-size/800, then a flip) or lsj (large-scale jitter: scale 0.1-2 of a square "
+        "of 1.28 x --min-size, cropped and padded to it, then a flip)",
+        choices=DATA_AUGMENTATIONS,
+    )
+    use_copypaste: bool = option(
+        False,
+        "paste a random subset of the previous image's objects onto each image of a batch (torchvision's "
+        "SimpleCopyPaste; needs --data-augmentation lsj)",
+    )
+    skip_bad_images: bool = option(
+        False, "train without the images that fail --check-data (one warning) instead of stopping"
+    )
+    # Annotation tools show a photo turned by its EXIF orientation and annotate it in that frame.
+    exif_orientation: str = option(
+        "auto",
+        "images with an EXIF orientation: auto (read as shown when the annotation's width x height is the "
+        "shown size, as annotation tools export; as stored when it is only the stored size of a turned "
+        "image), apply (always as shown) or ignore (always as stored)",
+        choices=EXIF_ORIENTATIONS,
+    )
+
+    # A restart must not parse COCO's train JSON and check every image again (data/cache.py).
+    data_cache: str = option(
+        "auto",
+        "where the parsed annotations and the data check's verdicts are cached for the next start: auto "
+        "(OUTPUT_DIR/cache for train and eval; none for the other commands), off, or a folder",
+    )
+
+    def sized_by_data(self) -> bool:
+        """Whether the augmentation gives the model its training sizes (torchvision's `_skip_resize`)."""
+        return self.data_augmentation in SIZED_BY_DATA
+
+
+@dataclass
+class ModelConfig:
+    name: str = option(
+        "maskrcnn_resnet50_fpn",
+        "maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2 or maskrcnn_resnet18_fpn (small, for CPU)",
+        flag="model",
+        choices=MODEL_NAMES,
+    )
+    min_size: int = option(800, "resize so the short side is this many pixels", minimum=32, maximum=8192)
+    max_size: int = option(1333, "... and the long side at most this", minimum=32, maximum=8192)
+    # Local files only: nothing is downloaded at run time.
+    weights: Path | None = option(
+        None, "local file of Mask R-CNN weights (class-dependent layers re-initialised if the class count differs)"
+    )
+    weights_backbone: Path | None = option(None, "local file of ResNet (ImageNet) weights")
+    trainable_backbone_layers: int | None = option(
+        None, "0-5 backbone stages to train (default 3 with weights, else 5)", minimum=0, maximum=5
+    )
+    # "auto": frozen BatchNorm when pretrained weights are given (torchvision's choice), batch stats otherwise.
+    backbone_norm: str = option("auto", "auto, frozen or batch BatchNorm in the backbone", choices=BACKBONE_NORMS)
+    # channels_last (NHWC) weights and activations for the backbone + FPN and the RPN head: oneDNN's
+    # fast bf16 convolutions need it (perf.py; measured by benchmarks/bench_throughput.py).
+    channels_last: bool = option(
+        True, "channels_last (NHWC) memory format for the backbone, FPN and RPN head (fast bf16 convolutions)"
+    )
+
+    # Fine-tuning's frozen BatchNorm computed inside the convolution before it (modeling/fold_bn.py):
+    # training steps only; evaluation, prediction and export compute as torchvision does. On: a --amp step
+    # of R50-FPN at 800 px took 1.18-1.31x less time with it (benchmarks/bench_step.py, docs/performance.md).
+    # Nothing to fold with batch statistics (--backbone-norm batch, the default without weights).
+    fold_frozen_bn: bool = option(
+        True, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
+    )
+
+    def resolved_backbone_norm(self) -> str:
+        """The backbone's BatchNorm with these settings, "frozen" or "batch" ("auto" resolved)."""
+        if self.backbone_norm != "auto":
+            return self.backbone_norm
+        return "frozen" if (self.weights or self.weights_backbone) else "batch"
+
+
+@dataclass
+class OptimConfig:
+    # torchvision's 0.02 is for 16 images per step; it diverges from scratch on small batches.
+    lr: float = option(0.01, "base learning rate", above=0)
+    # 1 or more never forgets a gradient: the update grows without bound.
+    momentum: float = option(0.9, "SGD momentum", minimum=0, below=1)
+    weight_decay: float = option(1e-4, "SGD weight decay", minimum=0)
+    lr_steps: tuple[int, ...] = option(
+        (16, 22), "epochs at which the rate is multiplied by --lr-gamma, comma separated", minimum=0
+    )
+    lr_gamma: float = option(0.1, "decay factor at each of --lr-steps", above=0, maximum=1)
+    lr_scheduler: str = option(
+        "multisteplr",
+        "multisteplr (x --lr-gamma at each of --lr-steps) or cosineannealinglr (cosine to 0 over the run's "
+        "epochs: --epochs, or those --max-steps reaches into), after the warm-up",
+        choices=LR_SCHEDULERS,
+    )
+    # None: one parameter group, as torchvision's reference without the flag (and this kit before it).
+    norm_weight_decay: float | None = option(
+        None, "weight decay of the normalization layers' parameters (default: --weight-decay)", minimum=0
+    )
+    warmup_iters: int = option(1000, "linear warm-up steps", minimum=0)
+    warmup_factor: float = option(1e-3, "starting fraction of the rate during warm-up", above=0, maximum=1)
+    # A negative coefficient would reverse the gradients.
+    clip_grad_norm: float | None = option(None, "clip the global gradient norm to this value", above=0)
+
+
+@dataclass
+class PeersConfig:
+    """How long this process waits for the others: shared by the ddp process group and the pipeline's RPC."""
+
+    timeout: float = option(
+        120.0,
+        "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
+        flag="rpc-timeout",
+        above=0,
+    )
+    # torch's own bound on forming the group is 30 minutes.
+    join_timeout: float = option(
+        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero", above=0
+    )
+
+
+@dataclass
+class PipelineConfig:
+    micro_batches: int = option(2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096)
+    # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
+    bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
