@@ -276,14 +276,7 @@ def launch(
     "(pods whose trainer has not started yet are stopped at once); after SIGTERM/SIGINT, seconds the pods "
     "get to stop at a step boundary and write their checkpoint.",
 )
-@click.option(
-    "--restart-workers",
-    type=click.IntRange(0, 1000),
-    default=0,
-    show_default=True,
-    help="ddp: start a lost worker pod again, as a kubelet or a Job would, up to this many times in all; it "
-    "rejoins the training at a step boundary (a worker that exits 2 or is drained with exit 75 is not started again).",
-)
+@click.option("--restart-workers", type=click.IntRange(0), default=0, help="ddp: start a lost worker pod again N times")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def local(
     topology_ref: str | None,
@@ -296,11 +289,9 @@ def local(
     """Run every pod of the topology as a local process on loopback (the multi-machine job on one host).
 
     Each pod is a real `launch` with an explicit identity, as on bare nodes. Exits with the first
-    failing pod's status; in a ddp job a lost worker is reported and the others go on without it
-    (docs/elastic.md), so the job's status is the master's. Without --master-port the master gets a
-    free loopback port: the port is released again before the master binds it, so another program may
-    take it in between (rare; the master then fails to bind and the group stops).
-    """
+    failing pod's status; a lost ddp worker is reported and the others go on (docs/elastic.md), the
+    job's status then the master's. Without --master-port the master gets a free loopback port
+    (another program may take it before the master binds it: rare, and the group then stops)."""
     from maskrcnn_launcher.local import local_pods, run_local
 
     port = master_port if master_port is not None else free_port()
