@@ -1,4 +1,4 @@
-"""The data check's speed (data/check.py): images/s in header and full mode, and what that makes of
+"""The data check's speed (data/images/check.py): images/s in header and full mode, and what that makes of
 COCO 2017's 118,287 train images.
 
     .venv/bin/python benchmarks/bench_data_check.py [--images 20000] [--full-images 2000] [--processes N]
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from maskrcnn_dist.data.check import CheckRules, available_cores, check_images
-from maskrcnn_dist.data.coco import CocoInstanceDataset
+from maskrcnn_dist.data.dataset import CocoInstanceDataset
+from maskrcnn_dist.data.images.check import CheckRules, available_cores, check_images
 
 COCO_TRAIN_IMAGES = 118_287
 SIZE = (640, 480)

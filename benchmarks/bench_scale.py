@@ -444,8 +444,13 @@ def _load_child(data: Path, out: Path, rank: int, world: int, fraction: float) -
     # Each worker builds every sample as training would; what it hands back is only the batch's size: the
     # tensors' trip through shared memory (a file descriptor each) would make half an epoch at COCO's
     # scale take an hour on 2 cores, and would measure IPC, not the dataset.
+    train_set = datasets[0]
+    if not hasattr(train_set, "set_epoch"):  # the flip is a transform (data/transforms/flip.py), not the dataset's
+        from maskrcnn_dist.data.transforms.flip import Flipped
+
+        train_set = Flipped(train_set, cfg.seed)
     loader = build_train_loader(
-        datasets[0], 8, epoch=0, seed=0, rank=rank, world_size=world, num_workers=2, collate_fn=_batch_size
+        train_set, 8, epoch=0, seed=0, rank=rank, world_size=world, num_workers=2, collate_fn=_batch_size
     )
     batches = int(len(loader) * fraction)
     iterator = iter(loader)

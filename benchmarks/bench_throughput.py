@@ -127,7 +127,7 @@ def run_engine(
 def bench_loader(data: Path, batch_size: int, workers: tuple[int, ...], seed: int) -> dict[str, Any]:
     """Images/s of the training loader alone (no model), and the per-image cost of its parts."""
     from maskrcnn_dist.data import CocoInstanceDataset, build_train_loader
-    from maskrcnn_dist.data.coco import _load_image
+    from maskrcnn_dist.data.dataset import _load_image
 
     dataset = CocoInstanceDataset(data / "train" / "images", data / "train" / "annotations.json", train=True)
     result: dict[str, Any] = {"images": len(dataset), "loaders": []}

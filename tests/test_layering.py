@@ -278,3 +278,171 @@ def test_the_engines_rule_finds_an_engine_importing_another(tmp_path: Path) -> N
         "pkg.engines.pipeline.engine": ["pkg.engines.torch_engine"],
         "pkg.engines.torch_engine": ["pkg.engines.pipeline", "pkg.engines.pipeline.stages"],
     }
+
+
+# --- data/: rooms importing downward, the rooms the command line reads before torch, the front door ----------
+
+DATA = TRAINER / "data"
+#: data/'s rooms (a sub-package or a top-level module), lowest first: a module imports only from its own
+#: room or one below it. The order is what the code needs: the annotations' store is cached (cache), the
+#: classes are judged from the store's counts, the sources carve a split from the annotations' image ids,
+#: parse_ahead parses the sources' files, the images' check is read ahead (check_ahead) of the parse, the
+#: synthetic set is written with the annotations' masks as sources, the dataset reads a store and images,
+#: the loader batches it, transforms/ wrap it and collate (copy-paste), and prepare composes them all.
+DATA_ROOMS = (
+    "cache",
+    "annotations",
+    "classes",
+    "sources",
+    "parse_ahead",
+    "images",
+    "check_ahead",
+    "synthetic",
+    "dataset",
+    "loader",
+    "transforms",
+    "prepare",
+)
+#: What the command line reads before torch loads (it parses a large annotation file meanwhile): these
+#: rooms, and everything of the trainer they import, never import torch.
+TORCH_FREE_ROOMS = ("annotations", "sources", "cache", "classes", "parse_ahead")
+
+
+def room_of(module: str, package: str) -> str | None:
+    """The room of data/ a module sits in (None: outside data/, or data/__init__, the package's names)."""
+    parts = module.split(".")
+    if parts[:2] != [package, "data"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def upward_data_imports(graph: dict[str, set[str]], package: str, rooms: tuple[str, ...]) -> dict[str, list[str]]:
+    """data/ module -> the data/ modules of higher rooms it imports (only offenders)."""
+    rank = {room: i for i, room in enumerate(rooms)}
+    offenders = {}
+    for module, imported in graph.items():
+        own = room_of(module, package)
+        if own is None:
+            continue
+        up = sorted(i for i in imported if (room := room_of(i, package)) is not None and rank[room] > rank[own])
+        if up:
+            offenders[module] = up
+    return offenders
+
+
+def torch_reached(package_dir: Path, package: str, rooms: tuple[str, ...]) -> dict[str, list[str]]:
+    """module of those rooms -> the torch imports found in it or in any trainer module it reaches
+    (its own imports, transitively, and the packages that hold them: importing a module runs them)."""
+    graph, external = import_graph(package_dir), external_imports(package_dir)
+    found = {}
+    for module in graph:
+        if room_of(module, package) not in rooms:
+            continue
+        seen, todo = set(), [module]
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            parents = [".".join(current.split(".")[:k]) for k in range(1, current.count(".") + 1)]
+            todo += [m for m in (*graph.get(current, ()), *parents) if m in graph]
+        torch = sorted({n for m in seen for n in external[m] if n.split(".")[0] in ("torch", "torchvision")})
+        if torch:
+            found[module] = torch
+    return found
+
+
+def test_data_rooms_import_downward_only() -> None:
+    graph = import_graph(TRAINER)
+    rooms = {room_of(m, "maskrcnn_dist") for m in graph} - {None}
+    assert rooms == set(DATA_ROOMS), "every room of data/ has its place in DATA_ROOMS"
+    assert upward_data_imports(graph, "maskrcnn_dist", DATA_ROOMS) == {}
+
+
+def test_the_rooms_the_command_line_parses_with_never_import_torch() -> None:
+    assert torch_reached(TRAINER, "maskrcnn_dist", TORCH_FREE_ROOMS) == {}
+
+
+def test_data_has_a_front_door_and_few_modules_at_its_top() -> None:
+    """At most 12 modules at data/'s top level; train.py reaches data/ through at most 2 of its modules."""
+    assert len([p for p in DATA.glob("*.py")]) <= 12
+    train = {i for i in import_graph(TRAINER)["maskrcnn_dist.train"] if _within(i, "maskrcnn_dist.data")}
+    assert len(train) <= 2, sorted(train)
+
+
+def test_no_method_changes_a_dataset_after_it_is_built() -> None:
+    """The dataset (and the split it is built from) set their attributes while they are made, nowhere
+    else: the data check's verdicts are decided before (data/prepare.py)."""
+    assert dataset_mutators(DATA / "dataset.py", ("CocoInstanceDataset", "Split")) == {}
+
+
+#: The methods that make a dataset: its constructors, and the one they share.
+MAKERS = ("__init__", "_hold")
+
+
+def dataset_mutators(path: Path, classes: tuple[str, ...]) -> dict[str, list[str]]:
+    """class.method -> the attributes of self it assigns (or changes in place: x[k] = v, x.update(...))
+    outside MAKERS; a maker called from anything but a constructor counts too."""
+    tree = ast.parse(path.read_text())
+    found: dict[str, list[str]] = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in classes):
+        for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            changed = []
+            for node in ast.walk(method):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for target in targets if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) else []:
+                    while isinstance(target, ast.Subscript | ast.Attribute) and not _on_self(target):
+                        target = target.value
+                    if _on_self(target):
+                        changed.append(ast.unparse(target))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    name, owner = node.func.attr, node.func.value
+                    if name in ("update", "append", "extend", "pop", "clear", "setdefault") and _reaches_self(owner):
+                        changed.append(ast.unparse(node.func))
+                    if name in MAKERS[1:] and method.name not in ("__init__", "of"):
+                        changed.append(ast.unparse(node.func))
+            if changed and method.name not in MAKERS:
+                found[f"{cls.name}.{method.name}"] = changed
+    return found
+
+
+def _on_self(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _reaches_self(node: ast.AST) -> bool:
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def test_the_data_rules_find_an_upward_import_torch_and_a_mutator(tmp_path: Path) -> None:
+    """The data checks above would pass on readers that see nothing: show each sees its fault."""
+    package = _write_package(
+        tmp_path,
+        {
+            "data/cache.py": "",
+            "data/annotations/store.py": "from ..dataset import Dataset\n",  # upward
+            "data/annotations/masks.py": "from ...lifetime import heavy\n",  # torch, one module away
+            "lifetime/heavy.py": "import torch\n",
+            "data/sources/resolve.py": "from ..annotations import masks\nfrom ..cache import x\n",
+            "data/dataset.py": (
+                "class CocoInstanceDataset:\n"
+                "    def __init__(self):\n        self.rows = []\n"
+                "    def drop_images(self, ids):\n        self.rows = [r for r in self.rows if r not in ids]\n"
+                "    def use_frames(self, frames):\n        self._frames.update(frames)\n"
+                "    def frame(self, i):\n        return self._frames[i]\n"
+            ),
+        },
+    )
+    graph = import_graph(package)
+    rooms = ("cache", "annotations", "sources", "dataset")
+    assert upward_data_imports(graph, "pkg", rooms) == {"pkg.data.annotations.store": ["pkg.data.dataset"]}
+    assert torch_reached(package, "pkg", ("annotations", "sources")) == {
+        "pkg.data.annotations.masks": ["torch"],
+        "pkg.data.sources.resolve": ["torch"],
+    }
+    assert dataset_mutators(package / "data" / "dataset.py", ("CocoInstanceDataset",)) == {
+        "CocoInstanceDataset.drop_images": ["self.rows"],
+        "CocoInstanceDataset.use_frames": ["self._frames.update"],
+    }

@@ -197,15 +197,14 @@ def check_data(split: str, **kwargs: Any) -> None:
     does at start (--check-data, default header; the frame --exif-orientation reads it in; its size after
     the model's --min-size/--max-size resize): prints each bad file and a summary per split; exit 2 when
     any image is bad."""
-    from .data.check import raise_if_bad
-    from .data.layout import check_split
+    from .data import check_split, raise_if_bad
 
     cfg = config_mod.build_config(None, _collect(kwargs))
     splits = ("train", "val") if split == "both" else (split,)
     opened, reports = check_split(cfg, splits)
     click.echo(f"dataset: {opened.sources.layout}")
-    for name, dataset in opened.datasets.items():
-        click.echo(f"{name}: {dataset.source.describe()}, {len(dataset)} images")
+    for name, split in opened.splits.items():
+        click.echo(f"{name}: {split.source.describe()}, {len(split)} images")
     for line in opened.classes.lines(cfg.data.crowd_as_instances):
         click.echo(line)
     for report in reports:

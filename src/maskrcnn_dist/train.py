@@ -4,10 +4,10 @@
 
     set up the process once (threads, denormal flushing)
     pipeline stage worker?  -> serve the master's stages until it is done
-    load the data once (the pipeline master before joining RPC: a bad --data-path stops it alone)
-    check every image once (data/check.py): local and the pipeline master before any session, so
-        no worker is asked to hold a GPU for a dataset that cannot be read; ddp on rank 0 as soon
-        as the group is open, the verdict broadcast so every rank drops the same images
+    open the data once, through its front door (data/prepare.py; the pipeline master before joining RPC:
+        a bad --data-path stops it alone), and check every image once: local and the pipeline master
+        before any session, so no worker is asked to hold a GPU for a dataset that cannot be read; ddp
+        on rank 0 as soon as the group is open, the verdicts broadcast so every rank drops the same images
     open the engine's session (nothing / the ddp process group / the pipeline master's RPC)
     build the engine and the Trainer with the same iterations per epoch, then fit or evaluate
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +31,15 @@ from maskrcnn_launcher.contract import PodPlan
 from .categories import Categories
 from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
 from .config import TrainConfig, config_to_dict
-from .data import CocoInstanceDataset, DataSources, build_train_loader, load_datasets, num_train_batches
-from .data.augment import AugmentedDataset, build_augmentation
-from .data.check import CheckReport, CheckRules, check_datasets, settle
-from .data.check_ahead import CheckAhead, read_ahead
-from .data.copy_paste import CopyPaste
-from .data.loader import collate
-from .data.parse_ahead import ParseAhead, released
-from .data.resolve import cache_dir, names_data, resolve_sources
+from .data import (
+    CocoInstanceDataset,
+    ParseAhead,
+    flagged_sources,
+    num_train_batches,
+    open_data,
+    sources_of,
+    train_loaders,
+)
 from .engines import (
     EngineFactory,
     check_device,
@@ -48,7 +49,7 @@ from .engines import (
     stop_before_start,
 )
 from .engines.base import Engine
-from .errors import ConfigError, DatasetError
+from .errors import DatasetError
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
@@ -64,8 +65,6 @@ from .training.state import Position
 log = logging.getLogger(__name__)
 
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
-# Runs the data check where it must run once and hands every process its reports.
-CheckRunner = Callable[[Callable[[], list[CheckReport]]], list[CheckReport]]
 
 
 def train(
@@ -101,61 +100,21 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
     check_device(cfg)
     check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
-    # (No data flag at all is named after the output dir's problems, as before: load_datasets says it.)
-    sources = resolve_sources(cfg.data, cfg.seed) if names_data(cfg.data) and not cfg.data.synthetic_images else None
+    sources = flagged_sources(cfg)
     if is_main_process(cfg):  # before anything is written there (a synthetic set goes to OUTPUT_DIR/data)
         guard_output_dir(cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite)
-    # The process that will check the images reads them while the annotations are parsed (its workers
-    # stop when the check starts; here, should anything before it fail).
-    ahead = read_ahead_of(cfg, sources) if is_main_process(cfg) else None
-    with ahead or contextlib.nullcontext():
-        with released(parsing):  # the flags and the output folder accepted: what was parsed ahead is written
-            datasets = load_datasets(cfg, sources)
-        if cfg.patience is not None and datasets[1] is None and not cfg.test_only:
-            raise ConfigError(
-                f"--patience counts evaluations, and {cfg.data.data_path or 'the dataset'} has no val split "
-                "(--val-fraction carves one)"
-            )
+    # The process that checks the images reads them while the annotations are parsed (data/check_ahead.py).
+    with open_data(cfg, sources, parsing, checks=is_main_process(cfg)) as opened:
         if cfg.engine != "ddp":
             stop_before_start(cfg, stop, "data loading")
-            check_data(cfg, datasets, ahead=ahead)
+            datasets = opened.build()
             stop_before_start(cfg, stop, "the data check")
         with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
             if cfg.engine == "ddp":
                 from .engines.torch_engine import on_rank0
 
-                check_data(cfg, datasets, on_rank0, ahead=ahead)
+                datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
             return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
-
-
-def read_ahead_of(cfg: TrainConfig, sources: DataSources | None) -> CheckAhead | None:
-    """Workers reading the image files of the splits check_data will check while the annotations are
-    parsed (data/check_ahead.py); None where they would gain nothing."""
-    if sources is None or cfg.data.synthetic_images:
-        return None
-    splits = ["val"] if cfg.test_only else ["train", "val"]
-    return read_ahead(sources, splits, CheckRules.of(cfg), cache_dir(cfg, training=True))
-
-
-def check_data(
-    cfg: TrainConfig,
-    datasets: Datasets,
-    run_once: CheckRunner = lambda check: check(),
-    ahead: CheckAhead | None = None,
-) -> None:
-    """Check every image of the splits (--check-data) and stop, or drop the bad ones with
-    --skip-bad-images. `run_once` runs the check in one process and gives every process its result;
-    `ahead`: that process's files read while the annotations were parsed (read_ahead_of).
-    A generated synthetic set is written by this program and is not checked; --test-only checks val only."""
-    if cfg.data.synthetic_images:
-        return
-    # Evaluation reads only the val split.
-    splits = [d for d in (datasets[1:] if cfg.test_only else datasets) if d is not None]
-    where = cache_dir(cfg, training=True)
-    reports = run_once(
-        lambda: check_datasets(splits, CheckRules.of(cfg), cache_dir=where, cache_wait_s=cfg.peers.timeout, ahead=ahead)
-    )
-    settle(splits, reports, cfg.data.skip_bad_images)
 
 
 def _run(
@@ -214,46 +173,20 @@ def build_trainer(
     grace_s: float | None = None,
 ) -> Trainer:
     """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`."""
-    data = cfg.data
-
-    # --data-augmentation multiscale or lsj; hflip is the dataset's own flip.
-    augmentation = build_augmentation(data.data_augmentation, cfg.model.min_size, cfg.model.max_size)
-    augmented = train_set if augmentation is None else AugmentedDataset(train_set, augmentation, cfg.seed)
-
-    def loader(epoch: int, start_batch: int):
-        return build_train_loader(
-            augmented,
-            data.batch_size,
-            epoch=epoch,
-            seed=cfg.seed,
-            rank=engine.data_rank,
-            world_size=engine.data_world_size,
-            group_factor=data.aspect_ratio_group_factor,
-            num_workers=data.workers,
-            start_batch=start_batch,
-            pin_memory=engine.pin_memory,
-            collate_fn=CopyPaste(cfg.seed, epoch) if data.use_copypaste else collate,
-        )
-
+    loader = train_loaders(cfg, train_set, engine)  # the epoch's loader: augmented, batched
     categories = Categories.of_dataset(train_set)
     run_facts = {
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
         "categories": categories.to_state(),
         # What rebuilds this model exactly, for every tool that reads the checkpoint.
-        TRAINED_MODEL_KEY: TrainedModel.of_run(cfg, categories, data_sources(cfg, train_set, val_set)).to_record(),
+        TRAINED_MODEL_KEY: TrainedModel.of_run(cfg, categories, sources_of(cfg, train_set, val_set)).to_record(),
     }
     files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     total = cfg.total_steps(iters_per_epoch)
     trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
     trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
     return trainer
-
-
-def data_sources(cfg: TrainConfig, train_set: CocoInstanceDataset, val_set: CocoInstanceDataset | None) -> DataSources:
-    """The splits this run trains and validates on, as its checkpoints record them."""
-    splits = {"train": train_set.source, **({"val": val_set.source} if val_set is not None else {})}
-    return DataSources("synthetic" if cfg.data.synthetic_images else "data-path", splits)
 
 
 def build_hooks(

@@ -35,9 +35,9 @@ ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
-CHECK_MODES = ("header", "full", "off")  # data/check.py says what each one checks
-EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/orientation.py says what each one reads
-DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/augment.py says what each one does
+CHECK_MODES = ("header", "full", "off")  # data/images/check.py says what each one checks
+EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/images/orientation.py says what each one reads
+DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/transforms/augment.py says what each one does
 # Those that give the model its training sizes: the model's own resize would undo them.
 SIZED_BY_DATA = ("multiscale", "lsj")
 LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
@@ -45,7 +45,7 @@ LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference 
 
 @dataclass
 class DataConfig:
-    # data/detect.py finds the splits under it: any COCO instances JSON (the common annotation tools'
+    # data/sources/detect.py finds the splits under it: any COCO instances JSON (the common annotation tools'
     # exports), split names from file and folder names, the image folder where its file_names are.
     data_path: Path | None = option(
         None,

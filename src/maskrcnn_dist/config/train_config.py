@@ -215,6 +215,6 @@ def fp16_on_cpu_problem(amp: bool, amp_dtype: str) -> str | None:
 FIELDS: tuple[FieldSpec, ...] = tuple(field_specs(TrainConfig))
 #: Flag name (as on the CLI and in YAML files) -> its field.
 BY_FLAG: dict[str, FieldSpec] = {spec.flag: spec for spec in FIELDS}
-#: Where a dataset is: every command that reads a split takes these (data/resolve.py resolves them).
+#: Where a dataset is: every command that reads a split takes these (data/sources/resolve.py resolves them).
 DATA_PATH_FLAGS = ("data-path", "train-annotations", "train-images", "val-annotations", "val-images")
 DATA_SOURCE_FLAGS = (*DATA_PATH_FLAGS, "val-fraction", "crowd-as-instances")

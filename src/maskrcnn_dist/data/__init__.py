@@ -1,8 +1,12 @@
-"""The trainer's data: COCO instances dataset, synthetic COCO generator, batching and loaders.
+"""The trainer's data. Its front door is prepare.py: from a run's flags to datasets checked and built
+whole, and their loaders. The rooms below it import downward only (tests/test_layering.py):
 
-The names below are imported when first asked for (PEP 562), not with the package: the modules that
-find, parse and cache a dataset (resolve, store, cache, parse_ahead) need no torch, and the command line
-starts parsing a large annotation file with them while torch is still being imported (parse_ahead.py).
+    cache < annotations/ < classes < sources/ < parse_ahead < images/ < check_ahead < synthetic
+          < dataset < loader < transforms/ < prepare
+
+The names below are imported when first asked for (PEP 562), not with the package: annotations/,
+sources/, cache and parse_ahead need no torch, and the command line starts parsing a large annotation
+file with them while torch is still being imported (parse_ahead.py).
 """
 
 from __future__ import annotations
@@ -12,13 +16,25 @@ from typing import Any
 
 # Each public name and the module of this package that defines it.
 _HOME = {
-    "CocoInstanceDataset": "coco",
-    "flip_decision": "coco",
-    "hflip": "coco",
-    "read_image": "image_file",
-    "ensure_synthetic": "layout",
-    "find_split": "layout",
-    "load_datasets": "layout",
+    # the front door (prepare.py)
+    "flagged_sources": "prepare",
+    "open_data": "prepare",
+    "OpenedData": "prepare",
+    "load_datasets": "prepare",
+    "open_split": "prepare",
+    "check_split": "prepare",
+    "train_loaders": "prepare",
+    "sources_of": "prepare",
+    # what it builds and the pieces its callers name
+    "CocoInstanceDataset": "dataset",
+    "Split": "dataset",
+    "DataSources": "sources",
+    "SplitSource": "sources",
+    "ParseAhead": "parse_ahead",
+    "read_image": "images.image_file",
+    "raise_if_bad": "images.check",
+    "flip_decision": "transforms.flip",
+    "hflip": "transforms.flip",
     "aspect_ratio_groups": "loader",
     "build_eval_loader": "loader",
     "build_train_loader": "loader",
@@ -28,10 +44,9 @@ _HOME = {
     "eval_rounds": "loader",
     "num_train_batches": "loader",
     "rank_indices": "loader",
-    "DataSources": "sources",
-    "SplitSource": "sources",
     "SyntheticCoco": "synthetic",
     "SyntheticSplits": "synthetic",
+    "ensure_synthetic": "synthetic",
     "generate_synthetic_coco": "synthetic",
     "write_train_val": "synthetic",
 }

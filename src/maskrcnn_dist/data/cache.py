@@ -194,7 +194,7 @@ def load_or_build(cache: CacheFile | None, build: Build, what: str) -> memoryvie
             payload = cache.read()
             log.info("%s: %s cached while this process started (waited %.1f s for it)", cache.path, what, waited)
             return payload
-        except CacheInvalid as second:  # it wrote nothing (or another file): build it here, as before
+        except CacheInvalid as second:  # it wrote nothing (or another file): build it here
             reason = second
     try:
         with cache.writer_lock():

@@ -1,23 +1,17 @@
-"""Read the image files while the annotation file is parsed, so that a first start does not do the two
-one after the other.
+"""The image files read while the annotation file is parsed: what the data check learns from a file needs
+no annotation (whether it is whole, its stored size, its EXIF orientation: images/check.file_facts), so
+while the parse runs, processes on the cores it leaves idle list each split's image folder and read those
+facts; the check then decides each image's verdict from its facts and its annotated size (check.decide)
+and reads only the images the listing did not reach. docs/performance.md has the overlap's figures.
 
-At COCO's size the parse takes one core for ~10 s (data/store.py), and only then does the data check
-(data/check.py) read 118k image files on every core. Yet what the check learns from a file needs no
-annotation: whether it is whole, its stored size, its EXIF orientation (check.file_facts). So, while
-the parse runs, processes on the cores it leaves idle list each split's image folder and read those
-facts of its files; the check then decides each image's verdict from its facts and the size its
-annotation gives it (check.decide), and reads itself only the images the listing did not reach.
-
-What keeps it safe and bounded:
-- a fact is used only for the path it was read from, and its verdict is cached (data/check_cache.py)
-  under the file's size and modification time as they were before it was read: a file changed after
-  its read is read again at the next start, as one changed after any check is (within this run the
-  loader reads the file as it is then, and names it if it cannot);
-- it starts only where the check will read every image (no cached verdicts for the split yet) and in
-  the process that runs the check (ddp's rank 0), and only in modes that read files (not `off`);
-- only the folder's own files are listed, not its sub-folders (a `file_name` with folders is checked
-  as before), and the reading stops when the check starts: the work it may waste (files the
-  annotation file does not list) is bounded by the parse's time, on cores that were idle.
+Invariants:
+- a fact is used only for the path it was read from, and its verdict is cached (images/check_cache.py)
+  under the file's size and modification time as they were before it was read: a file changed after its
+  read is read again at the next start (within this run the loader reads the file as it is then);
+- it starts only where the check will read every image (no verdicts cached for the split), in the
+  process that runs the check (ddp's rank 0), in the modes that read files (not `off`);
+- only the folder's own files are listed, not its sub-folders', and the reading stops when the check
+  starts: the work it may waste is bounded by the parse's time, on cores that were idle.
 """
 
 from __future__ import annotations
@@ -32,18 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from ..lifetime.cores import available_cores
-from .check import CheckRules, ImageEntry, decide, file_facts
-from .check_cache import Stamp, VerdictCache
-from .orientation import Frame, Oriented
+from .annotations.read import store_cached
+from .images.check import CheckRules, ImageEntry, decide, file_facts
+from .images.check_cache import Stamp, VerdictCache
+from .images.orientation import Frame, Oriented
 from .parse_ahead import WORTH_FROM_BYTES, file_size
 from .sources import DataSources
-from .store import store_cached
 
-# Files a worker reads between looks at its stop message: ~10 ms of work.
+# Files a worker reads between looks at its stop message.
 _POLL_EVERY = 64
 # What a worker learned of one file: its size and mtime_ns before it was read, and its facts (why it is
 # unusable, or its Oriented as a plain tuple: stored width, height, orientation, delivered; tuples of
-# ints unpickle ten times faster than dataclasses, 0.08 s for COCO's 118k files).
+# ints unpickle much faster than dataclasses).
 Facts = tuple[int, int, str | tuple[int, int, int, int]]
 _STOP = "stop"
 

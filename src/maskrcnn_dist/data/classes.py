@@ -66,7 +66,7 @@ def placeholder_reason(cid: int, category: dict[str, Any], supercategories: set[
 
 
 def plan_classes(splits: Sequence[Any]) -> ClassPlan:
-    """The class plan over the splits (CocoInstanceDatasets), whose categories must be the same."""
+    """The class plan over the splits (dataset.Split), whose categories must be the same."""
     categories: dict[int, dict[str, Any]] = dict(splits[0].categories)
     instances: Counter = Counter()
     crowd: Counter = Counter()
@@ -90,12 +90,10 @@ def plan_classes(splits: Sequence[Any]) -> ClassPlan:
     return ClassPlan(kept, placeholders, empty, names, instances, crowd)
 
 
-def settle_classes(splits: Sequence[Any], crowd_as_instances: bool) -> ClassPlan:
-    """Plan the classes over the splits, give every split the same ones, and warn once about each
+def judge_classes(splits: Sequence[Any], crowd_as_instances: bool) -> ClassPlan:
+    """Plan the classes over the splits (each split takes plan.kept) and warn once about each
     placeholder left out, each category without objects and each crowd-only category."""
     plan = plan_classes(splits)
-    for split in splits:
-        split.keep_classes(plan.kept)
     where = splits[0].annotation_file
     for cid, why in plan.placeholders.items():
         log.warning(

@@ -154,7 +154,7 @@ def build_train_loader(
     """A loader over this rank's shuffled batches of `epoch`, starting at batch `start_batch` (resume).
 
     Build one per epoch. `len(loader)` is the number of batches left in the epoch. `collate_fn`: what
-    makes a batch of the samples (batch-level augmentation: data/copy_paste.py).
+    makes a batch of the samples (batch-level augmentation: data/transforms/copy_paste.py).
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)  # flips depend on the epoch; set before workers copy the dataset

@@ -1,28 +1,20 @@
-"""Parse a large annotation file while torch is imported, so that a first start does not do the two one
-after the other.
+"""Large annotation files parsed while torch is imported: the command line (cli.py) forks, before it
+imports torch, a child per annotation file the run will read that has no cache yet; the child parses it
+(annotations/read.py) and, once the trainer releases it, writes the cache file the trainer then maps
+(cache.load_or_build waits for it rather than parsing again). docs/performance.md has the overlap's figures.
 
-At COCO's size the parse takes one core for ~10 s (data/store.py), and the trainer used to reach it only
-after 3-4 s of importing torch and torchvision on one core, the other idle. So the command line
-(cli.py), before it imports torch, forks a child for each annotation file the run will read that has no
-cache yet. The child parses the file and keeps the store until the trainer releases it: after the
-trainer's checks of its flags and output folder, so a refused run writes nothing. It then writes the
-cache file as the trainer's own parse would have (cache.py), and the trainer, finding no cache, waits
-for it (cache.load_or_build) rather than parsing the file again.
-
-What keeps it safe and bounded:
-- one process of a node parses a file ahead: the one that takes its lock first (cache.CacheFile's
-  ahead_lock_path, in the temporary folder: ddp's ranks in one pod share it). The others, and the
-  trainer itself, wait in load_or_build while the lock is held, then read the file, or, where the child
-  wrote none, parse it themselves as before;
-- the cache is keyed by the annotation file as it was before the child read it: a file changed while it
-  was parsed is parsed again;
-- it starts only for a run that trains (not `eval`), in a process that loads data (not a pipeline stage
-  worker), with a cache folder (--data-cache not `off`), more than one core, and for files of
-  WORTH_FROM_BYTES or more;
-- a child that was not released is killed once the data is loaded or the run ends: it never writes for
-  a run that was refused, and never outlives the loading;
+Invariants:
+- a refused run writes nothing: the trainer releases the children only after its flags and its output
+  folder are accepted (prepare.open_data); a child never released is killed once the data is loaded or
+  the run ends, and never outlives the loading;
+- one process of a node parses a file ahead (the first to take its lock, cache.CacheFile.ahead_lock_path:
+  ddp's ranks in one pod share it); the others wait while it is held, then read the file it wrote or,
+  where it wrote none, parse the file themselves;
+- the cache is keyed by the file as it was before the child read it: a file changed meanwhile is parsed again;
+- only where it can gain: a run that trains (not `eval`), in a process that loads data (not a pipeline
+  stage worker), with a cache folder, more than one core, for files of WORTH_FROM_BYTES or more;
 - the child reports nothing: what goes wrong there (a damaged file, a full disk) the trainer's own parse
-  meets and reports as it always has (at COCO's size, a damaged file is parsed twice before its error).
+  meets and reports.
 """
 
 from __future__ import annotations
@@ -42,12 +34,12 @@ from maskrcnn_launcher.contract import PodPlan
 from ..config import TrainConfig
 from ..errors import DatasetError, UserError
 from ..lifetime.cores import available_cores
+from .annotations.read import read_store, samples_file
 from .cache import CacheFile
-from .resolve import cache_dir, names_data, resolve_sources
-from .store import read_store, samples_file
+from .sources.resolve import cache_dir, names_data, resolve_sources
 
-# Annotation files smaller than this parse in a fraction of a second (~2,000 COCO images): too little
-# to overlap with anything, for the cost of a fork (data/check_ahead.py's workers start from it too).
+# Annotation files smaller than this parse in a fraction of a second: too little to overlap with anything,
+# for the cost of a fork (check_ahead.py's workers start from it too).
 WORTH_FROM_BYTES = 8 << 20
 _WRITE = b"w"
 

@@ -8,7 +8,11 @@ and objects never overlap, so no mask covers a pixel of another object.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,13 @@ import numpy as np
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from maskrcnn_dist.data.masks import decode_masks
+from ..config import TrainConfig
+from ..errors import ConfigError
+from ..run_dir import output_folder_problem
+from .annotations.masks import decode_masks
+from .sources import DataSources, SplitSource
+
+log = logging.getLogger(__name__)
 
 # (name, RGB) per class, in label order. Saturated colours, far from the grey-ish backgrounds.
 CLASSES: tuple[tuple[str, tuple[int, int, int]], ...] = (
@@ -249,3 +259,49 @@ def _save(pixels: np.ndarray, path: Path, image_format: str) -> None:
         image.save(path, format="PNG", compress_level=1)  # fast; PNG bytes are deterministic
     else:
         image.save(path, format="JPEG", quality=95)
+
+
+def synthetic_sources(root: Path) -> DataSources:
+    """The splits of a set synth-data (or --synthetic-images) wrote."""
+    return DataSources(
+        "synthetic", {s: SplitSource(root / s / "annotations.json", root / s / "images") for s in ("train", "val")}
+    )
+
+
+def ensure_synthetic(cfg: TrainConfig) -> Path:
+    """Generate the synthetic set once. Every rank may call this: the set is written to a private
+    temporary folder and renamed into place, so concurrent ranks never see half a dataset."""
+    root = cfg.data.data_path or (cfg.output_dir / "data")
+    if (root / "train" / "annotations.json").is_file():
+        return root
+    flag = "--data-path" if cfg.data.data_path else "--output-dir"
+    if problem := output_folder_problem(root, flag):
+        raise ConfigError(problem)
+    # The set is renamed into place whole: a folder with other files cannot take it (and must not be
+    # mixed with it). The second look is for a rank that renamed its copy in between.
+    if root.is_dir() and any(root.iterdir()) and not (root / "train" / "annotations.json").is_file():
+        raise ConfigError(
+            f"--synthetic-images: {root} holds other files but no synthetic set (train/annotations.json); "
+            f"the set is written into a new or empty folder: give another {flag}"
+        )
+    # A name no other writer has: ranks on different hosts share the volume and can have the same PID
+    # (each pod's first process), so a PID is not a private name there. (Not mkdtemp: its mode 0700
+    # would reach the renamed set, which other users of the volume read.)
+    tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex}")
+    n = cfg.data.synthetic_images
+    write_train_val(
+        tmp,
+        num_train=n,
+        num_val=max(4, n // 4),
+        seed=cfg.seed,
+        image_size=(int(cfg.data.synthetic_image_size * 0.75), cfg.data.synthetic_image_size),
+    )
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, root)
+    except OSError:  # another rank won the race; its copy is byte-identical
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (root / "train" / "annotations.json").is_file():
+            raise
+    log.info("synthetic COCO set with %d training images at %s", n, root)
+    return root

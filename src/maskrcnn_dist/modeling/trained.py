@@ -5,10 +5,10 @@ fine-tuning with --weights of a kit checkpoint): one record, one way back to a c
 A checkpoint holds it under `trained_model` (plain types, so `weights_only=True` still loads it):
 
     settings        the model flags as trained (--model, --min-size, ..., --backbone-norm resolved)
-    exif_orientation the rule the run read its images' orientation by (data/orientation.py)
+    exif_orientation the rule the run read its images' orientation by (data/images/orientation.py)
     data_flags      the data flags the run found its dataset by (config.DATA_SOURCE_FLAGS, and the
                     --seed that carved a --val-fraction split): what eval, export and the gallery reuse
-    data            the splits it trained and validated on (data/sources.py's DataSources)
+    data            the splits it trained and validated on (data/sources/__init__.py's DataSources)
     torchvision     what torchvision alone needs: the backbone, the BatchNorm kind and every MaskRCNN
                     keyword argument (RPN and box settings included; docs/predict-and-report.md)
 

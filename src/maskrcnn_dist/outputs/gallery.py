@@ -16,12 +16,20 @@ import torch
 from torch.utils.data import Subset
 
 from ..config import GALLERY_MAX
-from ..data import build_eval_loader, layout
-from ..data.check import CheckRules
-from ..data.orientation import to_display
+from ..data import build_eval_loader, open_split
+from ..data.images.check import CheckRules
+from ..data.images.orientation import to_display
 from ..errors import ConfigError
 from .draw import draw_detections, to_uint8
-from .predict import check_readable, data_config, dataset_images, draw_prediction, legible_scale, load_predictor
+from .predict import (
+    NOTHING_PREDICTED,
+    data_config,
+    dataset_frames,
+    dataset_images,
+    draw_prediction,
+    legible_scale,
+    load_predictor,
+)
 from .report import pyplot, save_figure
 
 GALLERY_BATCH = 2  # images per forward pass: a gallery is a handful of images on CPU
@@ -74,10 +82,10 @@ def draw_gallery(
     split_cfg = data_config(flags, predictor, rules.exif_orientation, default_to_checkpoint=True)
     if split_cfg is None:
         raise ConfigError(f"report --gallery: {predictor.source} records no dataset; give --data-path")
-    dataset = layout.open_split(split_cfg, split)
+    dataset = open_split(split_cfg, split, rules, first=count, hint=NOTHING_PREDICTED)
     categories = predictor.categories_for(dataset)
     shown = dataset_images(dataset)[:count]
-    frames = check_readable(shown, dataset, rules)
+    frames = dataset_frames(dataset, shown)
     rows: list[Row] = []
     subset = Subset(dataset, range(len(shown)))
     for images, targets in build_eval_loader(subset, GALLERY_BATCH):

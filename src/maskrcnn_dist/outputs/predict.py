@@ -6,7 +6,7 @@ runs under perf.autocast_context and returns CPU detections in original image co
 are evaluation.detections_to_coco's records, the ones `eval` scores: on a dataset split, with the same
 batches, detections.json scores exactly `eval`'s AP.
 
-Frames (data/orientation.py): every image is read in the frame the data check decides for it, so
+Frames (data/images/orientation.py): every image is read in the frame the data check decides for it, so
 detections.json is in the annotation file's frame for a split, and in the display frame for files
 given by themselves; the drawings are turned into the display frame.
 """
@@ -30,9 +30,9 @@ from PIL import Image
 from ..categories import Categories
 from ..checkpoint import load_checkpoint, resolve_resume
 from ..config import DATA_SOURCE_FLAGS, PredictConfig, TrainConfig, build_config
-from ..data import CocoInstanceDataset, build_eval_loader, layout, read_image
-from ..data.check import CheckRules, ImageEntry, bad_images_error, check_images
-from ..data.orientation import Frame, to_display
+from ..data import CocoInstanceDataset, build_eval_loader, open_split, read_image
+from ..data.images.check import CheckRules, ImageEntry, check_images
+from ..data.images.orientation import Frame, to_display
 from ..engines.torch_engine import TorchEngine
 from ..errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from ..evaluation import detections_to_coco
@@ -50,6 +50,7 @@ IMAGES_FILE = "images.json"  # COCO images + categories, so that COCO(IMAGES_FIL
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
 # Drawings of images smaller than this (short side, pixels) are enlarged, so that captions stay legible.
 LEGIBLE_SIDE = 256
+NOTHING_PREDICTED = "fix or remove them; nothing was predicted"
 
 
 @dataclass
@@ -188,26 +189,20 @@ def _named(items: list[tuple[int, Path]]) -> list[InputImage]:
     return named
 
 
-def check_readable(
-    images: list[InputImage], dataset: CocoInstanceDataset | None, rules: CheckRules
-) -> dict[int, Frame]:
-    """Every image opens, is whole, fits the model's resize and, in a dataset, its annotated size:
-    data/check.py's check by `rules`, before anything is written. The frames decided, by image id (a
-    dataset reads its images in them too)."""
-    if dataset is not None:
-        wanted = {item.image_id for item in images}
-        entries = [entry for entry in dataset.image_entries() if entry.image_id in wanted]
-        report = check_images(entries, rules, source=str(dataset.annotation_file))
-        if report.bad:
-            raise bad_images_error([report], "fix or remove them; nothing was predicted")
-        dataset.use_frames(report.frames)
-        return dict(report.frames)
+def check_readable(images: list[InputImage], rules: CheckRules) -> dict[int, Frame]:
+    """Image files given by themselves: each opens, is whole and fits the model's resize (data/images/
+    check.py's check by `rules`), before anything is written. The frames decided, by image id."""
     report = check_images([ImageEntry(i.image_id, i.path) for i in images], rules)
     if report.bad:  # files named by the user: the first one by its name alone, as read_image names it
         bad = report.bad
         more = f" (and {len(bad) - 1} more bad images)" if len(bad) > 1 else ""
         raise DatasetError(f"{bad[0].path}: {bad[0].reason}{more}")
     return dict(report.frames)
+
+
+def dataset_frames(dataset: CocoInstanceDataset, images: list[InputImage]) -> dict[int, Frame]:
+    """The frames a split's images are read in (open_split's check decided them), by image id."""
+    return {item.image_id: dataset.frame(item.image_id) for item in images}
 
 
 def drawing_file(out: Path, item: InputImage) -> Path:
@@ -344,10 +339,11 @@ def predict_images(
     predictor = load_predictor(flags)
     cfg = predictor.engine.cfg
     split_cfg = data_config(flags, predictor, cfg.data.exif_orientation, default_to_checkpoint=False)
-    dataset = layout.open_split(split_cfg, options.split) if split_cfg is not None else None
+    rules = CheckRules.of(cfg, mode="header")  # every image checked before anything is written
+    dataset = open_split(split_cfg, options.split, rules, hint=NOTHING_PREDICTED) if split_cfg is not None else None
     images = dataset_images(dataset) if dataset is not None else files
     categories = predictor.categories_for(dataset)
-    frames = check_readable(images, dataset, CheckRules.of(cfg, mode="header"))  # before anything is written
+    frames = dataset_frames(dataset, images) if dataset is not None else check_readable(images, rules)
     earlier = earlier_outputs(out, images)
     refuse_earlier_outputs(out, earlier, options.overwrite)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.topology import Topology, load_topology
 
 from ..config import ProfileConfig, TrainConfig, fp16_on_cpu_problem
-from ..data.layout import open_split
-from ..data.resolve import names_data
+from ..data import open_split
+from ..data.sources.resolve import names_data
 from ..engines.base import resolve_device
 from ..errors import UserError
 from ..lifetime.process import setup_process

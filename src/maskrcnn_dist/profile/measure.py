@@ -20,7 +20,7 @@ from maskrcnn_launcher.contract import MODULES
 from torch import Tensor
 
 from ..config import TrainConfig
-from ..data.augment import augment_batch, build_augmentation
+from ..data.transforms.augment import augment_batch, build_augmentation
 from ..engines.base import resolve_device
 from ..engines.pipeline.stages import MicroBatchState, StageModule, build_stages
 from ..engines.pipeline.transport import gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes

@@ -1,4 +1,4 @@
-"""The annotation file's checks (data/annotations.py), through CocoInstanceDataset as training meets
+"""The annotation file's checks (data/annotations/json_read.py), through CocoInstanceDataset as training meets
 them: every bad file, image, category or annotation is a DatasetError naming the file and the id;
 degenerate boxes are dropped and counted; a missing area is the mask's."""
 

@@ -3,7 +3,6 @@ the oracle, the fixed-size crop's properties, draws that are a pure function of 
 
 from __future__ import annotations
 
-import copy
 import math
 from contextlib import closing
 
@@ -14,7 +13,8 @@ from torchvision.transforms import v2
 
 from maskrcnn_dist.config import ModelConfig
 from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.augment import (
+from maskrcnn_dist.data.loader import build_train_loader
+from maskrcnn_dist.data.transforms.augment import (
     AugmentedDataset,
     FixedSizeCrop,
     augment_batch,
@@ -23,7 +23,6 @@ from maskrcnn_dist.data.augment import (
     lsj_side,
     multiscale_sides,
 )
-from maskrcnn_dist.data.loader import build_train_loader
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling.model import build_model, side_effect_free_losses
 from maskrcnn_dist.train import build_trainer, run_metrics
@@ -200,18 +199,15 @@ def test_loader_workers_and_a_resumed_epoch_see_the_same_batches(tiny_coco, tmp_
     cfg = fast_config(tiny_coco, tmp_path, **{"data-augmentation": "lsj"})
     train_set, _ = load_datasets(cfg)
     augmented = AugmentedDataset(train_set, build_augmentation("lsj", 96, 96), seed=0)
-    assert train_set.train  # the dataset shared with the run keeps its flip; the copy has none
 
     def batches(workers: int, start: int):
         loader = build_train_loader(augmented, 2, epoch=1, seed=0, num_workers=workers, start_batch=start)
         return [(images, [t["boxes"] for t in targets]) for images, targets in loader]
 
-    raw = copy.copy(train_set)
-    raw.train = False
     augmented.set_epoch(4)
     kit = build_augmentation("lsj", 96, 96)
-    for index in range(6):  # the copy does not flip before the augmentation (which flips on its own draw)
-        assert torch.equal(augmented[index][0], kit(*raw[index], 0, 4, index)[0])
+    for index in range(6):  # nothing flips before the augmentation (which flips on its own draw)
+        assert torch.equal(augmented[index][0], kit(*train_set[index], 0, 4, index)[0])
     whole, resumed = batches(0, 0), batches(2, 3)
     assert len(resumed) == len(whole) - 3
     for (a_images, a_boxes), (b_images, b_boxes) in zip(whole[3:], resumed, strict=True):

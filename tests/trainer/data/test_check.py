@@ -1,4 +1,4 @@
-"""The data check before training (data/check.py): every kind of bad file is found, listed in one
+"""The data check before training (data/images/check.py): every kind of bad file is found, listed in one
 line with the count, dropped exactly with --skip-bad-images, and the check-data command's exit codes."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from maskrcnn_dist.data import load_datasets, write_train_val
-from maskrcnn_dist.data.check import MAX_LISTED, CheckRules, ImageEntry, bad_images_error, check_images
+from maskrcnn_dist.data import open_data, prepare, write_train_val
+from maskrcnn_dist.data.images.check import MAX_LISTED, CheckRules, ImageEntry, bad_images_error, check_images
 from maskrcnn_dist.errors import DatasetError
-from maskrcnn_dist.train import check_data
 
 from ..conftest import fast_config
 
@@ -49,6 +48,12 @@ def broken_coco(tmp_path: Path) -> Path:
     Image.new("RGB", (10, 10)).save(_path(root, 6))
     _path(root, 8).unlink()
     return root
+
+
+def check_data(cfg) -> tuple:
+    """The run's datasets, checked and built whole as training builds them (data/prepare.py)."""
+    with open_data(cfg, None) as opened:
+        return opened.build()
 
 
 def _entries(root: Path) -> list[ImageEntry]:
@@ -99,15 +104,13 @@ def test_more_bad_files_than_listed_are_counted(tmp_path: Path) -> None:
 
 def test_training_stops_before_the_engine_with_the_list(broken_coco: Path, tmp_path: Path) -> None:
     cfg = fast_config(broken_coco, tmp_path / "run")
-    datasets = load_datasets(cfg)
     with pytest.raises(DatasetError, match=r"annotations.json: 5 of 10 images are bad"):
-        check_data(cfg, datasets)
+        check_data(cfg)
 
 
 def test_skip_bad_images_drops_exactly_those(broken_coco: Path, tmp_path: Path, caplog) -> None:
     cfg = fast_config(broken_coco, tmp_path / "run", **{"skip-bad-images": True})
-    train_set, val_set = load_datasets(cfg)
-    check_data(cfg, (train_set, val_set))
+    train_set, val_set = check_data(cfg)
     assert train_set.image_ids == [i for i in range(1, 11) if i not in BROKEN]
     assert len(train_set) == 5 and val_set is not None and len(val_set) == 4
     for index in range(len(train_set)):
@@ -118,23 +121,20 @@ def test_skip_bad_images_drops_exactly_those(broken_coco: Path, tmp_path: Path, 
 
 def test_evaluation_checks_only_the_val_split(broken_coco: Path, tmp_path: Path) -> None:
     cfg = replace(fast_config(broken_coco, tmp_path / "run"), test_only=True)
-    train_set, _ = datasets = load_datasets(cfg)
-    check_data(cfg, datasets)  # the broken train split is not read by evaluation
+    train_set, _ = check_data(cfg)  # the broken train split is not read by evaluation
     assert len(train_set) == 10
 
 
 def test_check_data_off_still_refuses_missing_files(broken_coco: Path, tmp_path: Path) -> None:
     cfg = fast_config(broken_coco, tmp_path / "run", **{"check-data": "off"})
     with pytest.raises(DatasetError, match=r"1 of 10 images are bad: .*000008.png \(image id 8\): file not found"):
-        check_data(cfg, load_datasets(cfg))
+        check_data(cfg)
 
 
 def test_synthetic_data_is_not_checked(tmp_path: Path, monkeypatch) -> None:
-    import maskrcnn_dist.train as train_mod
-
-    monkeypatch.setattr(train_mod, "check_datasets", lambda *a: pytest.fail("checked a generated set"))
+    monkeypatch.setattr(prepare, "check_datasets", lambda *a, **k: pytest.fail("checked a generated set"))
     cfg = fast_config(None, tmp_path / "run", **{"synthetic-images": 4, "synthetic-image-size": 64})
-    check_data(cfg, load_datasets(cfg))
+    check_data(cfg)
 
 
 def _check_data_cli(*args: str) -> subprocess.CompletedProcess:

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from maskrcnn_dist.data import check, check_ahead, write_train_val
-from maskrcnn_dist.data.check import CheckRules, ImageEntry, check_datasets
+from maskrcnn_dist.data import check_ahead, write_train_val
+from maskrcnn_dist.data.annotations.read import open_store
 from maskrcnn_dist.data.check_ahead import CheckAhead, read_ahead
-from maskrcnn_dist.data.layout import check_split
+from maskrcnn_dist.data.images import check
+from maskrcnn_dist.data.images.check import CheckRules, ImageEntry, check_datasets
+from maskrcnn_dist.data.prepare import check_split
 from maskrcnn_dist.data.sources import DataSources, SplitSource
-from maskrcnn_dist.data.store import open_store
 
 from ..conftest import fast_config
 from .photos import encode, shown_photo, stored_for
@@ -42,7 +43,7 @@ SIZE = (60, 40)
 
 @dataclass
 class Split:
-    """What check_datasets needs of a split (data/check.py CheckedDataset)."""
+    """What check_datasets needs of a split (data/images/check.py CheckedSplit)."""
 
     annotation_file: Path
     entries: list[ImageEntry]
@@ -172,7 +173,7 @@ def test_the_workers_start_only_where_they_gain(tmp_path: Path, monkeypatch: pyt
     monkeypatch.undo()
     # Verdicts cached: the check reads nothing, nothing to read ahead.
     cfg = fast_config(root, tmp_path / "run")
-    check_datasets([check_split(cfg, ["train"])[0].datasets["train"]], rules, cache_dir=cache)
+    check_datasets([check_split(cfg, ["train"])[0].splits["train"]], rules, cache_dir=cache)
     assert read_ahead(sources, ["train"], rules, cache, worth_from_bytes=0) is None
     with read_ahead(sources, ["train"], CheckRules("full"), cache, worth_from_bytes=1) as ahead:
         assert ahead is not None  # other rules: no verdicts cached for them, and the file is to be parsed

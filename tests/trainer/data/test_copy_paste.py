@@ -7,7 +7,7 @@ import torch
 from torchvision.transforms.v2 import functional as F
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides
-from maskrcnn_dist.data.copy_paste import CopyPaste, blend_weights, copy_paste
+from maskrcnn_dist.data.transforms.copy_paste import CopyPaste, blend_weights, copy_paste
 from maskrcnn_dist.errors import ConfigError
 
 from .test_augment import sample

@@ -10,8 +10,8 @@ import pytest
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.config import build_config, config_to_dict, to_argv
 from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.resolve import carve_val, resolve_sources
 from maskrcnn_dist.data.sources import DataSources, SplitSource
+from maskrcnn_dist.data.sources.resolve import carve_val, resolve_sources
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.modeling.trained import saved_data_flags, train_command_config
 from maskrcnn_dist.train import train

@@ -10,8 +10,8 @@ import pytest
 
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.detect import detect, split_of
-from maskrcnn_dist.data.file_names import resolve_image
+from maskrcnn_dist.data.sources.detect import detect, split_of
+from maskrcnn_dist.data.sources.file_names import resolve_image
 from maskrcnn_dist.errors import DatasetError
 from maskrcnn_dist.train import train
 

@@ -1,4 +1,4 @@
-"""data/fast_read.py: a file it takes gives the store json.load gives, bit for bit (odd numbers, escaped
+"""data/annotations/fast_read.py: a file it takes gives the store json.load gives, bit for bit (odd numbers, escaped
 unicode, every segmentation kind); a file it does not take is read by json, with json's store or json's
 error message."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from maskrcnn_dist.data import fast_read, store
+from maskrcnn_dist.data.annotations import fast_read, json_read, read, store
 
 from .test_store import write_mixed_set
 
@@ -19,9 +19,7 @@ from .test_store import write_mixed_set
 def _json_store(ann_file: Path) -> store.SampleStore:
     """The store as read_store makes it when fast_read gives up."""
     where = str(ann_file)
-    result = store.store_from_columns(*store._read_columns_json(ann_file, where), where)
-    store.check_polygon_points(result, where)
-    return result
+    return store.SampleStore.of_columns(*json_read.read_columns(ann_file, where), where)
 
 
 def assert_same_store(got: store.SampleStore, want: store.SampleStore) -> None:
@@ -67,7 +65,7 @@ def _odd_file(tmp_path: Path) -> Path:
 def test_the_fast_read_gives_the_store_json_gives(tmp_path: Path) -> None:
     _, mixed = write_mixed_set(tmp_path / "mixed", missing_area=False)
     for ann_file in (mixed, _odd_file(tmp_path)):
-        fast = store.store_from_columns(*fast_read.read_columns(ann_file, "x"), "x")  # taken: no exception
+        fast = store.SampleStore.of_columns(*fast_read.read_columns(ann_file, "x"))  # taken: no exception
         assert_same_store(fast, _json_store(ann_file))
     assert fast.file_names(range(3)) == ["über.jpg", "café/😀.jpg", "big id.jpg"]
     # 4: its box lies right of the image; 9: its width (a subnormal) vanishes when added to x in float64.
@@ -94,7 +92,7 @@ def test_a_file_json_takes_in_ways_the_fast_read_does_not_gives_jsons_store(
     ann_file.write_text(text.replace(edit[0], edit[1], 1), encoding="utf-8")
     with pytest.raises(Exception):  # noqa: B017 - any refusal: the json path decides
         fast_read.read_columns(ann_file, "x")
-    assert_same_store(store.read_store(ann_file), _json_store(ann_file))
+    assert_same_store(read.read_store(ann_file), _json_store(ann_file))
 
 
 @pytest.mark.parametrize(
@@ -134,5 +132,5 @@ def test_a_file_json_refuses_is_refused_in_jsons_words(tmp_path: Path, edit: tup
     with pytest.raises(Exception) as json_error:  # noqa: B017 - whatever json's path raises, as it is
         _json_store(ann_file)
     with pytest.raises(Exception) as ours:  # noqa: B017
-        store.read_store(ann_file)
+        read.read_store(ann_file)
     assert (type(ours.value), str(ours.value)) == (type(json_error.value), str(json_error.value))

@@ -1,4 +1,4 @@
-"""One image file (data/image_file.py): the header check decodes what no end marker vouches for, names
+"""One image file (data/images/image_file.py): the header check decodes what no end marker vouches for, names
 what is wrong (truncated only when the data ends early), and the loader gives a decode failure the same
 reason; valid files of every kind Pillow reads pass and load."""
 
@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from maskrcnn_dist.data import read_image
-from maskrcnn_dist.data.check import CheckRules, ImageEntry, check_image
-from maskrcnn_dist.data.orientation import AS_STORED
+from maskrcnn_dist.data.images.check import CheckRules, ImageEntry, check_image
+from maskrcnn_dist.data.images.orientation import AS_STORED
 from maskrcnn_dist.errors import DatasetError
 
 from .photos import bmp_claiming, corrupt_idat, png_bytes, png_chunks

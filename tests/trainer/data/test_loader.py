@@ -22,6 +22,7 @@ from maskrcnn_dist.data import (
     num_train_batches,
     rank_indices,
 )
+from maskrcnn_dist.data.transforms.flip import Flipped
 
 
 class _FakeDataset(torch.utils.data.Dataset):
@@ -149,7 +150,7 @@ def test_eval_sharding_covers_each_image_exactly_once() -> None:
 
 def test_loader_with_two_workers_matches_in_process(tmp_path: Path) -> None:
     out = generate_synthetic_coco(tmp_path, num_images=6, image_size=(40, 64), max_objects=2, seed=0)
-    dataset = CocoInstanceDataset(out.image_dir, out.annotation_file, train=True, flip_seed=1)
+    dataset = Flipped(CocoInstanceDataset(out.image_dir, out.annotation_file), 1)
     kwargs = {"epoch": 1, "seed": 2, "group_factor": 0}
     serial = list(build_train_loader(dataset, 2, num_workers=0, **kwargs))
     dataset.set_epoch(0)  # the loader must set the epoch itself, before the workers start

@@ -1,4 +1,4 @@
-"""EXIF orientation (data/orientation.py): the frame each image is read in, decided once by one function
+"""EXIF orientation (data/images/orientation.py): the frame each image is read in, decided once by one function
 for the check and the loader, and the pixels: the mask lands on the object in the annotation's frame,
 for every orientation, in every container Pillow reads one from."""
 
@@ -12,9 +12,11 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from maskrcnn_dist.data import CocoInstanceDataset, build_eval_loader
-from maskrcnn_dist.data.check import CheckRules, check_datasets, check_images, settle
-from maskrcnn_dist.data.orientation import AS_STORED, DISPLAY_TRANSPOSE, Frame, FrameMismatch, decide_frame
+from maskrcnn_dist.data import CocoInstanceDataset, SplitSource, build_eval_loader
+from maskrcnn_dist.data.dataset import Split
+from maskrcnn_dist.data.images.check import CheckRules, check_datasets, check_images
+from maskrcnn_dist.data.images.orientation import AS_STORED, DISPLAY_TRANSPOSE, Frame, FrameMismatch, decide_frame
+from maskrcnn_dist.data.prepare import built
 from maskrcnn_dist.errors import DatasetError
 
 from .photos import CONTAINERS, OBJECT, SHOWN, encode, red_box, shown_photo, stored_for, write_coco
@@ -108,8 +110,12 @@ def _assert_mask_on_the_object(image: torch.Tensor, target: dict) -> None:
     assert image[0, int(y0) : int(y1), int(x0) : int(x1)].mean() > 0.85  # the box too
 
 
-def _check_and_settle(dataset: CocoInstanceDataset, policy: str = "auto") -> None:
-    settle([dataset], check_datasets([dataset], CheckRules("header", policy)), skip_bad=False)
+def _checked(annotations: Path, policy: str = "auto") -> CocoInstanceDataset:
+    """The split built whole with the frames the check decided (data/prepare.py's way)."""
+    split = Split.open(SplitSource(annotations, annotations.parent / "images"), exif_orientation=policy)
+    (report,) = check_datasets([split], CheckRules("header", policy))
+    (dataset,) = built([split], [report], skip_bad=False)
+    return dataset
 
 
 # Every orientation in both frames: the display frame (auto, apply), and the stored frame, which auto
@@ -126,9 +132,10 @@ FRAMES = (
 @pytest.mark.parametrize(("orientation", "frame", "policy"), FRAMES)
 def test_the_mask_lands_on_the_object(tmp_path: Path, orientation: int, frame: str, policy: str, checked: bool):
     annotations = _photo_set(tmp_path, orientation, frame)
-    dataset = CocoInstanceDataset(tmp_path / "images", annotations, exif_orientation=policy)
     if checked:
-        _check_and_settle(dataset, policy)
+        dataset = _checked(annotations, policy)
+    else:
+        dataset = CocoInstanceDataset(tmp_path / "images", annotations, exif_orientation=policy)
     image, target = dataset[0]
     _assert_mask_on_the_object(image, target)
     # evaluation reads the same dataset through its loader
@@ -141,8 +148,7 @@ def test_the_mask_lands_on_the_object(tmp_path: Path, orientation: int, frame: s
 @pytest.mark.parametrize(("orientation", "frame"), [(3, "display"), (6, "display"), (8, "display"), (7, "stored")])
 def test_every_container_turns_the_same_way(tmp_path: Path, container: str, orientation: int, frame: str):
     annotations = _photo_set(tmp_path, orientation, frame, container)
-    dataset = CocoInstanceDataset(tmp_path / "images", annotations)
-    _check_and_settle(dataset)
+    dataset = _checked(annotations)
     expected = Frame(orientation) if frame == "display" else Frame(1, orientation)
     assert dataset.frame(1) == expected
     _assert_mask_on_the_object(*dataset[0])
@@ -154,8 +160,7 @@ def test_ignore_reads_the_stored_pixels_even_where_pillow_turns_them(tmp_path: P
     for policy in ("ignore", "auto"):
         root = tmp_path / policy
         annotations = _photo_set(root, 6, "stored", "tiff-tag")
-        dataset = CocoInstanceDataset(root / "images", annotations, exif_orientation=policy)
-        _check_and_settle(dataset, policy)
+        dataset = _checked(annotations, policy)
         image, target = dataset[0]
         assert tuple(image.shape[-2:]) == (SHOWN[0], SHOWN[1])  # 40 wide, 60 high: stored
         _assert_mask_on_the_object(image, target)
@@ -165,16 +170,15 @@ def test_ignore_reads_the_stored_pixels_even_where_pillow_turns_them(tmp_path: P
 
 
 def test_the_checks_frames_are_what_every_rank_reads(tmp_path: Path, monkeypatch):
-    """ddp: rank 0 checks, the others settle its report: they read the frames decided, deciding nothing."""
+    """ddp: rank 0 checks, the others build with its report: they read the frames decided, deciding nothing."""
     annotations = _photo_set(tmp_path, 6, "display")
-    rank0 = CocoInstanceDataset(tmp_path / "images", annotations)
-    reports = check_datasets([rank0], CheckRules("header"))
+    source = SplitSource(annotations, tmp_path / "images")
+    reports = check_datasets([Split.open(source)], CheckRules("header"))
     assert reports[0].frames == {1: Frame(6)}
-    other_rank = CocoInstanceDataset(tmp_path / "images", annotations)
-    import maskrcnn_dist.data.image_file as image_file
+    import maskrcnn_dist.data.images.image_file as image_file
 
     monkeypatch.setattr(image_file, "frame_of", lambda *a: pytest.fail("decided again on another rank"))
-    settle([other_rank], reports, skip_bad=False)
+    (other_rank,) = built([Split.open(source)], reports, skip_bad=False)
     _assert_mask_on_the_object(*other_rank[0])
 
 

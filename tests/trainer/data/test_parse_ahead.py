@@ -16,9 +16,10 @@ from click.testing import CliRunner
 
 from maskrcnn_dist.cli import main
 from maskrcnn_dist.config import small_cpu_run, to_argv
-from maskrcnn_dist.data import load_datasets, parse_ahead, store, write_train_val
+from maskrcnn_dist.data import load_datasets, parse_ahead, write_train_val
+from maskrcnn_dist.data.annotations import read
+from maskrcnn_dist.data.annotations.read import open_store, read_store, samples_file
 from maskrcnn_dist.data.parse_ahead import ParseAhead, released
-from maskrcnn_dist.data.store import open_store, read_store, samples_file
 from maskrcnn_dist.errors import DatasetError
 
 from ..conftest import fast_config
@@ -45,7 +46,7 @@ def _no_parse_here(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(path, kept=None):
         raise DatasetError(f"{path}: parsed by the trainer, not ahead")
 
-    monkeypatch.setattr(store, "read_store", refuse)
+    monkeypatch.setattr(read, "read_store", refuse)
 
 
 def test_the_trainer_waits_for_the_store_parsed_ahead_and_does_not_parse_again(

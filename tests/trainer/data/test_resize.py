@@ -1,4 +1,4 @@
-"""Degenerate sizes (data/resize.py): the check computes each image's size after the model's resize exactly
+"""Degenerate sizes (data/images/resize.py): the check computes each image's size after the model's resize exactly
 as torchvision does, and refuses (or skips) one whose side would be 0 px, in every mode and in training."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
-from maskrcnn_dist.data.check import CheckRules, ImageEntry, check_image
-from maskrcnn_dist.data.resize import degenerate_size_reason, resized_size
+from maskrcnn_dist.data.images.check import CheckRules, ImageEntry, check_image
+from maskrcnn_dist.data.images.resize import degenerate_size_reason, resized_size
 from maskrcnn_dist.errors import DatasetError
 from maskrcnn_dist.train import train
 

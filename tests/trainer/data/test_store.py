@@ -1,4 +1,4 @@
-"""The compact store (data/store.py) and its cache (data/cache.py): targets and ground truth identical to
+"""The compact store (data/annotations/store.py) and its cache (data/cache.py): targets and ground truth identical to
 what the JSON itself gives, for every kind of annotation; a cache rebuilt when its file changed or is
 damaged, never used then; processes starting at once agree on one cache written once."""
 
@@ -18,14 +18,15 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-from maskrcnn_dist.data import CocoInstanceDataset, store
-from maskrcnn_dist.data.annotations import clipped_xyxy, validate_annotations, validate_categories, validate_images
+from maskrcnn_dist.data import CocoInstanceDataset
+from maskrcnn_dist.data.annotations import read, store
+from maskrcnn_dist.data.annotations.masks import decode_masks
 from maskrcnn_dist.data.cache import HEADER_SIZE
-from maskrcnn_dist.data.check import CheckRules, check_datasets
-from maskrcnn_dist.data.masks import decode_masks
+from maskrcnn_dist.data.images.check import CheckRules, check_datasets
 from maskrcnn_dist.errors import DatasetError
 
 from .photos import encode, shown_photo, stored_for
+from .reference_rules import clipped_xyxy, validate_annotations, validate_categories, validate_images
 
 W, H = 23, 17
 
@@ -53,7 +54,7 @@ def _rle(rng: np.random.Generator, compressed: bool) -> dict[str, Any]:
 def write_mixed_set(root: Path, seed: int = 0, missing_area: bool = True) -> tuple[Path, Path]:
     """Every kind of annotation the store holds: polygons (one and several, float and integer points),
     compressed and uncompressed RLE, crowd regions, a missing area (unless not `missing_area`: a file
-    data/fast_read.py takes), a box clipped by the image, a degenerate box (dropped), images with no
+    data/annotations/fast_read.py takes), a box clipped by the image, a degenerate box (dropped), images with no
     annotation, non-contiguous category ids, and a JPEG stored turned under EXIF orientation 6,
     annotated in the frame a viewer shows."""
     rng = np.random.default_rng(seed)
@@ -190,8 +191,8 @@ def test_a_split_of_the_file_keeps_its_images_only(tmp_path: Path) -> None:
     for index, image_id in enumerate(dataset.image_ids):
         assert_same_target(dataset[index][1], want[image_id])
     assert {i["id"] for i in dataset.coco.dataset["images"]} == {4, 9, 20}
-    dataset.drop_images({9})
-    assert dataset.image_ids == [4, 20] and len(dataset) == 2
+    without = CocoInstanceDataset.of(dataset.split, dropped={9})  # a bad image left out, as the check does
+    assert without.image_ids == [4, 20] and len(without) == 2 and len(dataset) == 3
     with pytest.raises(DatasetError, match="does not list, e.g. \\[55\\]"):
         CocoInstanceDataset(images_dir, ann_file, image_ids=[4, 55])
 
@@ -221,7 +222,7 @@ def _no_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(path: Path) -> None:
         raise AssertionError(f"parsed {path} though its cache is valid")
 
-    monkeypatch.setattr(store, "read_store", refuse)
+    monkeypatch.setattr(read, "read_store", refuse)
 
 
 def test_a_valid_cache_is_used_without_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,14 +296,14 @@ def test_a_damaged_cache_is_detected_and_rebuilt(
 
 def _open_and_digest(args: tuple[Path, Path, Path, Path]) -> str:
     images_dir, ann_file, cache, builds = args
-    real = store.read_store
+    real = read.read_store
 
     def counted(path: Path, kept: list[object] | None = None) -> store.SampleStore:
         with open(builds, "a") as f:
             f.write(f"{os.getpid()}\n")
         return real(path, kept)
 
-    store.read_store = counted  # this child's module only
+    read.read_store = counted  # this child's module only
     dataset = CocoInstanceDataset(images_dir, ann_file, cache_dir=cache, cache_wait_s=60)
     digest = [dataset[i][1] for i in range(len(dataset))]
     return repr([(t["image_id"], t["boxes"].tolist(), t["masks"].sum().item()) for t in digest])
@@ -349,7 +350,7 @@ def test_check_verdicts_are_reused_until_an_image_changes(tmp_path: Path, monkey
     assert first.reused == 0 and not first.bad and first.frames[20].applied == 6
 
     checked: list[int] = []
-    from maskrcnn_dist.data import check
+    from maskrcnn_dist.data.images import check
 
     real = check.check_image
 
@@ -406,8 +407,8 @@ def test_a_store_read_in_this_process_leaves_the_collector_on(tmp_path: Path) ->
     write_train_val(tmp_path / "coco", num_train=4, num_val=2, seed=0, image_size=(48, 64), max_objects=2)
     annotations = tmp_path / "coco" / "train" / "annotations.json"
     assert gc.isenabled()
-    store.open_store(annotations, None)  # --data-cache off, check-data, predict
+    read.open_store(annotations, None)  # --data-cache off, check-data, predict
     assert gc.isenabled()
     (tmp_path / "file").write_text("")
-    store.open_store(annotations, tmp_path / "file" / "cache")  # a cache folder that cannot be made
+    read.open_store(annotations, tmp_path / "file" / "cache")  # a cache folder that cannot be made
     assert gc.isenabled()

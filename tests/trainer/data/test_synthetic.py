@@ -13,7 +13,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from maskrcnn_dist.data import CocoInstanceDataset, generate_synthetic_coco, write_train_val
-from maskrcnn_dist.data.masks import decode_masks
+from maskrcnn_dist.data.annotations.masks import decode_masks
 from maskrcnn_dist.data.synthetic import CLASSES
 
 
@@ -126,7 +126,7 @@ def _rle(segmentation: list | dict, h: int, w: int) -> dict:
 def test_ranks_on_other_hosts_with_the_same_pid_do_not_share_a_temporary_folder(tmp_path: Path) -> None:
     """Pods share the volume and each pod's first process often has the same PID: the synthetic set is
     written under a name no other writer has, and nobody else's unfinished folder is touched."""
-    from maskrcnn_dist.data.layout import ensure_synthetic
+    from maskrcnn_dist.data.synthetic import ensure_synthetic
 
     from ..conftest import fast_config
 

@@ -112,6 +112,6 @@ def test_ddp_checks_the_data_once_and_every_rank_drops_the_same_images(odd_coco,
     assert result.returncode == 0, result.stdout[-3000:]
     # train and val, on rank 0 only (the refused run cached its verdicts: "(header, 7 unchanged ...)")
     assert result.stdout.count("images checked (header") == 2
-    assert "[rank 1] INFO maskrcnn_dist.data.check" not in result.stdout
+    assert "[rank 1] INFO maskrcnn_dist.data.images.check" not in result.stdout
     warnings = [line for line in result.stdout.splitlines() if "--skip-bad-images: training without 1 of 8" in line]
     assert len(warnings) == 2 and [any(f"[rank {r}]" in line for line in warnings) for r in (0, 1)] == [True, True]

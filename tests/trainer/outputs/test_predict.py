@@ -19,7 +19,7 @@ from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.config import PredictConfig, build_config
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.data.layout import open_split
+from maskrcnn_dist.data.prepare import open_split
 from maskrcnn_dist.errors import UserError
 from maskrcnn_dist.evaluation import coco_ap
 from maskrcnn_dist.outputs.predict import (
@@ -60,8 +60,8 @@ def test_results_file_scores_exactly_evals_ap(trained: Path, sparse_coco: Path, 
 
 
 def test_a_split_the_split_flags_name_carved_with_the_checkpoints_seed(trained: Path, sparse_coco: Path, tmp_path):
-    from maskrcnn_dist.data.resolve import carve_val
     from maskrcnn_dist.data.sources import DataSources, SplitSource
+    from maskrcnn_dist.data.sources.resolve import carve_val
 
     train_split = SplitSource(sparse_coco / "train" / "annotations.json", sparse_coco / "train" / "images")
     sources = DataSources("flags", {"train": train_split})

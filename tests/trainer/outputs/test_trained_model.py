@@ -17,7 +17,7 @@ import torch
 from maskrcnn_dist.categories import Categories
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.config import build_config
-from maskrcnn_dist.data.layout import open_split
+from maskrcnn_dist.data.prepare import open_split
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.modeling.trained import TRAINED_MODEL_KEY, TrainedModel, train_command_config
 from maskrcnn_dist.outputs.predict import load_predictor

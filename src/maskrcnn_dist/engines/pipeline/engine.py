@@ -94,6 +94,7 @@ class PipelineEngine(Engine):
         self._round = 0
         self._last_step = 0
         self._metrics: dict[str, float] = {}
+        self._failed = False  # an RPC call of this engine failed (_rpc_errors)
         log.info(
             "pipeline: %s, %d micro-batches",
             " -> ".join(f"{s.rpc_name}{list(s.modules)}x{len(s.devices)}" for s in stages),
@@ -114,6 +115,7 @@ class PipelineEngine(Engine):
         except TrainingError:
             raise
         except Exception as exc:
+            self._failed = True  # close() then leaves the hosts to their processes' exit
             lost = self._find_lost_worker()
             if lost is None:
                 raise
@@ -264,8 +266,13 @@ class PipelineEngine(Engine):
 
     def close(self) -> None:
         """Drop this run's stage hosts on their workers (their memory is freed before RPC shuts down).
-        A worker that no longer answers has nothing left to free: closing does not fail on it."""
+        A worker that no longer answers has nothing left to free: closing does not fail on it. After an
+        RPC failure nothing is dropped: a frozen peer would hold each drop for --rpc-timeout, and every
+        process of the session is about to exit (the e2e silent-peer scenario bounds that exit)."""
         clients, self.hosts = self.hosts, []
+        if self._failed:
+            log.info("pipeline: the session failed; its stage hosts go with their processes")
+            return
         pending = []
         for client in clients:
             try:

@@ -26,9 +26,9 @@ import torch
 import torchvision
 
 from ...config import ExportConfig
-from ...data import layout, read_image
-from ...data.check import CheckRules
-from ...data.orientation import Frame
+from ...data import open_split, read_image
+from ...data.images.check import CheckRules
+from ...data.images.orientation import Frame
 from ...errors import ConfigError, DatasetError, ParityError, UserError, one_line
 from ...modeling.model import build_model
 from ...run_dir import output_file_problem, tmp_name
@@ -94,7 +94,7 @@ def parity_inputs(
     if images:
         try:
             chosen = collect_images(images)[:count]
-            frames = check_readable(chosen, None, rules)
+            frames = check_readable(chosen, rules)
         except UserError as exc:
             raise DatasetError(f"--images {exc}") from exc
         return chosen, frames
@@ -105,8 +105,8 @@ def parity_inputs(
         )
     root = split_cfg.data.data_path or split_cfg.data.val_annotations or split_cfg.data.train_annotations
     try:
-        chosen = dataset_images(layout.open_split(split_cfg, "val"))[:count]
-        frames = check_readable(chosen, None, rules)
+        chosen = dataset_images(open_split(split_cfg, "val"))[:count]
+        frames = check_readable(chosen, rules)
     except UserError as exc:
         raise ConfigError(
             f"export: the parity check needs images, and the val split of {root} cannot be read "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,7 +172,11 @@ def test_train_pipeline_trains_evaluates_and_checkpoints(tmp_path, free_port) ->
     ).load_state_dict(state["model"])
 
 
-def test_master_exits_when_worker2_dies(tmp_path, free_port) -> None:
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_master_exits_when_worker2_dies(tmp_path, free_port, fault: str) -> None:
+    """Killed: the closed connection fails the step at once. Frozen (SIGSTOP: nothing closes, as
+    `docker pause` in the e2e silent-peer scenario): the step's calls time out after --rpc-timeout and
+    the master leaves right then, without a further call to the frozen peer."""
     timeout = 10.0
     out = tmp_path / "run"
     port = free_port
@@ -191,13 +196,18 @@ def test_master_exits_when_worker2_dies(tmp_path, free_port) -> None:
         while not _records(out / "metrics.jsonl", "train"):
             assert time.monotonic() < deadline and procs[0].poll() is None, (tmp_path / "master-0.log").read_text()
             time.sleep(0.2)
-        procs[2].kill()  # worker2, mid-run
+        if fault == "killed":
+            procs[2].kill()  # worker2, mid-run
+        else:
+            procs[2].send_signal(signal.SIGSTOP)
         killed = time.monotonic()
-        code = procs[0].wait(timeout=timeout + 30)
+        code = procs[0].wait(timeout=2 * timeout + 30)
         elapsed = time.monotonic() - killed
         log = (tmp_path / "master-0.log").read_text()
         assert code != 0, log
-        assert elapsed < timeout, f"master took {elapsed:.1f}s"
+        # Frozen: one --rpc-timeout, the search for the lost peer (at most 5 s) and the exit.
+        limit = timeout if fault == "killed" else timeout + 7
+        assert elapsed < limit, f"master took {elapsed:.1f}s"
         assert "worker2" in log.splitlines()[-1] and "lost" in log.splitlines()[-1], log[-2000:]
         # worker1 notices the master is gone and exits non-zero too.
         assert procs[1].wait(timeout=timeout + 10) != 0

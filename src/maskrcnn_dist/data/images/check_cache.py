@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .cache import CacheFile, CacheInvalid, cache_name
+from ..cache import CacheFile, CacheInvalid, cache_name
 from .orientation import AS_STORED, Frame
 
 log = logging.getLogger(__name__)

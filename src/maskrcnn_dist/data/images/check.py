@@ -5,12 +5,12 @@ Modes (--check-data):
     header  the file opens, is whole (image_file.open_checked: a JPEG's end marker, a PNG's chunks
             and CRCs; the formats no end marker vouches for, PNG, BMP, TIFF, WebP, GIF, ..., are
             decoded), and fits the annotation's width x height in the frame --exif-orientation
-            allows (orientation.decide_frame). A JPEG is not decoded: COCO's 118k train images take
+            allows (orientation.decide_frame). A JPEG is not decoded: a large set's headers take
             seconds on a few cores.
     full    decode every JPEG as well (what training will do), much slower.
     off     only that the files exist; each image's frame is decided when it is first read.
 In every mode an image whose side the model's resize (--min-size, --max-size) would round to 0 px is
-refused (data/resize.py).
+refused (data/images/resize.py).
 
 The work is spread over a process pool sized to the cores this process may use; small sets are
 checked in-process (starting a pool costs more than checking them). The report carries each good
@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from ..config import CHECK_MODES, TrainConfig
-from ..errors import DatasetError, one_line
-from ..lifetime.cores import available_cores
-from ..lifetime.heap import gc_paused
-from ..lifetime.stop import detach_pool_worker
+from ...config import CHECK_MODES, TrainConfig
+from ...errors import DatasetError, one_line
+from ...lifetime.cores import available_cores
+from ...lifetime.heap import gc_paused
+from ...lifetime.stop import detach_pool_worker
 from .check_cache import VerdictCache, stamps_of
 from .image_file import ImageFault, open_checked
 from .orientation import AS_STORED, Frame, FrameMismatch, Oriented, frame_of, frame_size
@@ -89,18 +89,13 @@ class ReadAhead(Protocol):
     ) -> tuple[dict[int, Frame | str], dict[int, Any]]: ...
 
 
-class CheckedDataset(Protocol):
-    """What the check needs of a split (coco.CocoInstanceDataset)."""
+class CheckedSplit(Protocol):
+    """What the check needs of a split (dataset.Split): the images its annotation file lists."""
 
-    annotation_file: Path
+    @property
+    def annotation_file(self) -> Path: ...
 
     def image_entries(self) -> list[ImageEntry]: ...
-
-    def drop_images(self, image_ids: set[int]) -> None: ...
-
-    def use_frames(self, frames: Mapping[int, Frame]) -> None: ...
-
-    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -125,7 +120,7 @@ class CheckReport:
     # image id -> its frame, for every good image; none with --check-data off (each image's frame is
     # then decided when it is first read)
     frames: Mapping[int, Frame] = field(default_factory=dict)
-    reused: int = 0  # verdicts taken from the cache (data/check_cache.py), not checked again
+    reused: int = 0  # verdicts taken from the cache (data/images/check_cache.py), not checked again
     read_ahead: int = 0  # of the checked, those whose files were read while the annotations were parsed
 
     @property
@@ -193,8 +188,8 @@ def _check_chunk(entries: Sequence[ImageEntry], rules: CheckRules) -> _Checked:
 
 
 # A pool worker's images and rules, given once when it starts (inherited through the fork): a task is a
-# range of them. Pickling every entry (its Path) into the tasks cost the trainer as much CPU as the
-# workers spent checking (118k headers on 2 shared cores: 2.6 s in the parent; 10.7 s to check, now 6.8).
+# range of them: pickling every entry (its Path) into the tasks cost the trainer as much CPU as the
+# workers spent checking.
 _worker_entries: Sequence[ImageEntry] = ()
 _worker_rules: CheckRules | None = None
 
@@ -221,7 +216,7 @@ def check_images(
     read_ahead: Mapping[int, Frame | str] | None = None,
 ) -> CheckReport:
     """Check `entries` by `rules`; `progress(done, total)` is called as chunks finish. `known`: verdicts
-    already reached for some of them (data/check_cache.py), taken as they are. `read_ahead`: verdicts
+    already reached for some of them (data/images/check_cache.py), taken as they are. `read_ahead`: verdicts
     decided from files read while the annotations were parsed (data/check_ahead.py): checked, not reused."""
     if rules.mode not in CHECK_MODES:
         raise ValueError(f"check mode must be one of {CHECK_MODES}, got {rules.mode!r}")
@@ -311,7 +306,7 @@ def bad_images_error(reports: Sequence[CheckReport], hint: str = SKIP_HINT) -> D
 
 
 def check_datasets(
-    datasets: Sequence[CheckedDataset],
+    datasets: Sequence[CheckedSplit],
     rules: CheckRules,
     *,
     announce: bool = True,
@@ -357,28 +352,3 @@ def check_datasets(
             )
         reports.append(report)
     return reports
-
-
-def settle(datasets: Sequence[CheckedDataset], reports: Sequence[CheckReport], skip_bad: bool) -> None:
-    """Act on the reports (computed here or received from the rank that checked): every split reads
-    its images in the frames decided; stop with one line listing the bad files, or, with `skip_bad`,
-    drop them from their split with one warning."""
-    for dataset, report in zip(datasets, reports, strict=True):
-        dataset.use_frames(report.frames)
-    if not any(report.bad for report in reports):
-        return
-    if not skip_bad:
-        raise_if_bad(reports)
-    for dataset, report in zip(datasets, reports, strict=True):
-        if report.bad:
-            dataset.drop_images({b.image_id for b in report.bad})
-            log.warning(
-                "--skip-bad-images: training without %d of %d images of %s: %s%s",
-                len(report.bad),
-                report.checked,
-                report.source,
-                "; ".join(str(b) for b in report.bad[:MAX_LISTED]),
-                "; ..." if len(report.bad) > MAX_LISTED else "",
-            )
-            if len(dataset) == 0:
-                raise DatasetError(f"{report.source}: every image failed the data check; nothing left to use")

@@ -1,42 +1,24 @@
-"""The COCO instances JSON, read and validated once, up front.
-
-A bad file fails at start-up with a message that names the file and the offending image or annotation
-id, instead of deep inside a data-loader worker; and nothing reaches pycocotools that its C code would
-crash on or silently misread (polygons far outside the image, run-length strings of the wrong size).
-"""
+"""The annotation rules as the trainer stated them before they were one vectorised statement each
+(data/annotations/rules.py): record by record, in file order. Kept here as the tests' reference: the
+targets and ground truth a file gives (test_store.py), and the first refusal and its words for every
+bad file (test_rules.py), must stay what these give."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from maskrcnn_dist.data.annotations.json_read import read_annotation_file
+from maskrcnn_dist.data.annotations.masks import to_rle
+from maskrcnn_dist.data.annotations.rules import compressed_rle_runs, validate_categories
 from maskrcnn_dist.errors import DatasetError
 
+__all__ = ["clipped_xyxy", "read_annotation_file", "validate_annotations", "validate_categories", "validate_images"]
+
 _REQUIRED_KEYS = ("images", "annotations", "categories")
-
-
-def read_annotation_file(path: Path) -> dict[str, Any]:
-    """The JSON object of a COCO instances file, with its three lists; a DatasetError naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError as e:
-        raise DatasetError(f"{path}: annotation file not found") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{path}: not valid JSON: {e}") from e
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read annotation file: {e}") from e
-    if not isinstance(data, dict):
-        raise DatasetError(f"{path}: expected a JSON object with keys {list(_REQUIRED_KEYS)}")
-    for key in _REQUIRED_KEYS:
-        if not isinstance(data.get(key), list):
-            raise DatasetError(f"{path}: missing key {key!r} (a list) in the COCO instances JSON")
-    return data
 
 
 def _is_int(x: Any) -> bool:
@@ -74,22 +56,6 @@ def validate_images(images: list[Any], where: str) -> dict[int, dict]:
     return by_id
 
 
-def validate_categories(categories: list[Any], where: str) -> dict[int, dict]:
-    """The `categories` list by id: unique integer ids with names, at least one."""
-    by_id: dict[int, dict] = {}
-    for i, cat in enumerate(categories):
-        if not isinstance(cat, dict) or not _is_int(cat.get("id")):
-            raise DatasetError(f"{where}: categories[{i}] has no integer 'id'")
-        if cat["id"] in by_id:
-            raise DatasetError(f"{where}: category id {cat['id']}: duplicate category id")
-        if not isinstance(cat.get("name"), str):
-            raise DatasetError(f"{where}: category id {cat['id']}: missing 'name'")
-        by_id[cat["id"]] = cat
-    if not by_id:
-        raise DatasetError(f"{where}: 'categories' is empty; at least one category is needed")
-    return by_id
-
-
 def validate_annotations(
     annotations: list[Any],
     images: dict[int, dict],
@@ -102,7 +68,7 @@ def validate_annotations(
 
     Kept annotations get defaults filled in (`iscrowd` 0, `area` from the mask) so that the targets
     and COCOeval read the same values. `points_later`: polygons are checked for their shape only, their
-    points (numbers, finite, near the image) by the caller, all at once (data/store.py's
+    points (numbers, finite, near the image) by the caller, all at once (data/annotations/store.py's
     check_polygon_points: per polygon in numpy is most of the time COCO's 860k annotations take).
     """
     kept: list[dict] = []
@@ -219,38 +185,6 @@ def check_rle(rle: dict, height: int, width: int, ctx: str) -> None:
         )
 
 
-def compressed_rle_runs(text: str) -> list[int] | None:
-    """The runs of a compressed COCO RLE string (pycocotools' rleFrString, in Python), or None when the
-    text is not one: 6 bits per character from '0', 5 of value, the sixth "more follows"; from the
-    third run on, each value is a difference to the run two before."""
-    runs: list[int] = []
-    pos = 0
-    while pos < len(text):
-        value, shift, more = 0, 0, True
-        while more:
-            if pos >= len(text):
-                return None  # the last run was cut off
-            code = ord(text[pos]) - 48
-            if not 0 <= code < 64:
-                return None
-            value |= (code & 0x1F) << shift
-            more = bool(code & 0x20)
-            pos, shift = pos + 1, shift + 5
-            if not more and code & 0x10:
-                value |= -1 << shift  # sign extension of the last group
-        runs.append(value + runs[-2] if len(runs) > 2 else value)
-    return runs or None
-
-
-def to_rle(segm: list | dict, height: int, width: int) -> dict:
-    """A segmentation as one RLE, exactly as pycocotools' COCO.annToRLE makes it."""
-    if isinstance(segm, list):
-        return mask_utils.merge(mask_utils.frPyObjects(segm, height, width))
-    if isinstance(segm["counts"], list):
-        return mask_utils.frPyObjects(segm, height, width)
-    return segm
-
-
 def clipped_xyxy(bbox: list[float], width: int, height: int) -> tuple[float, float, float, float]:
     """COCO [x, y, w, h] -> [x1, y1, x2, y2] clipped to the image."""
     x, y, w, h = bbox
@@ -260,3 +194,52 @@ def clipped_xyxy(bbox: list[float], width: int, height: int) -> tuple[float, flo
         min(max(x + w, 0.0), width),
         min(max(y + h, 0.0), height),
     )
+
+
+def first_refusal(data: dict[str, Any], where: str) -> str | None:
+    """The message of the first refusal of a COCO instances object as the record-by-record rules made it
+    (json's read: every record in file order, then the points of the polygons kept, in the store's order:
+    images by id, each one's annotations in file order), or None for a file they accept."""
+    try:
+        images = validate_images(data["images"], where)
+        categories = validate_categories(data["categories"], where)
+        kept, _ = validate_annotations(data["annotations"], images, categories, where, points_later=True)
+        records = [images[iid] for iid in sorted(images)]  # the store's columns: numpy refuses what they cannot hold
+        np.array(sorted(images), dtype=np.int64)
+        for key in ("width", "height"):
+            np.array([r[key] for r in records], dtype=np.int32)
+        for key in ("id", "image_id", "category_id"):
+            np.array([a[key] for a in kept], dtype=np.int64)
+        _check_points_in_store_order(kept, images, where)
+    except DatasetError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - as it was raised
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _check_points_in_store_order(kept: list[dict], images: dict[int, dict], where: str) -> None:
+    in_order = sorted(range(len(kept)), key=lambda k: kept[k]["image_id"])  # stable: file order within an image
+    polygonal = [kept[k] for k in in_order if isinstance(kept[k]["segmentation"], list)]
+
+    def ctx(ann: dict) -> str:
+        return f"{where}: annotation id {ann['id']} (image id {ann['image_id']})"
+
+    def check(ann: dict) -> None:
+        img = images[ann["image_id"]]
+        points = [np.asarray(p, dtype=np.float64).tolist() for p in ann["segmentation"]]
+        check_polygons(points, img["height"], img["width"], ctx(ann))
+
+    try:
+        coords = [np.fromiter(iter(p), np.float64, len(p)) for ann in polygonal for p in ann["segmentation"]]
+    except (TypeError, ValueError):  # a coordinate that is not a number: the first offender in the store's order
+        for ann in polygonal:
+            img = images[ann["image_id"]]
+            check_polygons(ann["segmentation"], img["height"], img["width"], ctx(ann))
+        raise
+    owners = [ann for ann in polygonal for _ in ann["segmentation"]]
+    finite = [bool(np.isfinite(c).all()) for c in coords]
+    if not all(finite):
+        check(owners[finite.index(False)])
+    for ann in polygonal:
+        check(ann)

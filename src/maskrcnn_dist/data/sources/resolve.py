@@ -1,5 +1,5 @@
 """Where a run's data is, from its flags: the split flags (--train-annotations, --train-images, ...),
-the layout found under --data-path (data/detect.py), and a val split carved by --val-fraction. Every way
+the layout found under --data-path (data/sources/detect.py), and a val split carved by --val-fraction. Every way
 in resolves to one DataSources; a wrong combination is one ConfigError naming the flags, raised before
 anything is read or written."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..config import DataConfig, TrainConfig
-from ..errors import ConfigError, DatasetError
-from .annotations import read_annotation_file, validate_images
+from ...config import DataConfig, TrainConfig
+from ...errors import ConfigError, DatasetError
+from ..annotations.json_read import image_ids
+from . import DataSources, SplitSource, input_folder_problem
 from .detect import detect
-from .sources import DataSources, SplitSource, input_folder_problem
 
 SPLITS = ("train", "val")
 
@@ -117,7 +117,7 @@ def carve_val(sources: DataSources, fraction: float, seed: int) -> DataSources:
         raise ConfigError(
             f"--val-fraction {fraction:g}: the dataset has a val split ({val.describe()}); leave --val-fraction out"
         )
-    ids = sorted(validate_images(read_annotation_file(train.annotations)["images"], str(train.annotations)))
+    ids = image_ids(train.annotations)
     order = sorted(ids, key=lambda iid: hashlib.sha256(f"{seed}:{iid}".encode()).digest())
     count = round(fraction * len(ids))
     if not 0 < count < len(ids):

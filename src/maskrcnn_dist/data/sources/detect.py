@@ -2,7 +2,7 @@
 
 No list of layouts: one rule over the files. Every JSON file under the folder that is a COCO instances
 file (images, annotations, categories; not captions or keypoints) is a split; its image folder is the
-folder under --data-path where its file_names are found by the file_name rule (data/file_names.py),
+folder under --data-path where its file_names are found by the file_name rule (data/sources/file_names.py),
 preferring the one where most are found, then the one named like the split, then the one needing the
 fewest prefixes dropped, then the one nearest the file; its split is the first split name in the file's
 name, then in its folders' names, nearest first (aliases below: `valid`, `Validation`, `val2017`, ...).
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DatasetError
+from ...errors import DatasetError
+from . import DataSources, SplitSource, input_folder_problem
 from .file_names import name_parts, stripped
-from .sources import DataSources, SplitSource, input_folder_problem
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ ALIASES = {
     **dict.fromkeys(("test", "testing", "testdev"), "test"),
 }
 MAX_DEPTH = 6  # folders below --data-path that are searched (Label Studio's upload paths are deep)
-MAX_PARSED = 64 << 20  # larger JSON files are judged by their first PEEK bytes (COCO's train is 450 MB)
+MAX_PARSED = 64 << 20  # larger JSON files are judged by their first PEEK bytes (COCO's train)
 PEEK = 8 << 20
 SAMPLE = 16  # file_names per file that place its image folder
 SKIPPED = ("__MACOSX",)
@@ -168,7 +168,7 @@ def find_files(root: Path) -> tuple[list[Found], list[Path]]:
             others.append(path)
         else:
             instances.append((path, names))
-    # Where each sampled file name is (only those: an index of every file is 0.15 s at COCO's size).
+    # Where each sampled file name is (only those: an index of every file costs more).
     wanted = {parts[-1] for _, names in instances for name in names if (parts := name_parts(name))}
     index: dict[str, set[Path]] = {}
     for folder, files in listings:

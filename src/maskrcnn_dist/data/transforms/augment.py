@@ -12,7 +12,7 @@ The references' presets, per image, before the model:
 Sizes follow --min-size: the references' 480-800 and 1024 are for the model's 800, so they scale by
 --min-size / 800 (the same numbers at the default). With either, the model keeps the sizes the data
 gives it in training (torchvision's `_skip_resize`, as the references set it for these two): its own
-resize would undo the jitter. `hflip`, the default, is no object here: the dataset's own flip.
+resize would undo the jitter. `hflip`, the default, is no object here: transforms/flip.py.
 
 Every draw is a pure function of (seed, epoch, image index): each image's transforms draw from torch's
 generator seeded with a hash of the three, inside `fork_rng`, so a resumed run, a second run and any
@@ -23,16 +23,16 @@ without objects still trains (empty targets).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+from .samples import EpochSamples
 
 __all__ = [
     "AugmentedDataset",
@@ -151,7 +151,7 @@ class Augmentation:
 
 
 def build_augmentation(name: str, min_size: int, max_size: int) -> Augmentation | None:
-    """The augmentation --data-augmentation `name` adds to the dataset, or None for hflip (its own flip)."""
+    """The augmentation --data-augmentation `name` adds to the dataset, or None for hflip (transforms/flip.py)."""
     if name == "hflip":
         return None
     return Augmentation(name, build_transform(name, min_size, max_size))
@@ -168,28 +168,12 @@ def augment_batch(
     return [image for image, _ in pairs], [target for _, target in pairs]
 
 
-class AugmentedDataset(Dataset):
-    """A training dataset's samples, unflipped, through `augmentation` (which flips on its own draw).
-
-    The dataset's flip (`train=True`) is switched off in a shallow copy: the dataset itself, shared with
-    the rest of the run, is left as it is."""
+class AugmentedDataset(EpochSamples):
+    """A training dataset's samples through `augmentation` (which flips on its own draw)."""
 
     def __init__(self, dataset: Any, augmentation: Augmentation, seed: int) -> None:
-        self.dataset = copy.copy(dataset)
-        self.dataset.train = False
+        super().__init__(dataset, seed)
         self.augmentation = augmentation
-        self.seed = seed
-        self.epoch = 0
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def aspect_ratios(self) -> list[float]:
-        return self.dataset.aspect_ratios()
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
-        image, target = self.dataset[index]
-        return self.augmentation(image, target, self.seed, self.epoch, index % len(self))
+    def transform(self, image: torch.Tensor, target: Target, index: int) -> tuple[torch.Tensor, Target]:
+        return self.augmentation(image, target, self.seed, self.epoch, index)

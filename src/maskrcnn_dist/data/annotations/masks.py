@@ -1,4 +1,5 @@
-"""pycocotools mask decoding without its numpy 2 deprecation noise."""
+"""pycocotools' masks: a segmentation as one RLE (as COCO.annToRLE makes it) and RLEs decoded, without
+numpy 2's deprecation noise."""
 
 from __future__ import annotations
 
@@ -15,3 +16,12 @@ def decode_masks(rles: dict | list[dict]) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="__array__ implementation", category=DeprecationWarning)
         return mask_utils.decode(rles)
+
+
+def to_rle(segm: list | dict, height: int, width: int) -> dict:
+    """A segmentation as one RLE, exactly as pycocotools' COCO.annToRLE makes it."""
+    if isinstance(segm, list):
+        return mask_utils.merge(mask_utils.frPyObjects(segm, height, width))
+    if isinstance(segm["counts"], list):
+        return mask_utils.frPyObjects(segm, height, width)
+    return segm

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import DatasetError, one_line
+from ...errors import DatasetError, one_line
 from .orientation import Frame, FrameMismatch, Oriented, frame_of, in_frame, load_oriented
 
 END_MARKED = ("JPEG", "MPO")  # formats whose end marker proves the file whole

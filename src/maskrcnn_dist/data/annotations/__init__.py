@@ -1,0 +1,3 @@
+"""Reading a COCO instances file into a SampleStore: rules.py states each rule once, json_read.py and
+fast_read.py only decode, store.py owns the layout and its per-row views, read.py maps the store from its
+cache or reads it. Invariant: no torch here (the command line parses ahead before torch loads)."""
