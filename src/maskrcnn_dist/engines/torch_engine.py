@@ -48,16 +48,21 @@ def local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
-@contextmanager
-def process_group(cfg: TrainConfig) -> Iterator[int]:
-    """The ddp process group for the body, from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT); yields the world size. Peers silent for --rpc-timeout seconds fail the collective."""
+def ddp_backend(cfg: TrainConfig) -> str:
+    """The process group's backend for this process's device (made current here, before any group)."""
     device = resolve_device(cfg.device, local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # More ranks on this machine than GPUs (resolve_device wraps around): ranks share a GPU.
     shares_gpu = device.type == "cuda" and local_world_size() > torch.cuda.device_count()
-    backend = process_group_backend(uses_gpu=device.type == "cuda", shares_gpu=shares_gpu)
+    return process_group_backend(uses_gpu=device.type == "cuda", shares_gpu=shares_gpu)
+
+
+@contextmanager
+def process_group(cfg: TrainConfig) -> Iterator[int]:
+    """The ddp process group for the body, from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT); yields the world size. Peers silent for --rpc-timeout seconds fail the collective."""
+    backend, device = ddp_backend(cfg), resolve_device(cfg.device, local_rank())
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=cfg.peers.timeout))
     log.info("ddp rank %d of %d on %s (%s)", dist.get_rank(), dist.get_world_size(), device, backend)
     try:
@@ -123,8 +128,12 @@ class TorchEngine(Engine):
         self.trained = self.model
         self._stop_agreed = False  # the last step's all-reduced stop flag
         if distributed:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.trained = DistributedDataParallel(self.model, device_ids=ids)
+            self.wrap()
+
+    def wrap(self) -> None:
+        """The model as a DDP replica of the current process group (its constructor is a collective)."""
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.trained = DistributedDataParallel(self.model, device_ids=ids)
 
     @property
     def distributed(self) -> bool:
@@ -133,23 +142,37 @@ class TorchEngine(Engine):
     # -- steps ----------------------------------------------------------------------------------
 
     def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
-        images, targets = to_device(images, targets, self.device)
-        self.model.train()
-        self.seeder.at(step, micro=self.data_rank)
-        with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
-            loss_dict = self.trained(images, targets)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(sum(loss_dict.values())).backward()
+        loss_dict = self.backward(step, self.data_rank, images, targets)
         # After backward (no parameter has changed yet): a stop asked for during it still ends this step.
         logged = self._mean_over_ranks(loss_dict)
         check_finite(step, logged)
+        self.apply_gradients()
+        return logged
+
+    def backward(
+        self, step: int, micro: int, images: Images, targets: Targets, weight: float = 1.0, first: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Forward and backward of one (micro-)batch, its loss scaled by `weight`; `first`: the step's
+        first, which clears the gradients (later ones accumulate). `micro` seeds the model's draws."""
+        images, targets = to_device(images, targets, self.device)
+        self.model.train()
+        self.seeder.at(step, micro=micro)
+        with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
+            loss_dict = self.trained(images, targets)
+        if first:
+            self.optimizer.zero_grad(set_to_none=True)
+        loss = sum(loss_dict.values())
+        self.scaler.scale(loss if weight == 1.0 else loss * weight).backward()
+        return loss_dict
+
+    def apply_gradients(self) -> None:
+        """The optimizer's and the schedule's step on the gradients backward left (clipped if asked)."""
         if self.cfg.optim.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        return logged
 
     def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
         """The loss terms' mean over ranks; this rank's stop flag rides along (no collective of its own)."""

@@ -207,27 +207,36 @@ class Trainer:
 
     def fit(self) -> Position:
         try:
-            start = Start(self.position.step, self.resumed_from)
-            for hook in self.hooks:
-                hook.before_train(start)
-            self.run_pending()
-            if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
-                self.stop_now([])
-            while self.position.step < self.total_steps and not self.stopped_early:
-                for images, targets in self.loader(self.position.epoch, self.position.batch):
-                    started = time.perf_counter()
-                    losses = self.engine.train_step(self.position.step, images, targets)
-                    result = StepResult(losses, len(images), time.perf_counter() - started)
-                    self._advance()
-                    self.after_step(result)
-                    if self.position.step >= self.total_steps or self.stopped_early:
-                        break
+            self.train()
         finally:
             for hook in self.hooks:
                 hook.after_train()
         if self.stopped_early and self.engine.is_main:
             log.info("%s", self.stopped_early)
         return self.position
+
+    def train(self) -> None:
+        """The hooks' start, what a stop left pending, then the steps up to the last (or an early end)."""
+        start = Start(self.position.step, self.resumed_from)
+        for hook in self.hooks:
+            hook.before_train(start)
+        self.catch_up()
+        while self.position.step < self.total_steps and not self.stopped_early:
+            for images, targets in self.loader(self.position.epoch, self.position.batch):
+                started = time.perf_counter()
+                losses = self.engine.train_step(self.position.step, images, targets)
+                result = StepResult(losses, len(images), time.perf_counter() - started)
+                self._advance()
+                self.after_step(result)
+                if self.position.step >= self.total_steps or self.stopped_early:
+                    break
+
+    def catch_up(self) -> None:
+        """Before the first step: what a stop left pending, and a stop asked while the data loaded or the
+        group formed."""
+        self.run_pending()
+        if self.engine.agree_to_stop():
+            self.stop_now([])
 
     def _advance(self) -> None:
         p = self.position
@@ -246,6 +255,10 @@ class Trainer:
         at = self.boundary()
         for hook in self.hooks:
             hook.after_step(at, result)
+        self.boundary_work(at)
+
+    def boundary_work(self, at: Boundary) -> None:
+        """The boundary's stop check, its periodic work, its checkpoint and the epoch's end."""
         due = [hook for hook in self.hooks if hook.is_due(at)]
         if self.engine.stop_after_step():  # the step boundary: every process of the engine agrees here
             self.stop_now(due)
@@ -263,9 +276,13 @@ class Trainer:
                 done = hook.run(at)
             except Interrupted:
                 self.stop_now(due[i:], during=hook.name)
-            if done is not None:
-                self.results[hook.name] = done.values
-                self.stopped_early = self.stopped_early or done.ends_training
+            self.hook_ran(hook, done)
+
+    def hook_ran(self, hook: HookBase, done: Done | None) -> None:
+        """A hook's periodic work is done: keep what it measured, and its closing line if it ends training."""
+        if done is not None:
+            self.results[hook.name] = done.values
+            self.stopped_early = self.stopped_early or done.ends_training
 
     def run_pending(self) -> None:
         """On resume, finish the boundary a stop interrupted: the hooks it kept from running, the checkpoint
