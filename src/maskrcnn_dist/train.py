@@ -43,6 +43,7 @@ from .data import (
 from .engines import (
     EngineFactory,
     check_device,
+    checked_once,
     engine_session,
     is_main_process,
     require_torchrun_environment,
@@ -50,6 +51,7 @@ from .engines import (
 )
 from .engines.base import Engine
 from .errors import DatasetError
+from .lifetime.elastic import RunOver
 from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
@@ -109,12 +111,12 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
             stop_before_start(cfg, stop, "data loading")
             datasets = opened.build()
             stop_before_start(cfg, stop, "the data check")
-        with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+        # RunOver: an elastic replacement came when there was nothing left to join (None, exit 0).
+        with contextlib.suppress(RunOver), engine_session(cfg, plan, stop) as (make_engine, data_world_size):
             if cfg.engine == "ddp":
-                from .engines.torch_engine import on_rank0
-
-                datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
+                datasets = opened.build(checked_once(make_engine))  # on rank 0, its verdicts to every rank
             return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
+    return None
 
 
 def _run(
@@ -184,7 +186,12 @@ def build_trainer(
     }
     files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     total = cfg.total_steps(iters_per_epoch)
-    trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
+    trainer_type = Trainer
+    if cfg.engine == "ddp" and cfg.peers.elastic:  # the launch world's batches, shared out among its members
+        from .training.elastic_loop import ElasticTrainer, GlobalBatches
+
+        trainer_type, loader = ElasticTrainer, GlobalBatches.of_run(cfg, train_set, engine)  # type: ignore[assignment]
+    trainer = trainer_type(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
     trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
     return trainer
 

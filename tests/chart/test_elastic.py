@@ -32,6 +32,15 @@ def test_the_workers_job_replaces_a_lost_pod_and_the_masters_does_not(render) ->
     assert jobs["master"]["backoffLimit"] == 0 and "podReplacementPolicy" not in jobs["master"]
 
 
+def test_every_trainer_is_started_with_elastic(render) -> None:
+    """The pods' Job replaces a lost worker; the trainers themselves go on without it (--elastic)."""
+    for role, rjob in replicated_jobs(render("default", *ELASTIC)).items():
+        (container,) = [c for c in rjob["template"]["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer"]
+        assert container["args"][-1] == "--elastic", role
+    for rjob in replicated_jobs(render("default", "engine=ddp", "workload=jobset")).values():
+        assert "--elastic" not in rjob["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_off_by_default_and_every_job_fails_on_its_first_lost_pod(render) -> None:
     for role, rjob in replicated_jobs(render("default", "engine=ddp", "workload=jobset")).items():
         assert rjob["template"]["spec"]["podFailurePolicy"]["rules"] == POD_RULES, role

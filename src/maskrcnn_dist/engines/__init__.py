@@ -15,6 +15,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
@@ -23,6 +24,7 @@ from ..errors import ConfigError
 from ..lifetime.stop import Stopped, StopRequest
 from .base import Engine, resolve_device
 
+T = TypeVar("T")
 #: (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
 EngineFactory = Callable[[int, int], Engine]
 
@@ -58,6 +60,14 @@ def stop_before_start(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
         raise Stopped.before_any_step(stop, phase)
 
 
+def checked_once(make_engine: EngineFactory) -> Callable[[Callable[[], T]], T]:
+    """How a ddp session runs the data check once, its verdicts given to every rank: the fixed group's
+    broadcast from rank 0, or an elastic group's store (where a replacement reads them later)."""
+    from .torch_engine import on_rank0
+
+    return getattr(make_engine, "on_rank0", on_rank0)
+
+
 @contextmanager
 def engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> Iterator[tuple[EngineFactory, int]]:
     """The engine's process-level session (nothing, the ddp process group, the pipeline master's RPC),
@@ -74,6 +84,12 @@ def engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) ->
                 ),
                 1,  # the master reads every batch
             )
+        return
+    if cfg.engine == "ddp" and cfg.peers.elastic:
+        from .elastic_ddp import ElasticEngines, elastic_session
+
+        with elastic_session(cfg) as group:
+            yield ElasticEngines(cfg, group, stop), group.launch_world  # the data is planned for the launch's world
         return
     from .torch_engine import TorchEngine, process_group
 

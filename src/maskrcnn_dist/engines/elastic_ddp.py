@@ -1,0 +1,204 @@
+"""The ddp engine in an elastic group (--elastic, docs/elastic.md): its session and its step.
+
+The session joins the elastic group (lifetime/elastic.py) through the job's TCPStore instead of opening
+a fixed process group; each of the group's generations is torch's default process group, so DDP and the
+engine's collectives run in it unchanged. The world the data is planned for stays the launch's: the
+global batch of a step is the launch world's batches ("slots", one per launch rank), and a generation of
+`n` members shares them out (training/elastic_loop.py), each member accumulating the gradients of its
+slots with the weight n / launch world, so that DDP's mean over the `n` members is the mean over every
+slot: the same step at any world size. The LR schedule and the epoch's length do not move.
+
+A step, on every member: the slots' forward and backward (DDP's all-reduce in the last backward), one
+all-reduce of the loss terms with the group's boundary flags, the commit point (lifetime/elastic.py:
+every member or none goes on), then the optimizer step. Evaluation shards by the generation's ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+
+from ..config import TrainConfig
+from ..errors import UserError
+from ..lifetime.elastic import BoundaryDecision, ElasticGroup, LeaderLost, RunOver, StepAborted
+from ..lifetime.membership import ElasticPolicy
+from ..lifetime.stop import StopRequest
+from .base import Images, Targets, check_finite
+from .torch_engine import TorchEngine, ddp_backend
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: (launch rank the batch was planned for, images, targets): one micro-batch of a step.
+MicroBatch = tuple[int, Images, Targets]
+
+# What a collective on a group with a lost member raises, beside torch's DistError: gloo's transport
+# errors arrive as a plain RuntimeError naming the peer's connection.
+_LOST_PEER_WORDS = ("gloo", "connection", "socket", "peer", "nccl", "timed out", "timeout", "abort")
+
+
+def is_group_failure(exc: BaseException) -> bool:
+    """Whether `exc` is the group losing a member (recover and redo) rather than this process's own error.
+    The leader's loss is neither: it ends the group (LeaderLost propagates)."""
+    if isinstance(exc, LeaderLost):
+        return False
+    if isinstance(exc, (StepAborted, dist.DistError)):
+        return True
+    return type(exc) is RuntimeError and any(word in str(exc).lower() for word in _LOST_PEER_WORDS)
+
+
+@contextlib.contextmanager
+def elastic_session(cfg: TrainConfig, env: dict[str, str] | None = None) -> Iterator[ElasticGroup]:
+    """This process in the job's elastic group for the body: generation 0 at the launch, or, for a
+    replacement of a lost process (the job is past generation 0), admission at the leader's next step
+    boundary. RunOver when the leader's run ended before that. The group's timeout is --rpc-timeout."""
+    env = dict(os.environ) if env is None else env
+    backend = ddp_backend(cfg)
+    policy = ElasticPolicy(timeout_s=cfg.peers.timeout)
+    group = ElasticGroup(env[MASTER_ADDR], int(env[MASTER_PORT]), int(env[RANK]), int(env[WORLD_SIZE]), backend, policy)
+    finished = False
+    try:
+        if group.start() is None:
+            log.info("elastic: the job's run ended before this replacement was admitted: nothing to join")
+            raise RunOver("the job's run ended before this replacement was admitted: nothing to join")
+        log.info("elastic ddp: member %d, rank %d of %d (%s)", group.me, group.rank, group.size, backend)
+        yield group
+        finished = True
+        with contextlib.suppress(RuntimeError):  # a member lost after the last step: the run is done anyway
+            if group.generation is not None:
+                dist.barrier()  # as process_group: nobody tears down while the leader still writes
+    finally:
+        group.close(finished=finished)
+
+
+def leader_once(group: ElasticGroup, key: str, compute: Callable[[], T]) -> T:
+    """`compute()` on the leader only, its result kept in the job's store under `key`, so that every
+    member, a replacement that comes later included, gets the same value (the data check's verdicts). A
+    user error on the leader is raised on every member. The store is the job's TCPStore: keep it small."""
+    name = f"once/{key}"
+    if group.is_leader:
+        try:
+            payload: tuple[bool, Any] = (True, compute())
+        except UserError as exc:
+            payload = (False, exc)
+        group.store.set(name, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+    else:
+        if not group.wait_for_leader(name):
+            log.info("elastic: the job's run ended before the leader's data check reached this member")
+            raise RunOver("the job's run ended before the leader's data check reached this member")
+        payload = pickle.loads(group.store.get(name))
+    ok, value = payload
+    if not ok:
+        raise value
+    return value
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A launch rank's share of the data (data/prepare.py's Feeder): whose batches a member trains on."""
+
+    data_rank: int
+    data_world_size: int
+    pin_memory: bool
+
+
+class ElasticTorchEngine(TorchEngine):
+    """The ddp engine whose process group is the elastic group's current generation. `data_rank` and
+    `data_world_size` are the generation's (evaluation shards by them); training shares out the launch
+    world's slots (`launch_world`). Between generations the DDP wrapper is dropped (`release`) and made
+    again (`rejoin`)."""
+
+    def __init__(
+        self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, group: ElasticGroup, stop: StopRequest
+    ) -> None:
+        self.group = group
+        self.launch_world = group.launch_world
+        super().__init__(cfg, num_classes, iters_per_epoch, distributed=True, stop=stop)
+        self.wrapped_in = group._generation().number  # the generation DDP's constructor ran in
+        self.decision = BoundaryDecision(stop_all=False, leaving=(), admit=False)
+
+    @property
+    def distributed(self) -> bool:
+        return True  # between generations too: its collectives always go to the group
+
+    def slot(self, launch_rank: int) -> Slot:
+        return Slot(launch_rank, self.launch_world, self.pin_memory)
+
+    def release(self) -> None:
+        """Drop the DDP wrapper before the group ends: it holds the old process group and its sockets."""
+        self.trained = self.model
+        gc.collect()
+
+    def rejoin(self) -> None:
+        """In a new generation: this member's rank and the group's size, and the model wrapped again (DDP's
+        constructor broadcasts the leader's weights: a collective every member reaches here)."""
+        self.data_rank, self.data_world_size = self.group.rank, self.group.size
+        number = self.group._generation().number
+        if self.wrapped_in != number:  # a newcomer's constructor wrapped it in this generation already
+            self.wrap()
+            self.wrapped_in = number
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def elastic_step(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, float]:
+        """One optimizer step over this member's share of the global batch, committed on every member of
+        the generation or on none (StepAborted, or the failed collective's error: recover, then redo)."""
+        weight = self.group.size / self.launch_world
+        summed: dict[str, torch.Tensor] = {}
+        last = len(micro_batches) - 1
+        for i, (slot, images, targets) in enumerate(micro_batches):
+            # Only the last backward all-reduces: the earlier ones accumulate locally.
+            with self.trained.no_sync() if i < last else contextlib.nullcontext():
+                losses = self.backward(step, slot, images, targets, weight=weight, first=i == 0)
+            for name, value in losses.items():
+                summed[name] = summed.get(name, 0) + value.detach().float()
+        names = sorted(summed)
+        asked = self.stop is not None and self.stop.requested
+        flags = self.group.boundary_flags(leave=asked, stop=asked).to(self.device)
+        values = self.all_reduce_sum(torch.cat([torch.stack([summed[n] for n in names]), flags]))
+        self.decision = self.group.read_boundary(values[len(names) :].cpu())
+        self.agreed(self.decision.stop_all)
+        logged = dict(zip(names, (values[: len(names)] / self.launch_world).tolist()))  # the mean over slots
+        check_finite(step, logged)
+        self.group.commit(step)  # nothing changed the weights before: every member steps, or none
+        self.apply_gradients()
+        return logged
+
+    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
+        return self.elastic_step(step, [(self.data_rank, images, targets)])
+
+    def stop_after_step(self) -> bool:
+        return self.decision.stop_all  # a follower asked to stop leaves alone (a drain): decision.leaving
+
+    def agree_to_stop(self) -> bool:
+        """Outside a step only the leader's request stops everyone; a follower's waits for the next step
+        boundary, where it leaves alone."""
+        asked = torch.tensor([1.0 if self.group.is_leader and self.stop is not None and self.stop.requested else 0.0])
+        return self.agreed(bool(self.all_reduce_sum(asked).item() > 0))
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {**super().extra_metrics(), "world_size": float(self.group.size)}
+
+
+class ElasticEngines:
+    """The engine factory of an elastic session (engines.EngineFactory), and its way of running the data
+    check once for every member (`on_rank0`, the fixed group's broadcast being no use to a replacement)."""
+
+    def __init__(self, cfg: TrainConfig, group: ElasticGroup, stop: StopRequest) -> None:
+        self.cfg, self.group, self.stop = cfg, group, stop
+
+    def __call__(self, num_classes: int, iters_per_epoch: int) -> ElasticTorchEngine:
+        return ElasticTorchEngine(self.cfg, num_classes, iters_per_epoch, self.group, self.stop)
+
+    def on_rank0(self, compute: Callable[[], T]) -> T:
+        return leader_once(self.group, "data-check", compute)

@@ -1,0 +1,183 @@
+"""The training loop of an elastic ddp group (--elastic, docs/elastic.md): the Trainer's steps and
+boundaries, each one redone in the next generation when the group loses a member during it.
+
+What every member holds alike is the position (committed steps) and the weights: a step is committed on
+every member or on none (the engine's commit point), and nothing else changes the weights. So after a
+loss the survivors form the next generation (lifetime/elastic.py) and take the leader's word for where
+they are: its position, and whether its boundary's work (validation, evaluation, the checkpoint) was
+done. A member that went further (into the next step, uncommitted) steps back; the work the leader did
+not finish is done again by all; the step in flight is redone from the weights they all hold. No
+checkpoint is read and no finished step is lost. A replacement receives the leader's state (model,
+optimizer, scheduler, scaler, RNG, position, every hook's) once it is in.
+
+The data position is one call (`GlobalBatches.for_rank`): the global batch `b` of epoch `e` for rank `r`
+of `n`. Until the world-size issue's plan lands it is made of the launch world's per-rank batches
+("slots", data/loader.py's order for each launch rank), shared out among the generation's members: every
+image of the epoch is trained on once, whatever members come and go.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from ..config import TrainConfig
+from ..data import CocoInstanceDataset, train_loaders
+from ..engines.elastic_ddp import ElasticTorchEngine, MicroBatch, is_group_failure
+from ..lifetime.elastic import BoundaryDecision, ElasticGroup, RunOver
+from ..lifetime.stop import Stopped
+from . import state
+from .loop import Boundary, Done, HookBase, LoaderFactory, Start, StepResult, Trainer
+from .state import Position
+
+log = logging.getLogger(__name__)
+
+#: A launch rank (a slot of the global batch) -> its batches of an epoch from a batch on.
+SlotLoaders = Callable[[int], LoaderFactory]
+
+
+def slots_of(rank: int, size: int, launch_world: int) -> list[int]:
+    """The launch ranks whose batches rank `rank` of `size` trains on: every slot once over the ranks."""
+    return list(range(rank, launch_world, size))
+
+
+class GlobalBatches:
+    """The seam between the loop and the data plan: `for_rank(epoch, batch, rank, size)` is global batch
+    `batch` of `epoch`, this rank's micro-batches of it. Each slot's loader is kept while the steps go in
+    order, and made again at the asked batch after a change of generation or a step redone."""
+
+    def __init__(self, slot_loaders: SlotLoaders, launch_world: int) -> None:
+        self.slot_loaders, self.launch_world = slot_loaders, launch_world
+        self._at: tuple[int, int, tuple[int, ...]] | None = None  # (epoch, next batch, slots) of the iterators
+        self._iterators: dict[int, Iterator[Any]] = {}
+
+    def for_rank(self, epoch: int, batch: int, rank: int, size: int) -> list[MicroBatch]:
+        slots = tuple(slots_of(rank, size, self.launch_world))
+        if self._at != (epoch, batch, slots):
+            self._iterators = {s: iter(self.slot_loaders(s)(epoch, batch)) for s in slots}
+        micro = [(s, *next(self._iterators[s])) for s in slots]
+        self._at = (epoch, batch + 1, slots)
+        return micro
+
+    @classmethod
+    def of_run(cls, cfg: TrainConfig, train_set: CocoInstanceDataset, engine: ElasticTorchEngine) -> GlobalBatches:
+        """The run's batches (data/prepare.py's train_loaders), each slot's as its launch rank reads them."""
+        return cls(lambda slot: train_loaders(cfg, train_set, engine.slot(slot)), engine.launch_world)
+
+    def reset(self) -> None:
+        self._at, self._iterators = None, {}
+
+
+class ElasticTrainer(Trainer):
+    """The Trainer of an elastic ddp member: hooks, checkpoints and stops as the Trainer's; its steps
+    over `batches`, and every failure of the group recovered in place (module docstring)."""
+
+    def __init__(self, engine: ElasticTorchEngine, batches: GlobalBatches, *args: Any) -> None:
+        """`args`: the Trainer's after its loader (iters_per_epoch, total_steps, files, stop, run_facts).
+        The Trainer's per-rank loader is not used: the steps take their batches from `batches`."""
+        super().__init__(engine, lambda _epoch, _batch: (), *args)
+        self.engine: ElasticTorchEngine = engine
+        self.batches = batches
+        self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
+        self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
+
+    @property
+    def group(self) -> ElasticGroup:
+        return self.engine.group
+
+    def train(self) -> None:
+        newcomer = self.group.me in self.group.newcomers
+        try:
+            self._settle(self._guarded(self._enter_generation))
+            for hook in self.hooks:
+                hook.before_train(Start(self.position.step, self.resumed_from))
+            if not newcomer:  # the launch's members start together; a newcomer comes in mid-run
+                self._settle(self._guarded(self.catch_up))
+            while self.position.step < self.total_steps and not self.stopped_early:
+                self._settle(self._guarded(self._step))
+        except RunOver as over:
+            log.info("elastic: %s", over)
+
+    def _step(self) -> None:
+        """The next step and its boundary; after a recovery, first the boundary's work the leader had left."""
+        if self.boundary_open:
+            self.boundary_work(self.boundary())
+            self.boundary_open = False
+            return
+        p, engine = self.position, self.engine
+        micro = self.batches.for_rank(p.epoch, p.batch, engine.data_rank, engine.data_world_size)
+        started = time.perf_counter()
+        losses = engine.elastic_step(p.step, micro)
+        # Per rank as the launch planned it (the metrics multiply by the generation's size).
+        mine = sum(len(images) for _slot, images, _targets in micro)
+        images = mine * self.batches.launch_world / (len(micro) * engine.data_world_size)
+        result = StepResult(losses, images, time.perf_counter() - started)  # type: ignore[arg-type]
+        self._advance()
+        self.boundary_open, self.hooks_done = True, []
+        self.after_step(result)
+        self.boundary_open = False
+        if engine.decision.regroup:
+            self._regroup(engine.decision)
+
+    def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
+        # After a recovery: only the work the leader had not done (an evaluation counts towards patience).
+        super().run_hooks([hook for hook in due if hook.name not in self.hooks_done], at)
+
+    def hook_ran(self, hook: HookBase, done: Done | None) -> None:
+        super().hook_ran(hook, done)
+        self.hooks_done.append(hook.name)
+
+    def _regroup(self, decision: BoundaryDecision) -> None:
+        """At the boundary: members asked to leave go, the joiners the leader admits come in."""
+        self.engine.release()
+        if self.group.regroup(decision) is None:  # this member was drained: it leaves alone
+            self.stop.finish(f"left the elastic group after step {self.position.step}; the others train on")
+            raise Stopped(self.stop)
+        self._enter_generation()
+
+    # -- generations ----------------------------------------------------------------------------
+
+    def _guarded(self, work: Callable[[], None]) -> str | None:
+        """`work()`; the group's failure in words when it lost a member (this member's own errors raise).
+        Returned, not handled here: the live exception would hold the failed group's sockets."""
+        try:
+            work()
+        except Exception as exc:
+            if not is_group_failure(exc):
+                raise
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _settle(self, failure: str | None) -> None:
+        """After a failure of the group: the next generation, as many times as forming it fails."""
+        while failure is not None:
+            log.warning("elastic: member %d: %s", self.group.me, failure.splitlines()[0][:300])
+            self.engine.release()
+            if self.group.recover(failure) is None:
+                raise RunOver("the leader's run ended while this member waited for the next generation")
+            failure = self._guarded(self._enter_generation)
+
+    def _enter_generation(self) -> None:
+        """Every member, in a new generation (the first included), in the same order: the model wrapped
+        again, the leader's position and open boundary to every member, its state to the newcomers."""
+        engine, group = self.engine, self.group
+        engine.rejoin()
+        engine.decision = BoundaryDecision(stop_all=False, leaving=(), admit=False)
+        where = [{**vars(self.position), "open": self.boundary_open, "done": self.hooks_done, "pending": self.pending}]
+        dist.broadcast_object_list(where, src=0)
+        leader = where[0]
+        self.position = Position(leader["step"], leader["epoch"], leader["batch"])
+        self.boundary_open, self.hooks_done = leader["open"], list(leader["done"])
+        self.pending = list(leader["pending"])
+        sent = self.checkpoint_state() if group.is_leader and group.newcomers else None
+        received = group.share_state(sent)
+        if group.me in group.newcomers:
+            self.position, _ = state.restore(engine, received, Path("<the leader>"))
+            state.restore_hooks(self.hooks, received, Path("<the leader>"))
+            log.info("elastic: member %d received the leader's state at step %d", group.me, self.position.step)
+        self.batches.reset()
