@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import logging
 import os
 import pickle
@@ -64,6 +65,11 @@ def elastic_session(cfg: TrainConfig, env: dict[str, str] | None = None) -> Iter
     boundary. RunOver when the leader's run ended before that. The group's timeout is --rpc-timeout."""
     env = dict(os.environ) if env is None else env
     backend = ddp_backend(cfg)
+    if backend == "nccl":
+        # NCCL's watchdog, at a collective's timeout, would end the process (torch's default, 3: tear down);
+        # 2 aborts the communicator and raises in the waiting step, which the group recovers from.
+        # Written for GPUs, not run here (docs/elastic.md, "NCCL").
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     policy = ElasticPolicy(timeout_s=cfg.peers.timeout)
     group = ElasticGroup(env[MASTER_ADDR], int(env[MASTER_PORT]), int(env[RANK]), int(env[WORLD_SIZE]), backend, policy)
     finished = False
@@ -186,8 +192,17 @@ class ElasticTorchEngine(TorchEngine):
         asked = torch.tensor([1.0 if self.group.is_leader and self.stop is not None and self.stop.requested else 0.0])
         return self.agreed(bool(self.all_reduce_sum(asked).item() > 0))
 
+    def weights_digest(self) -> str:
+        """A digest of the model's parameters, bit for bit. Not its buffers: BatchNorm's running statistics
+        follow each rank's own batches after DDP's broadcast of the leader's at every forward."""
+        digest = hashlib.blake2b(digest_size=16)
+        for value in self.model.parameters():
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
     def extra_metrics(self) -> dict[str, float]:
-        return {**super().extra_metrics(), "world_size": float(self.group.size)}
+        # An int: the console shows it as `world N` (maskrcnn_launcher.contract.progress_values).
+        return {**super().extra_metrics(), "world_size": self.group.size}
 
 
 class ElasticEngines:

@@ -100,6 +100,7 @@ class ElasticTrainer(Trainer):
                 self._settle(self._guarded(self.catch_up))
             while self.position.step < self.total_steps and not self.stopped_early:
                 self._settle(self._guarded(self._step))
+            self._settle(self._guarded(self._compare_replicas))
         except RunOver as over:
             log.info("elastic: %s", over)
 
@@ -123,6 +124,17 @@ class ElasticTrainer(Trainer):
         self.boundary_open = False
         if engine.decision.regroup:
             self._regroup(engine.decision)
+
+    def _compare_replicas(self) -> None:
+        """At the end, one small gather: whether every member holds the leader's weights, bit for bit (the
+        same all-reduced gradients, the same optimizer state: a newcomer's state is checked here too)."""
+        digest = self.engine.weights_digest()
+        digests: list[Any] = [None] * self.engine.data_world_size
+        dist.all_gather_object(digests, digest)
+        if self.engine.is_main and len(set(digests)) == 1:
+            log.info("elastic: the %d replicas hold the same weights", len(digests))
+        elif self.engine.is_main:
+            log.warning("elastic: the replicas' weights differ (members in rank order): %s", digests)
 
     def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
         # After a recovery: only the work the leader had not done (an evaluation counts towards patience).
