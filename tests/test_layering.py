@@ -303,6 +303,7 @@ DATA_ROOMS = (
     "check_ahead",
     "synthetic",
     "dataset",
+    "plan",
     "loader",
     "transforms",
     "prepare",

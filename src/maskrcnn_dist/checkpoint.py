@@ -216,6 +216,17 @@ def checkpoint_file(path: Path) -> Path:
     return path
 
 
+def load_resume(resume: Path | str | None, output_dir: Path) -> tuple[dict[str, Any], Path] | None:
+    """The checkpoint `--resume` names (resolve_resume), loaded, and its file; None: a fresh start."""
+    source = resolve_resume(resume, output_dir)
+    if source is None:
+        if resume is not None:
+            log.info("resume auto: no checkpoint in %s yet, starting fresh", checkpoint_dir(output_dir))
+        return None
+    source = checkpoint_file(source)
+    return load_checkpoint(source), source
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load a checkpoint file or the newest one in a directory, with weights_only=True."""
     path = checkpoint_file(path)

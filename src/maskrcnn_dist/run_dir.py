@@ -19,6 +19,8 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"  # metrics.py: one JSON record per line
+#: training/samples.py: per rank, one JSON line per step with the image ids it trained on.
+SAMPLES_DIR = "samples"
 REPORT_FILE = "report.png"  # outputs/report.py
 CHECKPOINT_DIR = "checkpoints"  # checkpoint.py: checkpoint_<step>.pt, newest K kept, and best.pt
 #: The checkpoint of the best evaluation so far (best.py): never pruned, `--resume best` names it.
@@ -41,6 +43,11 @@ def tmp_name(final_name: str, pid: int) -> str:
     return f".{final_name}.tmp-{pid}"
 
 
+def samples_path(output_dir: Path, rank: int) -> Path:
+    """The sample record of data-parallel rank `rank`: samples/rank<rank>.jsonl."""
+    return Path(output_dir) / SAMPLES_DIR / f"rank{rank}.jsonl"
+
+
 def checkpoint_dir(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
 
@@ -53,7 +60,7 @@ def best_checkpoint_path(output_dir: Path) -> Path:
 # a new run refuses to write over them, and --overwrite moves them aside.
 TENSORBOARD_DIR = "tensorboard"
 GALLERY_FILE = REPORT_FILE.removesuffix(".png") + "_gallery.png"  # outputs/gallery.gallery_path
-RUN_OUTPUTS = (METRICS_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, REPORT_FILE, GALLERY_FILE)
+RUN_OUTPUTS = (METRICS_FILE, SAMPLES_DIR, CHECKPOINT_DIR, TENSORBOARD_DIR, REPORT_FILE, GALLERY_FILE)
 REPLACED_PREFIX = "replaced-"
 
 

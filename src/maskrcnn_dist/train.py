@@ -29,13 +29,16 @@ from pathlib import Path
 from maskrcnn_launcher.contract import PodPlan
 
 from .categories import Categories
-from .checkpoint import Checkpointer, checkpoint_file, load_checkpoint, resolve_resume
+from .checkpoint import Checkpointer, load_resume
 from .config import TrainConfig, config_to_dict
 from .data import (
+    LAYOUT_KEY,
+    WORLD_SIZE_KEY,
+    BatchLayout,
     CocoInstanceDataset,
     ParseAhead,
     flagged_sources,
-    num_train_batches,
+    layout_of_run,
     open_data,
     sources_of,
     train_loaders,
@@ -43,7 +46,6 @@ from .data import (
 from .engines import (
     EngineFactory,
     check_device,
-    checked_once,
     engine_session,
     is_main_process,
     require_torchrun_environment,
@@ -51,17 +53,18 @@ from .engines import (
 )
 from .engines.base import Engine
 from .errors import DatasetError
-from .lifetime.elastic import RunOver
 from .lifetime.process import setup_process
-from .lifetime.stop import Interrupted, Stopped, StopRequest
+from .lifetime.stop import Interrupted, RunOver, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
-from .run_dir import checkpoint_dir, guard_output_dir
+from .run_dir import checkpoint_dir, guard_output_dir, samples_path
 from .training.best import BestTracker, check_best_metric
+from .training.elastic_loop import ElasticTrainer
 from .training.grace import grace_seconds
 from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
 from .training.loop import HookBase, RunCheckpointer, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
+from .training.samples import SampleRecordHook
 from .training.state import Position
 
 log = logging.getLogger(__name__)
@@ -75,13 +78,13 @@ def train(
     stop: StopRequest | None = None,
     parsing: ParseAhead | None = None,
 ) -> TrainResult | None:
-    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
-    None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
-    `plan`: the pipeline's pod plan (default: from the launcher's MASKRCNN_POD_PLAN). `stop`: the process's
-    stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
-    one that no signal feeds: nothing asks a library caller's run to stop. `parsing`: the annotation files
-    its entry point started parsing (data/parse_ahead.py): released to write their caches once the flags
-    and the output folder are accepted, and done once the data is loaded."""
+    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or None on
+    a pipeline stage worker or an elastic replacement with nothing left to join (RunOver); raises Stopped
+    when a stop request ended it (its checkpoint written). `plan`: the pipeline's pod plan (default: the
+    launcher's MASKRCNN_POD_PLAN). `stop`: the process's stop request, made and installed by its entry
+    point (cli.py, stop.stop_on_signals); by default one that no signal feeds: nothing asks a library
+    caller's run to stop. `parsing`: the annotation files its entry point started parsing (parse_ahead.py):
+    released to write their caches once the flags and the output folder are accepted, done once loaded."""
     return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing)
 
 
@@ -111,12 +114,10 @@ def _train(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest, parsing: P
             stop_before_start(cfg, stop, "data loading")
             datasets = opened.build()
             stop_before_start(cfg, stop, "the data check")
-        # RunOver: an elastic replacement came when there was nothing left to join (None, exit 0).
         with contextlib.suppress(RunOver), engine_session(cfg, plan, stop) as (make_engine, data_world_size):
-            if cfg.engine == "ddp":
-                datasets = opened.build(checked_once(make_engine))  # on rank 0, its verdicts to every rank
+            if cfg.engine == "ddp":  # checked on rank 0, its verdicts given to every rank
+                datasets = opened.build(make_engine.on_rank0)  # type: ignore[attr-defined]
             return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s)
-    return None
 
 
 def _run(
@@ -128,8 +129,10 @@ def _run(
     grace_s: float | None,
 ) -> TrainResult:
     train_set, val_set = datasets
-    # One number for the engine's schedule and the Trainer's epochs.
-    iters = num_train_batches(len(train_set), cfg.data.batch_size, world_size=data_world_size)
+    # The checkpoint's global batch at any world size (data/plan.py): its steps per epoch set the schedule.
+    saved = load_resume(cfg.resume, cfg.output_dir)
+    layout = layout_of_run(saved[0] if saved else None, cfg.data.batch_size, data_world_size, is_main_process(cfg))
+    iters = layout.steps_per_epoch(len(train_set))
     engine = make_engine(train_set.num_classes, iters)
     if cfg.test_only and val_set is None:
         raise DatasetError(
@@ -137,8 +140,8 @@ def _run(
         )
     total = cfg.total_steps(iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main, total)) as metrics:
-        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s)
-        resume(trainer, cfg)
+        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, layout)
+        resume(trainer, cfg, saved)
         if cfg.test_only:
             evaluation = evaluate_only(trainer.position.step, evaluation_of(cfg, engine, val_set, metrics), stop)
             return TrainResult(trainer.position, None, evaluation, cfg.output_dir)
@@ -173,11 +176,15 @@ def build_trainer(
     metrics: MetricsWriter,
     stop: StopRequest | None = None,
     grace_s: float | None = None,
+    layout: BatchLayout | None = None,
 ) -> Trainer:
-    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`."""
-    loader = train_loaders(cfg, train_set, engine)  # the epoch's loader: augmented, batched
+    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`; `layout` (default:
+    this launch's) the run's global batch, kept with the world size in its checkpoints."""
+    layout = layout or BatchLayout(engine.data_world_size, cfg.data.batch_size)
+    loader = train_loaders(cfg, train_set, engine, layout)  # the epoch's steps: augmented, batched
     categories = Categories.of_dataset(train_set)
     run_facts = {
+        **{LAYOUT_KEY: layout.to_state(), WORLD_SIZE_KEY: engine.data_world_size},
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
         "categories": categories.to_state(),
@@ -186,13 +193,11 @@ def build_trainer(
     }
     files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     total = cfg.total_steps(iters_per_epoch)
-    trainer_type = Trainer
-    if cfg.engine == "ddp" and cfg.peers.elastic:  # the launch world's batches, shared out among its members
-        from .training.elastic_loop import ElasticTrainer, GlobalBatches
-
-        trainer_type, loader = ElasticTrainer, GlobalBatches.of_run(cfg, train_set, engine)  # type: ignore[assignment]
+    trainer_type = ElasticTrainer if cfg.engine == "ddp" and cfg.peers.elastic else Trainer
     trainer = trainer_type(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts)
     trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
+    record = SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)
+    trainer.register_hooks([record])
     return trainer
 
 
@@ -227,16 +232,12 @@ def evaluation_of(
     return None if val_set is None else Evaluation(engine, val_set, cfg.data.val_batch_size, cfg.data.workers, metrics)
 
 
-def resume(trainer: Trainer, cfg: TrainConfig) -> None:
-    """Continue from --resume (a file, a directory, "auto": the newest in this run's output, or, for
-    --test-only, "best"), with every hook's state and the pending hooks the checkpoint holds."""
-    source = resolve_resume(cfg.resume, cfg.output_dir)
-    if source is None:
-        if cfg.resume is not None:
-            log.info("resume auto: no checkpoint in %s yet, starting fresh", checkpoint_dir(cfg.output_dir))
-        return
-    source = checkpoint_file(source)
-    trainer.restore(load_checkpoint(source), source)
+def resume(trainer: Trainer, cfg: TrainConfig, saved: tuple[dict, Path] | None = None) -> None:
+    """Continue from --resume (`saved`: already loaded), with every hook's state and the pending hooks
+    the checkpoint holds."""
+    saved = saved or load_resume(cfg.resume, cfg.output_dir)
+    if saved is not None:
+        trainer.restore(*saved)
 
 
 def evaluate_only(step: int, evaluation: Evaluation | None, stop: StopRequest) -> dict[str, float] | None:

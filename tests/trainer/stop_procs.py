@@ -115,6 +115,16 @@ class Job:
         self.proc.wait(timeout=30)
 
 
+def stop_after(job: Job, out: Path, kind: str, step: int, send) -> int:
+    """Start `job`, wait for its `kind` record at `step`, `send(job)`, and return its exit code."""
+    try:
+        job.start().wait_for(out / "metrics.jsonl", kind, step, timeout=300)
+        send(job)
+        return job.finish(120)
+    finally:
+        job.kill()
+
+
 def descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:

@@ -2,7 +2,7 @@
 whole, and their loaders. The rooms below it import downward only (tests/test_layering.py):
 
     cache < annotations/ < classes < sources/ < parse_ahead < images/ < check_ahead < synthetic
-          < dataset < loader < transforms/ < prepare
+          < dataset < plan < loader < transforms/ < prepare
 
 The names below are imported when first asked for (PEP 562), not with the package: annotations/,
 sources/, cache and parse_ahead need no torch, and the command line starts parsing a large annotation
@@ -44,6 +44,16 @@ _HOME = {
     "eval_rounds": "loader",
     "num_train_batches": "loader",
     "rank_indices": "loader",
+    "build_step_loader": "loader",
+    "StepBatch": "loader",
+    "MicroBatch": "loader",
+    "BatchLayout": "plan",
+    "LAYOUT_KEY": "plan",
+    "WORLD_SIZE_KEY": "plan",
+    "epoch_plan": "plan",
+    "layout_of_run": "plan",
+    "rank_share": "plan",
+    "share_at": "plan",
     "SyntheticCoco": "synthetic",
     "SyntheticSplits": "synthetic",
     "ensure_synthetic": "synthetic",

@@ -1,4 +1,5 @@
-"""Batching: collate, the deterministic per-epoch batch list of one rank, and the loaders built on it.
+"""Batching: collate, the loaders of training steps (the epoch's global batches, plan.py, and this
+rank's share of each) and of evaluation, and the per-rank batch lists of one world size.
 
 An epoch's batches are computed eagerly as a list of index lists. That makes them a pure function of
 (seed, epoch, rank, world size, ...): a resumed run slices the list and skips finished batches
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..lifetime.stop import leave_process_group
+from .plan import BatchLayout, RankShare, epoch_plan, grouped_batches, rank_share
 
 Batch = tuple[list[torch.Tensor], list[dict[str, Any]]]
 
@@ -80,32 +84,12 @@ def epoch_batches(
     if group_factor >= 0:
         assert aspect_ratios is not None  # checked above; tells the type checker
         groups = aspect_ratio_groups(aspect_ratios, group_factor)
-        batches = _grouped_batches(order, [groups[i] for i in order], batch_size)
+        batches = grouped_batches(order, [groups[i] for i in order], batch_size)
     else:
         batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:
         batches.pop()
     return batches
-
-
-def _grouped_batches(order: list[int], groups: list[int], batch_size: int) -> list[list[int]]:
-    """Batches of one aspect-ratio group each, as they fill in `order`; then the leftovers.
-
-    torchvision's GroupedBatchSampler fills its leftover batches by repeating samples of one group and
-    leaves other leftovers out. Here the leftovers are concatenated in group order (neighbouring
-    groups have similar shapes) and cut into batches: every sample of the epoch is used exactly once
-    and the batch count, ceil(len(order) / batch_size), depends on the sample count alone.
-    """
-    full: list[list[int]] = []
-    buffers: dict[int, list[int]] = {}
-    for index, group in zip(order, groups, strict=True):
-        buffer = buffers.setdefault(group, [])
-        buffer.append(index)
-        if len(buffer) == batch_size:
-            full.append(buffer)
-            buffers[group] = []
-    leftovers = [i for group in sorted(buffers) for i in buffers[group]]
-    return full + [leftovers[i : i + batch_size] for i in range(0, len(leftovers), batch_size)]
 
 
 def _check_batch_args(
@@ -178,6 +162,74 @@ def build_train_loader(
     )
 
 
+@dataclass
+class MicroBatch:
+    """A loaded micro-batch: its images and targets, its index in the global batch (seeds its random
+    draws) and its loss weight (its share of the global batch's images; 0: a filler)."""
+
+    images: list[torch.Tensor]
+    targets: list[dict[str, Any]]
+    micro: int
+    weight: Fraction
+
+
+@dataclass
+class StepBatch:
+    """What this rank trains on in one step: its micro-batches of one global batch (plan.rank_share)."""
+
+    micro_batches: list[MicroBatch]
+    share: RankShare
+
+    @property
+    def images(self) -> int:
+        """Images this rank trains on with a weight (fillers left out)."""
+        return len(self.share.trained)
+
+
+class StepLoader:
+    """The steps of an epoch from a global batch on: one StepBatch per step. One DataLoader reads every
+    micro-batch of the rank in order (its workers prefetch across steps); this regroups them per step."""
+
+    def __init__(self, loader: DataLoader, shares: list[RankShare]) -> None:
+        self.loader, self.shares = loader, shares
+
+    def __len__(self) -> int:
+        return len(self.shares)
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        micro_batches = iter(self.loader)
+        for share in self.shares:
+            loaded = [MicroBatch(*next(micro_batches), m.micro, m.weight) for m in share.micro_batches]
+            yield StepBatch(loaded, share)
+
+
+def build_step_loader(
+    dataset: Dataset,
+    layout: BatchLayout,
+    *,
+    epoch: int,
+    seed: int,
+    groups: Sequence[int] | None = None,
+    start_batch: int = 0,
+    share: tuple[int, int] = (0, 1),
+    **options: Any,
+) -> StepLoader:
+    """Rank r of n's (`share`) part of every global batch of `epoch` (plan.py) from global batch
+    `start_batch` on. `groups`: each image's aspect-ratio group (aspect_ratio_groups; None: no grouping);
+    `options`: the DataLoader's (num_workers, pin_memory, collate_fn).
+
+    Build one per epoch. `len(loader)` is the number of steps left in the epoch, the same on every rank.
+    """
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)  # flips depend on the epoch; set before workers copy the dataset
+    plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
+    if not 0 <= start_batch <= len(plan):
+        raise ValueError(f"start_batch {start_batch} is outside the epoch's {len(plan)} global batches")
+    shares = [rank_share(batch, *share) for batch in plan[start_batch:]]
+    micro_batches = [list(m.indices) for share in shares for m in share.micro_batches]
+    return StepLoader(_loader(dataset, micro_batches, **options), shares)
+
+
 def build_eval_loader(
     dataset: Dataset, batch_size: int, *, rank: int = 0, world_size: int = 1, num_workers: int = 0
 ) -> DataLoader:
@@ -197,8 +249,8 @@ def _loader(
     dataset: Dataset,
     batches: list[list[int]],
     *,
-    num_workers: int,
-    pin_memory: bool,
+    num_workers: int = 0,
+    pin_memory: bool = False,
     collate_fn: Callable[[Sequence[tuple[torch.Tensor, dict[str, Any]]]], Batch] = collate,
 ) -> DataLoader:
     # No persistent_workers: loaders are built per epoch (the batch list and the flips change), so

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from torch.utils.data import DataLoader
-
 from ..config import TrainConfig
 from ..errors import ConfigError, DatasetError
 from .check_ahead import CheckAhead, read_ahead
@@ -39,8 +37,9 @@ from .images.check import (
     check_images,
     raise_if_bad,
 )
-from .loader import build_train_loader, collate
+from .loader import StepLoader, aspect_ratio_groups, build_step_loader, collate
 from .parse_ahead import ParseAhead, released
+from .plan import BatchLayout
 from .sources import DataSources
 from .sources.resolve import cache_dir, carve_val, names_data, resolve_sources
 from .synthetic import ensure_synthetic, synthetic_sources
@@ -266,8 +265,11 @@ class Feeder(Protocol):
     pin_memory: bool
 
 
-def train_loaders(cfg: TrainConfig, train_set: CocoInstanceDataset, feeder: Feeder) -> Callable[[int, int], DataLoader]:
-    """(epoch, first batch) -> the loader of that epoch's batches for `feeder`'s rank: the dataset
+def train_loaders(
+    cfg: TrainConfig, train_set: CocoInstanceDataset, feeder: Feeder, layout: BatchLayout | None = None
+) -> Callable[[int, int], StepLoader]:
+    """(epoch, first global batch) -> the loader of `feeder`'s share of that epoch's global batches of
+    `layout` (plan.py; default: this launch's, world size x --batch-size), one StepBatch per step: the dataset
     through --data-augmentation (hflip: transforms/flip.py; multiscale, lsj: transforms/augment.py),
     batched by collate or, with --use-copypaste, by copy-paste's (transforms/copy_paste.py)."""
     # Imported here: torchvision's v2 transforms cost every process that opens data without training
@@ -281,15 +283,18 @@ def train_loaders(cfg: TrainConfig, train_set: CocoInstanceDataset, feeder: Feed
         Flipped(train_set, cfg.seed) if augmentation is None else AugmentedDataset(train_set, augmentation, cfg.seed)
     )
 
-    def loader(epoch: int, start_batch: int) -> DataLoader:
-        return build_train_loader(
+    layout = layout or BatchLayout(feeder.data_world_size, data.batch_size)
+    factor = data.aspect_ratio_group_factor
+    groups = aspect_ratio_groups(train_set.aspect_ratios(), factor) if factor >= 0 else None
+
+    def loader(epoch: int, start_batch: int) -> StepLoader:
+        return build_step_loader(
             samples,
-            data.batch_size,
+            layout,
             epoch=epoch,
             seed=cfg.seed,
-            rank=feeder.data_rank,
-            world_size=feeder.data_world_size,
-            group_factor=data.aspect_ratio_group_factor,
+            groups=groups,
+            share=(feeder.data_rank, feeder.data_world_size),
             num_workers=data.workers,
             start_batch=start_batch,
             pin_memory=feeder.pin_memory,

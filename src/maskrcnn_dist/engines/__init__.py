@@ -60,14 +60,6 @@ def stop_before_start(cfg: TrainConfig, stop: StopRequest, phase: str) -> None:
         raise Stopped.before_any_step(stop, phase)
 
 
-def checked_once(make_engine: EngineFactory) -> Callable[[Callable[[], T]], T]:
-    """How a ddp session runs the data check once, its verdicts given to every rank: the fixed group's
-    broadcast from rank 0, or an elastic group's store (where a replacement reads them later)."""
-    from .torch_engine import on_rank0
-
-    return getattr(make_engine, "on_rank0", on_rank0)
-
-
 @contextmanager
 def engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) -> Iterator[tuple[EngineFactory, int]]:
     """The engine's process-level session (nothing, the ddp process group, the pipeline master's RPC),
@@ -91,11 +83,26 @@ def engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) ->
         with elastic_session(cfg) as group:
             yield ElasticEngines(cfg, group, stop), group.launch_world  # the data is planned for the launch's world
         return
-    from .torch_engine import TorchEngine, process_group
+    from .torch_engine import process_group
 
     distributed = cfg.engine == "ddp"
     with process_group(cfg) if distributed else contextlib.nullcontext(1) as world_size:
-        yield (
-            (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed, stop=stop)),
-            world_size,
-        )
+        yield TorchEngines(cfg, distributed, stop), world_size
+
+
+class TorchEngines:
+    """The local and ddp engines' factory (EngineFactory); `on_rank0` runs the data check once, on rank 0,
+    its result broadcast to every rank (an elastic group's factory keeps it in the job's store instead)."""
+
+    def __init__(self, cfg: TrainConfig, distributed: bool, stop: StopRequest) -> None:
+        self.cfg, self.distributed, self.stop = cfg, distributed, stop
+
+    def __call__(self, num_classes: int, iters_per_epoch: int) -> Engine:
+        from .torch_engine import TorchEngine
+
+        return TorchEngine(self.cfg, num_classes, iters_per_epoch, distributed=self.distributed, stop=self.stop)
+
+    def on_rank0(self, compute: Callable[[], T]) -> T:
+        from .torch_engine import on_rank0
+
+        return on_rank0(compute)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from ..data.loader import MicroBatch
 from ..errors import ConfigError, TrainingError
 from ..lifetime.stop import StopRequest
 
@@ -46,6 +48,16 @@ class Engine(abc.ABC):
         """One optimizer step. Returns the loss terms averaged over the data-parallel world, for
         logging. Raises TrainingError naming the step and the term on a non-finite loss, on every
         rank at once and before any parameter changes."""
+
+    def train_micro_batches(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, float]:
+        """One optimizer step over this process's share of a global batch (data/plan.py): its
+        micro-batches, each weighted by its share of the global batch's images. Here: the real ones
+        (fillers left out) as one batch, the engine's own step (the pipeline's master, whose own
+        micro-batches weigh by their image counts, reads a whole global batch this way)."""
+        real = [m for m in micro_batches if m.weight > 0]
+        if len(real) == 1:
+            return self.train_step(step, real[0].images, real[0].targets)
+        return self.train_step(step, [i for m in real for i in m.images], [t for m in real for t in m.targets])
 
     @abc.abstractmethod
     def predict(self, images: Images) -> list[dict[str, torch.Tensor]]:

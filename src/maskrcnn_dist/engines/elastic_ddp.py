@@ -2,13 +2,13 @@
 
 The session joins the elastic group (lifetime/elastic.py) through the job's TCPStore instead of opening
 a fixed process group; each of the group's generations is torch's default process group, so DDP and the
-engine's collectives run in it unchanged. The world the data is planned for stays the launch's: the
-global batch of a step is the launch world's batches ("slots", one per launch rank), and a generation of
-`n` members shares them out (training/elastic_loop.py), each member accumulating the gradients of its
-slots with the weight n / launch world, so that DDP's mean over the `n` members is the mean over every
-slot: the same step at any world size. The LR schedule and the epoch's length do not move.
+engine's collectives run in it unchanged. The global batch stays the launch's (data/plan.py: the launch
+world x --batch-size): a generation of `n` members takes rank r of n's share of each one, accumulating
+its micro-batches' gradients, each loss weighted by its share of the global batch's images (x n, as DDP
+averages over the members): the same step at any world size. The LR schedule and the epoch's length do
+not move; every image of an epoch is trained on once, whatever members come and go.
 
-A step, on every member: the slots' forward and backward (DDP's all-reduce in the last backward), one
+A step, on every member: its micro-batches' forward and backward (DDP's all-reduce in the last one), one
 all-reduce of the loss terms with the group's boundary flags, the commit point (lifetime/elastic.py:
 every member or none goes on), then the optimizer step. Evaluation shards by the generation's ranks.
 """
@@ -22,7 +22,6 @@ import logging
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -30,18 +29,16 @@ import torch.distributed as dist
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 
 from ..config import TrainConfig
+from ..data.loader import MicroBatch
 from ..errors import UserError
-from ..lifetime.elastic import BoundaryDecision, ElasticGroup, LeaderLost, RunOver, StepAborted
+from ..lifetime.elastic import BoundaryDecision, ElasticGroup, LeaderLost, StepAborted
 from ..lifetime.membership import ElasticPolicy
-from ..lifetime.stop import StopRequest
-from .base import Images, Targets, check_finite
+from ..lifetime.stop import RunOver, StopRequest
+from .base import check_finite
 from .torch_engine import TorchEngine, ddp_backend
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-#: (launch rank the batch was planned for, images, targets): one micro-batch of a step.
-MicroBatch = tuple[int, Images, Targets]
 
 # What a collective on a group with a lost member raises, beside torch's DistError: gloo's transport
 # errors arrive as a plain RuntimeError naming the peer's connection.
@@ -109,26 +106,15 @@ def leader_once(group: ElasticGroup, key: str, compute: Callable[[], T]) -> T:
     return value
 
 
-@dataclass(frozen=True)
-class Slot:
-    """A launch rank's share of the data (data/prepare.py's Feeder): whose batches a member trains on."""
-
-    data_rank: int
-    data_world_size: int
-    pin_memory: bool
-
-
 class ElasticTorchEngine(TorchEngine):
     """The ddp engine whose process group is the elastic group's current generation. `data_rank` and
-    `data_world_size` are the generation's (evaluation shards by them); training shares out the launch
-    world's slots (`launch_world`). Between generations the DDP wrapper is dropped (`release`) and made
-    again (`rejoin`)."""
+    `data_world_size` are the generation's: its share of each global batch, and evaluation's shards.
+    Between generations the DDP wrapper is dropped (`release`) and made again (`rejoin`)."""
 
     def __init__(
         self, cfg: TrainConfig, num_classes: int, iters_per_epoch: int, group: ElasticGroup, stop: StopRequest
     ) -> None:
         self.group = group
-        self.launch_world = group.launch_world
         super().__init__(cfg, num_classes, iters_per_epoch, distributed=True, stop=stop)
         self.wrapped_in = group._generation().number  # the generation DDP's constructor ran in
         self.decision = BoundaryDecision(stop_all=False, leaving=(), admit=False)
@@ -136,9 +122,6 @@ class ElasticTorchEngine(TorchEngine):
     @property
     def distributed(self) -> bool:
         return True  # between generations too: its collectives always go to the group
-
-    def slot(self, launch_rank: int) -> Slot:
-        return Slot(launch_rank, self.launch_world, self.pin_memory)
 
     def release(self) -> None:
         """Drop the DDP wrapper before the group ends: it holds the old process group and its sockets."""
@@ -156,32 +139,23 @@ class ElasticTorchEngine(TorchEngine):
 
     # -- the step -------------------------------------------------------------------------------
 
-    def elastic_step(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, float]:
-        """One optimizer step over this member's share of the global batch, committed on every member of
-        the generation or on none (StepAborted, or the failed collective's error: recover, then redo)."""
-        weight = self.group.size / self.launch_world
-        summed: dict[str, torch.Tensor] = {}
-        last = len(micro_batches) - 1
-        for i, (slot, images, targets) in enumerate(micro_batches):
-            # Only the last backward all-reduces: the earlier ones accumulate locally.
-            with self.trained.no_sync() if i < last else contextlib.nullcontext():
-                losses = self.backward(step, slot, images, targets, weight=weight, first=i == 0)
-            for name, value in losses.items():
-                summed[name] = summed.get(name, 0) + value.detach().float()
-        names = sorted(summed)
+    def train_micro_batches(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, float]:
+        """One optimizer step over this member's share of the global batch (data/plan.py's rank_share for
+        its rank of the generation), committed on every member of the generation or on none (StepAborted,
+        or the failed collective's error: recover, then redo it)."""
+        weighted = self.accumulate(step, micro_batches)  # each loss x its weight x the generation's size
+        names = sorted(weighted)
         asked = self.stop is not None and self.stop.requested
         flags = self.group.boundary_flags(leave=asked, stop=asked).to(self.device)
-        values = self.all_reduce_sum(torch.cat([torch.stack([summed[n] for n in names]), flags]))
+        terms = torch.stack([weighted[n].detach().float() for n in names])
+        values = self.all_reduce_sum(torch.cat([terms, flags]))
         self.decision = self.group.read_boundary(values[len(names) :].cpu())
         self.agreed(self.decision.stop_all)
-        logged = dict(zip(names, (values[: len(names)] / self.launch_world).tolist()))  # the mean over slots
+        logged = dict(zip(names, (values[: len(names)] / self.data_world_size).tolist()))  # the global batch's
         check_finite(step, logged)
         self.group.commit(step)  # nothing changed the weights before: every member steps, or none
         self.apply_gradients()
         return logged
-
-    def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
-        return self.elastic_step(step, [(self.data_rank, images, targets)])
 
     def stop_after_step(self) -> bool:
         return self.decision.stop_all  # a follower asked to stop leaves alone (a drain): decision.leaving
@@ -199,10 +173,6 @@ class ElasticTorchEngine(TorchEngine):
         for value in self.model.parameters():
             digest.update(value.detach().cpu().contiguous().numpy().tobytes())
         return digest.hexdigest()
-
-    def extra_metrics(self) -> dict[str, float]:
-        # An int: the console shows it as `world N` (maskrcnn_launcher.contract.progress_values).
-        return {**super().extra_metrics(), "world_size": self.group.size}
 
 
 class ElasticEngines:

@@ -11,11 +11,13 @@ requested on any rank before it stops every rank after that step, one requested 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from fractions import Fraction
 from typing import Any, TypeVar
 
 import torch
@@ -24,6 +26,7 @@ from maskrcnn_launcher.contract import process_group_backend
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig, fp16_on_cpu_problem
+from ..data.loader import MicroBatch
 from ..errors import ConfigError, UserError
 from ..lifetime.stop import StopRequest
 from ..modeling.compiled import compile_backbone, graph_breaks
@@ -142,28 +145,33 @@ class TorchEngine(Engine):
     # -- steps ----------------------------------------------------------------------------------
 
     def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, float]:
-        loss_dict = self.backward(step, self.data_rank, images, targets)
+        """One step on one batch: this rank's micro-batch of a global batch at the launch's world size."""
+        whole = MicroBatch(images, targets, micro=self.data_rank, weight=Fraction(1, self.data_world_size))
+        return self.train_micro_batches(step, [whole])
+
+    def train_micro_batches(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, float]:
+        weighted = self.accumulate(step, micro_batches)
         # After backward (no parameter has changed yet): a stop asked for during it still ends this step.
-        logged = self._mean_over_ranks(loss_dict)
+        logged = self._mean_over_ranks(weighted)
         check_finite(step, logged)
         self.apply_gradients()
         return logged
 
-    def backward(
-        self, step: int, micro: int, images: Images, targets: Targets, weight: float = 1.0, first: bool = True
-    ) -> dict[str, torch.Tensor]:
-        """Forward and backward of one (micro-)batch, its loss scaled by `weight`; `first`: the step's
-        first, which clears the gradients (later ones accumulate). `micro` seeds the model's draws."""
-        images, targets = to_device(images, targets, self.device)
+    def accumulate(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, torch.Tensor]:
+        """The forward and backward of this rank's share of a global batch: gradients accumulate over its
+        micro-batches (DDP all-reduces once, in the last one's backward), each loss scaled by its weight x
+        world size, as DDP averages over ranks: the step's gradient is the image-weighted mean over the
+        global batch. Returns the weighted loss terms, summed over the micro-batches."""
         self.model.train()
-        self.seeder.at(step, micro=micro)
-        with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
-            loss_dict = self.trained(images, targets)
-        if first:
-            self.optimizer.zero_grad(set_to_none=True)
-        loss = sum(loss_dict.values())
-        self.scaler.scale(loss if weight == 1.0 else loss * weight).backward()
-        return loss_dict
+        self.optimizer.zero_grad(set_to_none=True)
+        weighted: dict[str, torch.Tensor] = {}
+        for i, micro_batch in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with contextlib.nullcontext() if last or not self.distributed else self.trained.no_sync():
+                terms = self._forward_backward(step, micro_batch, float(micro_batch.weight * self.data_world_size))
+            for name, value in terms.items():
+                weighted[name] = weighted[name] + value if name in weighted else value
+        return weighted
 
     def apply_gradients(self) -> None:
         """The optimizer's and the schedule's step on the gradients backward left (clipped if asked)."""
@@ -173,6 +181,17 @@ class TorchEngine(Engine):
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
+
+    def _forward_backward(self, step: int, micro_batch: MicroBatch, scale: float) -> dict[str, torch.Tensor]:
+        """One micro-batch's forward and backward, its loss scaled by `scale` (1: as it is, bit for bit);
+        returns its loss terms, detached and scaled, for the step's record."""
+        images, targets = to_device(micro_batch.images, micro_batch.targets, self.device)
+        self.seeder.at(step, micro=micro_batch.micro)
+        with autocast_context(self.device, self.cfg.amp, self.cfg.amp_dtype):
+            loss_dict = self.trained(images, targets)
+        loss = sum(loss_dict.values())
+        self.scaler.scale(loss if scale == 1.0 else loss * scale).backward()
+        return {name: value.detach() if scale == 1.0 else value.detach() * scale for name, value in loss_dict.items()}
 
     def _mean_over_ranks(self, loss_dict: dict[str, torch.Tensor]) -> dict[str, float]:
         """The loss terms' mean over ranks; this rank's stop flag rides along (no collective of its own)."""

@@ -55,11 +55,6 @@ class StepAborted(RuntimeError):
     """The step in flight was not committed: a member was lost. Recover, then redo it."""
 
 
-class RunOver(Exception):  # noqa: N818 (not an error: a replacement came when there was nothing to join)
-    """The leader's run ended before this member was admitted (or while it waited for the next
-    generation): it leaves with exit 0, nothing trained, nothing lost."""
-
-
 class LeaderLost(RuntimeError):
     """The master's process fell silent: the group cannot go on (the job restarts from its checkpoint)."""
 

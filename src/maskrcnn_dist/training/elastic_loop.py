@@ -10,10 +10,9 @@ not finish is done again by all; the step in flight is redone from the weights t
 checkpoint is read and no finished step is lost. A replacement receives the leader's state (model,
 optimizer, scheduler, scaler, RNG, position, every hook's) once it is in.
 
-The data position is one call (`GlobalBatches.for_rank`): the global batch `b` of epoch `e` for rank `r`
-of `n`. Until the world-size issue's plan lands it is made of the launch world's per-rank batches
-("slots", data/loader.py's order for each launch rank), shared out among the generation's members: every
-image of the epoch is trained on once, whatever members come and go.
+The data position is one call (`GlobalBatches.for_rank`): rank `r` of `n`'s share of global batch `b`
+of epoch `e` (data/plan.py, the launch's global batch): every image of the epoch is trained on once,
+whatever members come and go, and the per-step sample record (training/samples.py) says so.
 """
 
 from __future__ import annotations
@@ -26,63 +25,49 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..config import TrainConfig
-from ..data import CocoInstanceDataset, train_loaders
-from ..engines.elastic_ddp import ElasticTorchEngine, MicroBatch, is_group_failure
-from ..lifetime.elastic import BoundaryDecision, ElasticGroup, RunOver
-from ..lifetime.stop import Stopped
+from ..data.loader import StepBatch
+from ..engines.elastic_ddp import ElasticTorchEngine, is_group_failure
+from ..lifetime.elastic import BoundaryDecision, ElasticGroup
+from ..lifetime.stop import RunOver, Stopped
 from . import state
 from .loop import Boundary, Done, HookBase, LoaderFactory, Start, StepResult, Trainer
 from .state import Position
 
 log = logging.getLogger(__name__)
 
-#: A launch rank (a slot of the global batch) -> its batches of an epoch from a batch on.
-SlotLoaders = Callable[[int], LoaderFactory]
-
-
-def slots_of(rank: int, size: int, launch_world: int) -> list[int]:
-    """The launch ranks whose batches rank `rank` of `size` trains on: every slot once over the ranks."""
-    return list(range(rank, launch_world, size))
-
 
 class GlobalBatches:
-    """The seam between the loop and the data plan: `for_rank(epoch, batch, rank, size)` is global batch
-    `batch` of `epoch`, this rank's micro-batches of it. Each slot's loader is kept while the steps go in
-    order, and made again at the asked batch after a change of generation or a step redone."""
+    """The seam between the loop and the data plan: `for_rank(epoch, batch, rank, size)` is rank `rank`
+    of `size`'s share of global batch `batch` of `epoch` (data/plan.py), its micro-batches loaded, read
+    through `loader` (data/prepare.py's train_loaders for the engine, which reads the engine's rank and
+    size, its generation's, at each call). The loader is kept while the steps go in order, and made again
+    at the asked global batch after a change of generation or a step redone."""
 
-    def __init__(self, slot_loaders: SlotLoaders, launch_world: int) -> None:
-        self.slot_loaders, self.launch_world = slot_loaders, launch_world
-        self._at: tuple[int, int, tuple[int, ...]] | None = None  # (epoch, next batch, slots) of the iterators
-        self._iterators: dict[int, Iterator[Any]] = {}
+    def __init__(self, loader: LoaderFactory) -> None:
+        self.loader = loader
+        self._at: tuple[int, int, int, int] | None = None  # (epoch, next batch, rank, size) of the iterator
+        self._steps: Iterator[StepBatch] = iter(())
 
-    def for_rank(self, epoch: int, batch: int, rank: int, size: int) -> list[MicroBatch]:
-        slots = tuple(slots_of(rank, size, self.launch_world))
-        if self._at != (epoch, batch, slots):
-            self._iterators = {s: iter(self.slot_loaders(s)(epoch, batch)) for s in slots}
-        micro = [(s, *next(self._iterators[s])) for s in slots]
-        self._at = (epoch, batch + 1, slots)
-        return micro
-
-    @classmethod
-    def of_run(cls, cfg: TrainConfig, train_set: CocoInstanceDataset, engine: ElasticTorchEngine) -> GlobalBatches:
-        """The run's batches (data/prepare.py's train_loaders), each slot's as its launch rank reads them."""
-        return cls(lambda slot: train_loaders(cfg, train_set, engine.slot(slot)), engine.launch_world)
+    def for_rank(self, epoch: int, batch: int, rank: int, size: int) -> StepBatch:
+        if self._at != (epoch, batch, rank, size):
+            self._steps = iter(self.loader(epoch, batch))
+        step = next(self._steps)
+        self._at = (epoch, batch + 1, rank, size)
+        return step
 
     def reset(self) -> None:
-        self._at, self._iterators = None, {}
+        self._at, self._steps = None, iter(())
 
 
 class ElasticTrainer(Trainer):
     """The Trainer of an elastic ddp member: hooks, checkpoints and stops as the Trainer's; its steps
     over `batches`, and every failure of the group recovered in place (module docstring)."""
 
-    def __init__(self, engine: ElasticTorchEngine, batches: GlobalBatches, *args: Any) -> None:
-        """`args`: the Trainer's after its loader (iters_per_epoch, total_steps, files, stop, run_facts).
-        The Trainer's per-rank loader is not used: the steps take their batches from `batches`."""
-        super().__init__(engine, lambda _epoch, _batch: (), *args)
+    def __init__(self, engine: ElasticTorchEngine, loader: LoaderFactory, *args: Any) -> None:
+        """As the Trainer's; its steps take their batches through `GlobalBatches(loader)`."""
+        super().__init__(engine, loader, *args)
         self.engine: ElasticTorchEngine = engine
-        self.batches = batches
+        self.batches = GlobalBatches(loader)
         self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
         self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
 
@@ -111,13 +96,10 @@ class ElasticTrainer(Trainer):
             self.boundary_open = False
             return
         p, engine = self.position, self.engine
-        micro = self.batches.for_rank(p.epoch, p.batch, engine.data_rank, engine.data_world_size)
+        batch = self.batches.for_rank(p.epoch, p.batch, engine.data_rank, engine.data_world_size)
         started = time.perf_counter()
-        losses = engine.elastic_step(p.step, micro)
-        # Per rank as the launch planned it (the metrics multiply by the generation's size).
-        mine = sum(len(images) for _slot, images, _targets in micro)
-        images = mine * self.batches.launch_world / (len(micro) * engine.data_world_size)
-        result = StepResult(losses, images, time.perf_counter() - started)  # type: ignore[arg-type]
+        losses = engine.train_micro_batches(p.step, batch.micro_batches)
+        result = StepResult(losses, batch.images, time.perf_counter() - started, self._samples(batch))
         self._advance()
         self.boundary_open, self.hooks_done = True, []
         self.after_step(result)

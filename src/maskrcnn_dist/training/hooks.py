@@ -44,6 +44,7 @@ class MetricsHook(HookBase):
             "lr": self.engine.lr(),
             "images_per_s": result.images * self.engine.data_world_size / max(result.seconds, 1e-9),
             "epoch": at.epoch,
+            "world_size": self.engine.data_world_size,
             **self.engine.extra_metrics(),
         }
         self.writer.write("train", at.step, record)

@@ -26,15 +26,17 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ..engines.base import Engine, Images, Targets
+from ..data.loader import StepBatch
+from ..engines.base import Engine
 from ..lifetime.stop import Interrupted, Stopped, StopRequest
 from . import state
 from .state import Position
 
 log = logging.getLogger(__name__)
 
-#: The batches of one epoch from a batch on: (epoch, start_batch) -> (images, targets) pairs.
-LoaderFactory = Callable[[int, int], Iterable[tuple[Images, Targets]]]
+#: The steps of one epoch from a global batch on: (epoch, start_batch) -> this process's share of each
+#: global batch (data/plan.py), its micro-batches loaded.
+LoaderFactory = Callable[[int, int], Iterable[StepBatch]]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,19 @@ class StepResult:
     losses: dict[str, float]
     images: int
     seconds: float
+    samples: Samples | None = None  # what this process trained on in the step
+
+
+@dataclass(frozen=True)
+class Samples:
+    """The images a process trained on in a step: global batch `batch` of `epoch`, its dataset `indices`
+    (weighted ones; fillers left out), on data-parallel rank `rank` of `world_size`."""
+
+    epoch: int
+    batch: int
+    indices: tuple[int, ...]
+    rank: int
+    world_size: int
 
 
 @dataclass(frozen=True)
@@ -222,10 +237,10 @@ class Trainer:
             hook.before_train(start)
         self.catch_up()
         while self.position.step < self.total_steps and not self.stopped_early:
-            for images, targets in self.loader(self.position.epoch, self.position.batch):
+            for batch in self.loader(self.position.epoch, self.position.batch):
                 started = time.perf_counter()
-                losses = self.engine.train_step(self.position.step, images, targets)
-                result = StepResult(losses, len(images), time.perf_counter() - started)
+                losses = self.engine.train_micro_batches(self.position.step, batch.micro_batches)
+                result = StepResult(losses, batch.images, time.perf_counter() - started, self._samples(batch))
                 self._advance()
                 self.after_step(result)
                 if self.position.step >= self.total_steps or self.stopped_early:
@@ -237,6 +252,10 @@ class Trainer:
         self.run_pending()
         if self.engine.agree_to_stop():
             self.stop_now([])
+
+    def _samples(self, batch: StepBatch) -> Samples:
+        p, engine = self.position, self.engine
+        return Samples(p.epoch, p.batch, batch.share.trained, engine.data_rank, engine.data_world_size)
 
     def _advance(self) -> None:
         p = self.position

@@ -80,27 +80,13 @@ class MetricsWriter:
 
     def truncate_after(self, step: int) -> int:
         """Drop the records of steps after `step` (and a torn last line): a resumed run re-runs them, and
-        readers must see one record per step. Lines that carry no step are not this writer's to judge and
-        stay. The file is replaced atomically; returns how many went."""
+        readers must see one record per step. Returns how many went."""
         if not self.enabled or not self.path.is_file():
             return 0
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as exc:  # rewriting it would lose whatever it holds: stop instead
-            raise UserError(
-                f"{self.path} is not a text file ({exc.reason} at byte {exc.start}): the resumed run cannot "
-                "append to it; move it away or train into another --output-dir"
-            ) from None
-        torn = lines[-1:] if lines and not _is_json(lines[-1]) else []  # a writer killed mid-line
-        kept = [line for line in lines[: len(lines) - len(torn)] if (_step_of(line) or 0) <= step]
-        if len(kept) == len(lines):
-            return 0
         self._jsonl.close()
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        dropped = drop_lines_after(self.path, step)
         self._jsonl = open(self.path, "a", buffering=1)
-        return len(lines) - len(kept)
+        return dropped
 
     def _console(self, kind: str, step: int, values: dict[str, Any]) -> None:
         # Engine extras ("link/...", "stage1/...") go to the JSON lines and TensorBoard, not the console
@@ -140,6 +126,27 @@ def strict_json(record: Mapping[str, Any]) -> dict[str, Any]:
         **{k: (None if k in bad else v) for k, v in record.items()},
         "non_finite": {k: str(v) for k, v in bad.items()},
     }
+
+
+def drop_lines_after(path: Path, step: int) -> int:
+    """Drop the JSON lines of `path` whose "step" is after `step`, and a torn last line (a writer killed
+    mid-line). Lines that carry no step are not ours to judge and stay. The file is replaced
+    atomically (a writer must reopen it); returns how many lines went."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:  # rewriting it would lose whatever it holds: stop instead
+        raise UserError(
+            f"{path} is not a text file ({exc.reason} at byte {exc.start}): the resumed run cannot "
+            "append to it; move it away or train into another --output-dir"
+        ) from None
+    torn = lines[-1:] if lines and not _is_json(lines[-1]) else []
+    kept = [line for line in lines[: len(lines) - len(torn)] if (_step_of(line) or 0) <= step]
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 def _is_json(line: str) -> bool:

@@ -26,7 +26,7 @@ HOOKS_KEY = "hooks"
 #: HOOKS_KEY): none of them is a hook's state.
 FLAT_RUN_KEYS = frozenset(
     {"format_version", "model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch", "rng", "pending_hooks"}
-    | {"engine", "config", "categories", "trained_model"}
+    | {"engine", "config", "categories", "trained_model", "batch_layout", "world_size"}
 )
 #: Hook name -> the key a flat checkpoint kept its state under, where that is not the name.
 FLAT_KEYS = {"evaluation": "best"}

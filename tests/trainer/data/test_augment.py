@@ -254,7 +254,8 @@ def test_a_run_trains_on_the_augmented_sizes(tiny_coco, tmp_path, name: str, pas
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
     with closing(run_metrics(cfg, True, 2)) as metrics:
         trainer = build_trainer(cfg, engine, train_set, val_set, 6, metrics)
-        images, targets = next(iter(trainer.loader(0, 0)))
+        (micro_batch,) = next(iter(trainer.loader(0, 0))).micro_batches  # one rank: the step's one micro-batch
+        images, targets = micro_batch.images, micro_batch.targets
         if name == "lsj":
             assert {tuple(image.shape) for image in images} == {(3, 123, 123)}
         else:  # a short side drawn from the sides at --min-size 96 (int() may floor one a pixel short)
@@ -263,7 +264,7 @@ def test_a_run_trains_on_the_augmented_sizes(tiny_coco, tmp_path, name: str, pas
         assert engine.model.transform._skip_resize
         plain_cfg = fast_config(tiny_coco, tmp_path, **{**flags, "use-copypaste": False})
         plain = build_trainer(plain_cfg, engine, train_set, val_set, 6, metrics).loader(0, 0)
-        unpasted = [t["labels"].tolist() for t in next(iter(plain))[1]]
+        unpasted = [t["labels"].tolist() for t in next(iter(plain)).micro_batches[0].targets]
         assert (unpasted != [t["labels"].tolist() for t in targets]) == paste
         logged = engine.train_step(1, images, targets)
     assert all(math.isfinite(v) for v in logged.values())

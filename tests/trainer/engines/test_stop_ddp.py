@@ -25,6 +25,7 @@ from ..stop_procs import (
     rank_pids,
     records,
     small_args,
+    stop_after,
     train_losses,
 )
 
@@ -37,16 +38,6 @@ ENV = {TERMINATION_GRACE_SECONDS: ""}
 def ddp_job(data: Path, out: Path, port: int, logs: Path, *extra: str) -> Job:
     args = small_args(data, out, engine="ddp", batch_size=1, rpc_timeout=60)
     return Job(torchrun(2, port, [*args, *extra]), logs, ENV)
-
-
-def stop_after(job: Job, out: Path, kind: str, step: int, send) -> int:
-    """Start `job`, wait for its `kind` record at `step`, `send(job)`, and return its exit code."""
-    try:
-        job.start().wait_for(out / "metrics.jsonl", kind, step, timeout=300)
-        send(job)
-        return job.finish(120)
-    finally:
-        job.kill()
 
 
 def stop_lines(job: Job) -> dict[str, int]:

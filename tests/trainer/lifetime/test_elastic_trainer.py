@@ -5,7 +5,8 @@ A worker's trainer is SIGKILLed mid-run: the survivors go on in place, every ste
 (none lost, none repeated), the world size in the records drops, the job exits 0; with
 --restart-workers the pod is started again, its trainer rejoins and the world size grows back. A worker
 pod drained by SIGTERM leaves alone with exit 75 and the others go on. In every case each step's losses
-are the uninterrupted run's: the global batch of a step is the launch world's at any world size.
+are the uninterrupted run's (the global batch of a step is the launch's at any world size: data/plan.py)
+and the sample record holds every image once an epoch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from topologies import CPU_DDP_TOPOLOGY
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
+from maskrcnn_dist.training.samples import read_samples
 
 from .test_elastic_local import parent_of
 
@@ -140,7 +143,17 @@ def assert_the_same_steps(records: list[dict], reference: list[dict], out: str) 
     assert re.search(r"elastic: the [23] replicas hold the same weights", out), out[-3000:]
 
 
-def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list[dict]) -> None:
+def assert_every_image_once_an_epoch(out: Path, coco: Path) -> None:
+    """By the sample record (every rank's lines): each epoch trained on every train image exactly once,
+    the epoch of the change of world size included."""
+    images = json.loads((coco / "train" / "annotations.json").read_text())["images"]
+    samples = read_samples(out)
+    for epoch in range(STEPS // 4):
+        seen = Counter(i for s in samples if s["epoch"] == epoch for i in s["image_ids"])
+        assert seen == Counter(image["id"] for image in images), (epoch, seen)
+
+
+def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list[dict], coco: Path) -> None:
     running = job()
     running.wait_for_step(3)
     os.kill(running.trainer_pid(2), signal.SIGKILL)
@@ -153,9 +166,12 @@ def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list
     sizes = [r["world_size"] for r in records]
     assert sizes[:3] == [3] * 3 and sizes[-1] == 2, sizes
     assert "resumed from" not in out  # in place: no checkpoint read
+    assert_every_image_once_an_epoch(running.out, coco)
 
 
-def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(job, uninterrupted: list[dict]) -> None:
+def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(
+    job, uninterrupted: list[dict], coco: Path
+) -> None:
     running = job("--restart-workers", "1")
     running.wait_for_step(2)
     os.kill(running.trainer_pid(2), signal.SIGKILL)
@@ -168,9 +184,10 @@ def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(job, unint
     assert_the_same_steps(records, uninterrupted, out)
     sizes = [r["world_size"] for r in records]
     assert 2 in sizes and sizes[-1] == 3, sizes
+    assert_every_image_once_an_epoch(running.out, coco)
 
 
-def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupted: list[dict]) -> None:
+def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupted: list[dict], coco: Path) -> None:
     running = job()
     running.wait_for_step(2)
     os.kill(parent_of(running.trainer_pid(1)), signal.SIGTERM)  # the pod's torchrun, as a kubelet's SIGTERM
@@ -182,3 +199,4 @@ def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupte
     records = running.records()
     assert_the_same_steps(records, uninterrupted, out)
     assert [r["world_size"] for r in records][-1] == 2
+    assert_every_image_once_an_epoch(running.out, coco)

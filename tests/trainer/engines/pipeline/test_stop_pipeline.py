@@ -17,7 +17,15 @@ from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.training.metrics import read_metrics
 
 from ...disk import drop_checkpoints
-from ...stop_procs import Job, assert_stop_step, assert_stopped_cleanly, rank_pids, small_args, train_losses
+from ...stop_procs import (
+    Job,
+    assert_stop_step,
+    assert_stopped_cleanly,
+    rank_pids,
+    small_args,
+    stop_after,
+    train_losses,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -42,15 +50,6 @@ def finished(job: Job) -> Job:
     return job
 
 
-def stop_after_step(job: Job, out: Path, step: int, send) -> int:
-    try:
-        job.start().wait_for(out / "metrics.jsonl", "train", step, timeout=300)
-        send(job)
-        return job.finish(120)
-    finally:
-        job.kill()
-
-
 @pytest.fixture(scope="module")
 def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("pipeline_reference") / "run"
@@ -62,7 +61,7 @@ def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def test_sigterm_to_the_runner_stops_every_pod_and_the_resume_trains_the_rest(stop_coco, reference, tmp_path) -> None:
     out = tmp_path / "run"
     job = local_job(stop_coco, out, tmp_path / "stopped")
-    code = stop_after_step(job, out, 3, lambda j: j.signal(signal.SIGTERM))
+    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM))
     closing = assert_stopped_cleanly(job, code, lines=3)  # master, worker1, worker2
     step = assert_stop_step(out, 3)
     assert all(f"checkpoint of step {step}" in m["saved"] for m in closing), job.output
@@ -82,7 +81,7 @@ def test_sigterm_to_the_runner_stops_every_pod_and_the_resume_trains_the_rest(st
 def test_a_stage_worker_told_alone_passes_the_stop_to_the_master(stop_coco, tmp_path) -> None:
     out = tmp_path / "run"
     job = local_job(stop_coco, out, tmp_path / "logs")
-    code = stop_after_step(job, out, 3, lambda j: j.signal(signal.SIGTERM, pid=rank_pids(j.proc.pid)[2]))
+    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM, pid=rank_pids(j.proc.pid)[2]))
     closing = assert_stopped_cleanly(job, code, lines=3)
     assert sorted(m["reason"] for m in closing) == ["SIGTERM", "SIGTERM on worker2", "the master's stop"]
     assert_stop_step(out, 3, latest=2)  # the request reaches the master while its step runs, or just after
