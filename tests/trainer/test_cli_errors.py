@@ -11,6 +11,7 @@ from PIL import Image
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.run_dir import REPLACED_PREFIX, checkpoint_name, resume_problem
+from maskrcnn_dist.training.samples import read_samples
 
 # The data check before training would find a bad image first; the loader-worker path is tested without it.
 CHECK_OFF = ["--check-data", "off"]
@@ -428,6 +429,8 @@ def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
         for step in (3, 4):
             handle.write(json.dumps({"kind": "train", "step": step, "loss": 9.0, "time": 0}) + "\n")
         handle.write('{"kind": "train", "st')  # torn by the kill
+    # ... and so were their sample lines, here those of a rank that the resumed run no longer has.
+    (out / "samples" / "rank1.jsonl").write_text("".join(json.dumps({"step": s, "rank": 1}) + "\n" for s in (2, 3)))
     resumed = _train(console, out, "--resume", "auto", steps=4)
     assert resumed.code == 0, resumed.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -435,6 +438,8 @@ def test_a_resume_leaves_one_record_per_step(console, tmp_path: Path):
     assert steps == [1, 2, 3, 4]
     assert all(r["loss"] != 9.0 for r in records if r["kind"] == "train")  # steps 3-4 are the re-run's
     assert [r["kind"] for r in records].count("note") == 1  # not the resume's to delete
+    samples = [(s["step"], s["rank"]) for s in read_samples(out)]
+    assert samples == [(1, 0), (2, 0), (2, 1), (3, 0), (4, 0)]  # one line per rank and step: 3-4 the re-run's
 
 
 @pytest.mark.slow

@@ -117,3 +117,22 @@ def load_datasets_of(data: Path):
 
     cfg = apply_overrides(TrainConfig(), small_stop_run(data, data / "unused"), "world size test")
     return load_datasets(cfg)
+
+
+def test_three_ranks_resume_a_two_rank_sync_bn_run_with_a_filler_each_step(stop_coco, tmp_path) -> None:
+    """3 ranks on a global batch of 2 micro-batches: rank 2 runs a zero-weight filler every step, so that
+    SyncBatchNorm's all-reduce in every forward and DDP's in the backward pair up on all three (a rank
+    without one would leave the others waiting until --rpc-timeout). Every image still once."""
+    out, sync_bn = tmp_path / "run", ("--sync-bn", "--backbone-norm", "batch")
+    first = ddp_job(stop_coco, out, 2, tmp_path / "first", *sync_bn)
+    assert_stopped_cleanly(first, stop_after(first, out, "train", 2, sigterm), lines=2)
+    three = ddp_job(stop_coco, out, 3, tmp_path / "three", *sync_bn, "--resume", "auto")
+    assert finished(three) == 0, three.output
+    assert three.stderr.count("resume: world size 2 -> 3") == 1, three.output
+    train = [r for r in records(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1)) and train[-1]["world_size"] == 3
+    samples = read_samples(out)
+    assert {s["rank"] for s in samples if s["world_size"] == 3} == {0, 1, 2}
+    assert all(s["image_ids"] == [] for s in samples if s["rank"] == 2)  # its filler is nobody's sample
+    train_set, _ = load_datasets_of(stop_coco)
+    assert Counter(i for s in samples for i in s["image_ids"]) == Counter(train_set.image_ids)
