@@ -152,13 +152,17 @@ def tools_importing_the_training_path(graph: dict[str, set[str]], package: str) 
     return {m: imported for m, imported in found.items() if imported}
 
 
+#: Modules that are one engine run another way: the ddp engine in an elastic group is the torch engine's.
+ENGINE_VARIANTS = {"elastic_ddp": "torch_engine"}
+
+
 def engine_of(module: str, package: str) -> str | None:
     """The engine a module belongs to (engines/torch_engine, engines/pipeline/...), None for what the
     engines share and for anything outside engines/."""
     parts = module.split(".")
     if parts[:2] != [package, "engines"] or len(parts) < 3 or parts[2] in ENGINES_SHARE:
         return None
-    return parts[2]
+    return ENGINE_VARIANTS.get(parts[2], parts[2])
 
 
 def engines_importing_another_engine(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:

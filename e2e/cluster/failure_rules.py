@@ -7,8 +7,8 @@ pure functions over what the controllers read, no docker.
   never matches); onPodConditions: one of the patterns has the type and status of one of the pod's
   conditions (status True unless given). FailJob fails the Job with reason PodFailurePolicy and the
   controller's message, which names the rule's index; Count, and no matching rule, count the pod
-  against backoffLimit. Ignore and FailIndex are refused (parse_pod_failure_rules): the emulated Job
-  controller never replaces a pod and has no per-index limits.
+  against backoffLimit; Ignore counts nothing (the Job replaces the pod all the same). FailIndex is
+  refused (parse_pod_failure_rules): the emulated Job controller has no per-index limits.
 * The JobSet's failurePolicy (kubernetes-sigs/jobset pkg/controllers/failure_policy.go,
   findFirstFailedPolicyRuleAndJob, ruleIsApplicable): the rules in order; the first that applies to
   one of the failed Jobs acts, on the earliest of those. A rule applies to a Job when its
@@ -43,6 +43,8 @@ DISRUPTION_REASONS = (
     "DeletionByPodGC",
     "TerminationByKubelet",
 )
+# The podFailurePolicy actions the emulated Job controller carries out.
+POD_ACTIONS = ("FailJob", "Count", "Ignore")
 # The JobSet failure policy's actions the emulated controller carries out, and its default.
 JOBSET_ACTIONS = ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts")
 DEFAULT_ACTION = "RestartJobSet"
@@ -157,8 +159,10 @@ def parse_pod_failure_rules(where: str, policy: dict[str, Any] | None) -> tuple[
     rules = []
     for rule in (policy or {}).get("rules") or []:
         action, codes, conditions = rule["action"], rule.get("onExitCodes"), rule.get("onPodConditions")
-        if action not in ("FailJob", "Count") or (codes is None) == (conditions is None):
-            raise SpecError(f"{where}: podFailurePolicy rule {rule}: not emulated (FailJob or Count; one requirement)")
+        if action not in POD_ACTIONS or (codes is None) == (conditions is None):
+            raise SpecError(
+                f"{where}: podFailurePolicy rule {rule}: not emulated ({', '.join(POD_ACTIONS)}; one requirement)"
+            )
         if codes is not None:
             values = tuple(int(v) for v in codes["values"])
             rules.append(PodFailureRule(action, codes.get("containerName"), codes["operator"], values))

@@ -7,6 +7,10 @@ disruption put on it), what it adds to them, and its verdict on the Job.
   podFailurePolicy FailJob rule (failure_rules.py: the rules in order, the first match decides;
   earliest failed pod first), else with BackoffLimitExceeded once more pods that no rule exempts
   failed than backoffLimit; it is Complete when every completion index succeeded.
+* Otherwise each failed pod is replaced under its completion index (`to_replace`): at once when an
+  Ignore rule matched it, after the Job controller's back-off when it counted (10 s, doubling, at most
+  six minutes). A replacement starts once the old container has exited (podReplacementPolicy Failed).
+  The pods a Job replaced stay in `replaced`: their failures keep counting.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .failure_rules import (
     POD_FAILURE_POLICY,
     FailedPod,
     PodCondition,
+    PodFailureVerdict,
     match_pod_failure_policy,
 )
 from .jobset_spec import ReplicatedJob
@@ -50,16 +55,21 @@ class Pod:
         self.exit_code, self.finished_at = state.exit_code, state.finished_time
 
 
+# The Job controller's pod back-off: 10 s after the first counted failure, doubling, at most 6 minutes.
+BACKOFF_S, BACKOFF_MAX_S = 10.0, 360.0
+
+
 @dataclass
 class Job:
     name: str
     replicated_job: str
     index: int
-    pods: list[Pod]
+    pods: list[Pod]  # the current pod of each completion index
     condition: str | None = None  # Complete | Failed
     reason: str = ""
     message: str = ""
     failed_at: datetime | None = None
+    replaced: list[Pod] = field(default_factory=list)  # failed pods this Job replaced, oldest first
 
     @property
     def complete(self) -> bool:
@@ -84,14 +94,18 @@ def observe_exits(job: Job, cluster: ContainerStates) -> None:
                 pod.record_exit(state)
 
 
-def job_failure(job: Job, rjob: ReplicatedJob, namespace: str) -> JobFailure | None:
-    """The Job's failure, if its pods' exits fail it now."""
-    failures = sorted((p for p in job.pods if p.exit_code not in (None, 0)), key=lambda p: p.finished_at)
+def _verdict(pod: Pod, rjob: ReplicatedJob, namespace: str) -> PodFailureVerdict:
     (container,) = rjob.pod_template["spec"]["containers"]
+    status = FailedPod(namespace, pod.spec.name, container["name"], pod.exit_code, tuple(pod.conditions))
+    return match_pod_failure_policy(rjob.pod_failure_rules, status)
+
+
+def job_failure(job: Job, rjob: ReplicatedJob, namespace: str) -> JobFailure | None:
+    """The Job's failure, if its pods' exits (those it replaced included) fail it now."""
+    failed = [p for p in [*job.replaced, *job.pods] if p.exit_code not in (None, 0)]
     counted = []
-    for pod in failures:
-        status = FailedPod(namespace, pod.spec.name, container["name"], pod.exit_code, tuple(pod.conditions))
-        verdict = match_pod_failure_policy(rjob.pod_failure_rules, status)
+    for pod in sorted(failed, key=lambda p: p.finished_at):
+        verdict = _verdict(pod, rjob, namespace)
         if verdict.action == "FailJob":
             return JobFailure(POD_FAILURE_POLICY, verdict.message, pod)
         if verdict.counts:
@@ -99,3 +113,22 @@ def job_failure(job: Job, rjob: ReplicatedJob, namespace: str) -> JobFailure | N
     if len(counted) > rjob.backoff_limit:
         return JobFailure(BACKOFF_LIMIT_EXCEEDED, BACKOFF_LIMIT_MESSAGE, counted[-1])
     return None
+
+
+def to_replace(job: Job, rjob: ReplicatedJob, namespace: str, now: datetime, backoff_s: float = BACKOFF_S) -> list[Pod]:
+    """The current pods of a Job that has not failed whose replacement is due at `now`: an ignored
+    failure at once, a counted one after the back-off of the counted failures so far (`backoff_s`
+    doubling, at most BACKOFF_MAX_S)."""
+    due = []
+    counted = sum(_verdict(p, rjob, namespace).counts for p in job.replaced)
+    for pod in job.pods:
+        if pod.exit_code in (None, 0):
+            continue
+        if not _verdict(pod, rjob, namespace).counts:
+            due.append(pod)
+            continue
+        counted += 1
+        delay = min(backoff_s * 2 ** (counted - 1), BACKOFF_MAX_S)
+        if pod.finished_at is None or (now - pod.finished_at).total_seconds() >= delay:
+            due.append(pod)
+    return due

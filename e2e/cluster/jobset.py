@@ -23,6 +23,9 @@ loop say they do, and nothing else; the Job controller's part is job.py, the spe
   the scheduler's preemption, the eviction API, the taint manager, pod GC and the kubelet add it;
   then, as for `kubectl delete pod`, SIGTERM and SIGKILL after the pod's grace period
   (`docker stop --time`). Its Job then meets its podFailurePolicy like any failed pod.
+* A failed pod that neither fails its Job (FailJob, backoffLimit) nor ends the group is replaced by
+  the Job controller under its completion index (job.py `to_replace`: an Ignore rule at once, a
+  counted failure after the back-off), with a new name, the same host name and the same attempt.
 * A finished JobSet deletes its active Jobs: their pods get SIGTERM, then SIGKILL after
   terminationGracePeriodSeconds (`docker stop`). Nothing is created afterwards.
 
@@ -37,11 +40,23 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from .docker import Cluster, DockerError
 from .failure_rules import DEFAULT_ACTION, DISRUPTION_REASONS, DISRUPTION_TARGET, PodCondition, acting_rule
-from .job import COMPLETION_INDEX, COMPLETION_INDEX_ENV, JOB_NAME, Job, JobFailure, Pod, job_failure, observe_exits
+from .job import (
+    BACKOFF_S,
+    COMPLETION_INDEX,
+    COMPLETION_INDEX_ENV,
+    JOB_NAME,
+    Job,
+    JobFailure,
+    Pod,
+    job_failure,
+    observe_exits,
+    to_replace,
+)
 from .jobset_spec import JobSetSpec, ReplicatedJob, find_jobset, parse_jobset
 from .pods import PodSpec, SpecError, configmaps_of, pod_from_template
 
@@ -99,6 +114,7 @@ class JobSetController:
         self.condition: Condition | None = None
         self.attempts: list[Attempt] = []
         self.events: list[str] = []
+        self.pod_backoff_s = BACKOFF_S  # the Job controller's back-off before replacing a counted failure
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -169,12 +185,25 @@ class JobSetController:
         if job.condition is not None:
             return
         observe_exits(job, self.cluster)
-        failure = job_failure(job, self._rjob(job.replicated_job), self.spec.namespace)
+        rjob = self._rjob(job.replicated_job)
+        failure = job_failure(job, rjob, self.spec.namespace)
         if failure is not None:
             self._fail_job(job, failure)
         elif job.complete:
             job.condition = "Complete"
             self._event(f"job {job.name} complete")
+        else:
+            now = datetime.now(timezone.utc)
+            for pod in to_replace(job, rjob, self.spec.namespace, now, self.pod_backoff_s):
+                self._replace_pod(job, rjob, pod)
+
+    def _replace_pod(self, job: Job, rjob: ReplicatedJob, pod: Pod) -> None:
+        """The Job controller's replacement: a new pod (new name, same host name) under the old one's index."""
+        new = self._create_pod(rjob, job.name, job.index, pod.index)
+        job.replaced.append(pod)
+        job.pods[job.pods.index(pod)] = new
+        self.cluster.start(new.container)
+        self._event(f"job {job.name}: pod {pod.spec.name} exited {pod.exit_code}, replaced by {new.spec.name}")
 
     def _fail_job(self, job: Job, failure: JobFailure) -> None:
         """The Job controller marks the Job failed and terminates its pods that still run."""

@@ -6,7 +6,7 @@ What the chart does not use is refused here (SpecError) rather than ignored: sta
 dependsOn, coordinator, suspend, managedBy, volumeClaimPolicies, failure policy actions other than
 FailJobSet / RestartJobSet / RestartJobSetAndIgnoreMaxRestarts, a message pattern that does not
 compile, Jobs that are not Indexed or whose parallelism differs from completions, restartPolicy other
-than Never, and podFailurePolicy rules with the actions Ignore or FailIndex.
+than Never, and podFailurePolicy rules with the action FailIndex.
 """
 
 from __future__ import annotations

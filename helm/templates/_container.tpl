@@ -20,10 +20,12 @@ Kubeflow Trainer fills the container named `node` of a TrainJob's pods. Argument
 */}}
 {{- define "maskrcnn-dist.trainerContainer" -}}{{ ternary "node" "trainer" (eq . "trainjob") }}{{- end -}}
 
-{{/* The trainer's arguments: trainer.data's flags, then trainer.args (each rendered with tpl), as YAML list items. */}}
+{{/* The trainer's arguments: trainer.data's flags, then trainer.args (each rendered with tpl), then --elastic
+with jobset.elastic (the trainers go on without a lost worker), as YAML list items. */}}
 {{- define "maskrcnn-dist.trainerArgs" -}}
 {{- $dataArgs := concat (include "maskrcnn-dist.dataArgs" . | fromYamlArray) (include "maskrcnn-dist.cacheArgs" . | fromYamlArray) -}}
-{{- range $i, $arg := concat $dataArgs .Values.trainer.args }}
+{{- $elasticArgs := ternary (list "--elastic") list .Values.jobset.elastic.enabled -}}
+{{- range $i, $arg := concat $dataArgs .Values.trainer.args $elasticArgs }}
 {{- if $i }}{{ "\n" }}{{ end }}- {{ tpl (toString $arg) $ | quote }}
 {{- end -}}
 {{- end -}}

@@ -35,7 +35,7 @@ metadata:
 spec:
   {{- if or $jobset $trainjob }}
   # A Job's pod never restarts in place: a failed pod fails its Job (backoffLimit 0), and the JobSet's
-  # failure policy decides what happens to the whole group.
+  # failure policy decides what happens to the whole group (jobset.elastic: the workers' Job replaces it).
   restartPolicy: Never
   {{- end }}
   # The trainer never talks to the Kubernetes API: no token, and no Service environment variables

@@ -23,6 +23,7 @@ renders StatefulSets or not). The first check that fails is the one reported.
 {{- include "maskrcnn-dist.validateVolumes" . -}}
 {{- include "maskrcnn-dist.validateEstimate" . -}}
 {{- include "maskrcnn-dist.validateKubeflow" . -}}
+{{- include "maskrcnn-dist.validateElastic" . -}}
 {{- include "maskrcnn-dist.validateData" . -}}
 {{- end -}}
 

@@ -41,3 +41,19 @@ subdomain, its longest pod name `<name>-node-0-<numNodes - 1>-<5 characters>` a 
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+
+{{/*
+jobset.elastic: only ddp replicas can go on without a worker (a pipeline stage holds a part of the
+model that no other pod has), and the Kubeflow runtime's JobSet is Trainer's, not the release's.
+*/}}
+{{- define "maskrcnn-dist.validateElastic" -}}
+{{- if .Values.jobset.elastic.enabled -}}
+{{- if ne .Values.engine "ddp" -}}
+{{- fail (printf "jobset.elastic.enabled needs engine=ddp (engine is %s): a pipeline stage holds a part of the model no other pod has, so a lost stage worker restarts the group" .Values.engine) -}}
+{{- end -}}
+{{- if .Values.kubeflowTrainer.runtime.enabled -}}
+{{- fail "jobset.elastic.enabled and kubeflowTrainer.runtime.enabled: the TrainJob's JobSet is Kubeflow Trainer's to shape; jobset.elastic applies to the release's own JobSet" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

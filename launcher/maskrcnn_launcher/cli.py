@@ -276,26 +276,27 @@ def launch(
     "(pods whose trainer has not started yet are stopped at once); after SIGTERM/SIGINT, seconds the pods "
     "get to stop at a step boundary and write their checkpoint.",
 )
+@click.option("--restart-workers", type=click.IntRange(0), default=0, help="ddp: start a lost worker pod again N times")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def local(
     topology_ref: str | None,
     master_port: int | None,
     wait_timeout: float,
     grace: float,
+    restart_workers: int,
     trainer_args: tuple[str, ...],
 ) -> None:
     """Run every pod of the topology as a local process on loopback (the multi-machine job on one host).
 
     Each pod is a real `launch` with an explicit identity, as on bare nodes. Exits with the first
-    failing pod's status. Without --master-port the master gets a free loopback port: the port is
-    released again before the master binds it, so another program may take it in between (rare; the
-    master then fails to bind and the group stops).
-    """
+    failing pod's status; a lost ddp worker is reported and the others go on (docs/elastic.md), the
+    job's status then the master's. Without --master-port the master gets a free loopback port
+    (another program may take it before the master binds it: rare, and the group then stops)."""
     from maskrcnn_launcher.local import local_pods, run_local
 
     port = master_port if master_port is not None else free_port()
     pods = local_pods(topology_ref, port, trainer_args, wait_timeout)
-    result = run_local(pods, grace, echo=lambda line: click.echo(line))
+    result = run_local(pods, grace, echo=lambda line: click.echo(line), restart_workers=restart_workers)
     if result.code == EXIT_STOPPED:  # every pod stopped on request: not a failure, no error line
         sys.exit(EXIT_STOPPED)
     if result.code:  # the pods' output went to stdout; stderr gets the one line that says why

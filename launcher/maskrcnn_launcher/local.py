@@ -9,6 +9,11 @@ pod fails, pods still waiting for their peers (their trainer not started: nothin
 stopped at once, and the others get `grace_s` seconds to notice on their own (the trainer exits
 when it loses a peer) before they are terminated: the group never hangs.
 
+In a ddp job a worker pod may be lost without ending the job: the trainers' elastic group goes on
+without it (docs/elastic.md), so its exit (other than a user error's 2) is reported as a loss, the
+others are left running, and with `restart_workers` the pod is started again, as a kubelet or a Job
+would, to rejoin at a step boundary. The job's status is then the master's.
+
 SIGTERM or SIGINT to the runner is passed on once to every pod's process group (the pods run in
 sessions of their own, so a terminal's Ctrl-C reaches the runner alone): the trainers stop at their
 next step boundary with a checkpoint and exit 75 (EXIT_STOPPED). The runner waits `grace_s` seconds for
@@ -38,6 +43,7 @@ from maskrcnn_launcher.topology import load_topology
 class LocalPod:
     name: str  # rpc name: master, worker1, ...
     argv: tuple[str, ...]
+    replaceable: bool = False  # a ddp worker: the group goes on without it, and takes it back
 
 
 def local_pods(
@@ -70,6 +76,7 @@ def local_pods(
                     *trainer_args,
                 ]
             ),
+            replaceable=topology.engine == "ddp" and pod.role == "worker",
         )
         for pod in job.pods
     ]
@@ -84,39 +91,24 @@ class LocalResult:
     error: str | None = None
 
 
-def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], None] = print) -> LocalResult:
+def run_local(
+    pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], None] = print, restart_workers: int = 0
+) -> LocalResult:
     """Run the pods to completion. A pod's user error (exit 2) stops the others at once: restarting
-    them could not help, and the group cannot go on without it."""
+    them could not help, and the group cannot go on without it. A replaceable pod's other exits are
+    losses the job survives; up to `restart_workers` of them are started again."""
     # SIGTERM/SIGINT to this runner (Ctrl-C, `timeout`, a CI kill) go to the pods, and the loop below
     # waits for them: the handler only records the signal.
     received: list[int] = []
     with signal_handlers(dict.fromkeys(STOP_SIGNALS, lambda signum, _: received.append(signum))):
-        procs = {
-            pod.name: subprocess.Popen(
-                pod.argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-            for pod in pods
-        }
-        trainer_started = {name: threading.Event() for name in procs}
-        errors: dict[str, str] = {}  # pod -> its last `error: ` line
-        pumps = [
-            threading.Thread(target=_pump, args=(name, proc, echo, trainer_started[name], errors), daemon=True)
-            for name, proc in procs.items()
-        ]
-        for pump in pumps:
-            pump.start()
+        group = _PodGroup(pods, echo)
         first_failure: int | None = None
         failed_pod: str | None = None
         deadline: float | None = None
         forwarded = 0
+        restarted = 0
         try:
-            while [p.poll() for p in procs.values()].count(None):  # poll every pod, not up to the first running one
+            while group.running():
                 if len(received) > forwarded:
                     signum = received[forwarded]
                     forwarded += 1
@@ -125,34 +117,94 @@ def run_local(pods: Sequence[LocalPod], grace_s: float, echo: Callable[[str], No
                     echo(
                         f"[local] {signal.Signals(signum).name}: passed on to every pod; they get {grace_s:g}s to stop"
                     )
-                    _signal_all(procs.values(), signum)
-                failed = [(n, p.returncode) for n, p in procs.items() if p.returncode not in (None, EXIT_OK)]
-                if failed and first_failure is None:
-                    failed_pod, first_failure = failed[0]
+                    _signal_all(group.procs.values(), signum)
+                for name, code in group.new_exits():
+                    if code == EXIT_OK or first_failure is not None:
+                        continue
+                    if group.survivable(name, code) and not forwarded:
+                        verb = "left" if code == EXIT_STOPPED else "lost"
+                        echo(f"[local] {name} {verb} (exit {code}): the others go on without it")
+                        if code != EXIT_STOPPED and restarted < restart_workers:
+                            restarted += 1
+                            group.start(name)
+                            echo(f"[local] {name} started again ({restarted} of {restart_workers})")
+                        continue
+                    failed_pod, first_failure = name, code
                     grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
                     deadline = min(deadline or float("inf"), time.monotonic() + grace)
                     echo(f"[local] {failed_pod} exited with {first_failure}; others get {grace:g}s to stop")
-                    waiting = [n for n, p in procs.items() if p.poll() is None and not trainer_started[n].is_set()]
-                    if waiting:
+                    if waiting := group.waiting_for_peers():
                         echo(f"[local] {', '.join(waiting)}: still waiting for peers, stopping now")
-                        _stop_all(procs[n] for n in waiting)
+                        _stop_all(group.procs[n] for n in waiting)
                 if deadline is not None and time.monotonic() > deadline:
                     echo("[local] grace period over: terminating the remaining pods")
                     break
                 time.sleep(0.2)
         finally:
-            _stop_all(procs.values())
-            for pump in pumps:
-                pump.join(timeout=5)
-    codes = {n: p.returncode for n, p in procs.items()}
+            _stop_all(group.procs.values())
+            group.join()
+    codes = {n: p.returncode for n, p in group.procs.items()}
     if set(codes.values()) == {EXIT_STOPPED}:
         echo(f"[local] every pod stopped on request, the checkpoint written; exit {EXIT_STOPPED}")
         return LocalResult(EXIT_STOPPED)
     if forwarded > 1:  # a second signal ended the pods at once
         return LocalResult(128 + received[1], None, f"stopped at once by a second {signal.Signals(received[1]).name}")
     if first_failure is None:
-        failed_pod, first_failure = next(((n, c) for n, c in codes.items() if c), (None, EXIT_OK))
-    return LocalResult(first_failure or EXIT_OK, failed_pod, errors.get(failed_pod) if failed_pod else None)
+        kept = {n: c for n, c in codes.items() if not group.survivable(n, c)}
+        failed_pod, first_failure = next(((n, c) for n, c in kept.items() if c), (None, EXIT_OK))
+    return LocalResult(first_failure or EXIT_OK, failed_pod, group.errors.get(failed_pod) if failed_pod else None)
+
+
+class _PodGroup:
+    """The pods' processes (a pod started again replaces its entry), their output pumps and error lines."""
+
+    def __init__(self, pods: Sequence[LocalPod], echo: Callable[[str], None]) -> None:
+        self.pods = {pod.name: pod for pod in pods}
+        self.echo = echo
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.trainer_started: dict[str, threading.Event] = {}
+        self.errors: dict[str, str] = {}  # pod -> its last `error: ` line
+        self._pumps: list[threading.Thread] = []
+        self._seen: set[int] = set()  # pids whose exit was reported
+        for name in self.pods:
+            self.start(name)
+
+    def start(self, name: str) -> None:
+        proc = subprocess.Popen(
+            self.pods[name].argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        self.procs[name], self.trainer_started[name] = proc, threading.Event()
+        pump = threading.Thread(
+            target=_pump, args=(name, proc, self.echo, self.trainer_started[name], self.errors), daemon=True
+        )
+        pump.start()
+        self._pumps.append(pump)
+
+    def running(self) -> bool:
+        return [p.poll() for p in self.procs.values()].count(None) > 0  # poll every pod
+
+    def new_exits(self) -> list[tuple[str, int]]:
+        """(pod, exit status) of each process that ended since the last call."""
+        ended = [(n, p) for n, p in self.procs.items() if p.poll() is not None and p.pid not in self._seen]
+        self._seen.update(p.pid for _, p in ended)
+        return [(n, p.returncode) for n, p in ended]
+
+    def survivable(self, name: str, code: int | None) -> bool:
+        """A replaceable pod's end that the others go on without: anything but a user error (and success)."""
+        return self.pods[name].replaceable and code not in (None, EXIT_OK, EXIT_USER_ERROR)
+
+    def waiting_for_peers(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None and not self.trainer_started[n].is_set()]
+
+    def join(self) -> None:
+        for pump in self._pumps:
+            pump.join(timeout=5)
 
 
 def _die_with_parent() -> None:

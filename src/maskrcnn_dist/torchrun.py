@@ -22,6 +22,11 @@ The agent starts every rank in a session of its own, so a signal to torchrun's p
 forwards SIGTERM to its child's group; a terminal sends Ctrl-C to its foreground group) reaches torchrun
 alone. A rank that is also signalled directly (a signal sent to every process) stops once: the forward
 is never a second signal (stop.py).
+
+Exit barrier. Every agent waits at the end until all have finished (it keeps the master's store up for
+the others), 300 s by default. A ddp job goes on without a lost worker pod (docs/elastic.md), whose
+agent never comes to that barrier: here it waits EXIT_BARRIER_S. The trainers end together (their
+process group's last barrier), so the agents that are still there arrive within a second of each other.
 """
 
 from __future__ import annotations
@@ -143,8 +148,26 @@ def is_not_a_stop(record: logging.LogRecord) -> bool:
     return not (record.msg.startswith("failed (exitcode") and record.args and record.args[0] == EXIT_STOPPED)
 
 
+EXIT_BARRIER_S = 10.0
+
+
+def with_short_exit_barrier() -> None:
+    """torchrun's agents made with an exit barrier of EXIT_BARRIER_S (torch offers no flag for it)."""
+    from torch.distributed.launcher import api
+
+    base = api.LocalElasticAgent
+
+    class Agent(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs.setdefault("exit_barrier_timeout", EXIT_BARRIER_S)
+            super().__init__(*args, **kwargs)
+
+    api.LocalElasticAgent = Agent
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    with_short_exit_barrier()
     args.signals_to_handle = without_stop_signals(args.signals_to_handle)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(is_not_a_stop)
     # The ranks inherit this mask: a forward that comes before a rank has installed its handler (the

@@ -53,10 +53,11 @@ from .engines import (
 from .engines.base import Engine
 from .errors import DatasetError
 from .lifetime.process import setup_process
-from .lifetime.stop import Interrupted, Stopped, StopRequest
+from .lifetime.stop import Interrupted, RunOver, Stopped, StopRequest
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
 from .run_dir import checkpoint_dir, hold_output_dir, samples_path
 from .training.best import BestTracker, check_best_metric
+from .training.elastic_loop import ElasticTrainer
 from .training.grace import grace_seconds
 from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, PeriodicCheckpointer, ValidationHook
 from .training.loop import HookBase, RunCheckpointer, Trainer
@@ -75,13 +76,14 @@ def train(
     parsing: ParseAhead | None = None,
     record: bool = True,
 ) -> TrainResult | None:
-    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or
-    None on a pipeline stage worker; raises Stopped when a stop request ended it (its checkpoint written).
-    `plan`: the pipeline's pod plan (default: from the launcher's MASKRCNN_POD_PLAN). `stop`: the process's
-    stop request, made and installed by its entry point (cli.py, stop.stop_on_signals); by default a plain
-    one that no signal feeds: nothing asks a library caller's run to stop. `parsing`: the annotation files
-    its entry point started parsing (data/parse_ahead.py): released to write their caches once the flags
-    and the output folder are accepted, and done once the data is loaded. `record` False: an eval writing nothing."""
+    """Train (or only evaluate, with cfg.test_only) as configured. Returns where training ended, or None on
+    a pipeline stage worker or an elastic replacement with nothing left to join (RunOver); raises Stopped
+    when a stop request ended it (its checkpoint written). `plan`: the pipeline's pod plan (default: the
+    launcher's MASKRCNN_POD_PLAN). `stop`: the process's stop request, made and installed by its entry
+    point (cli.py, stop.stop_on_signals); by default one that no signal feeds: nothing asks a library
+    caller's run to stop. `parsing`: the annotation files its entry point started parsing (parse_ahead.py):
+    released to write their caches once the flags and the output folder are accepted, done once loaded.
+    `record` False: an eval that writes nothing."""
     if not record:
         cfg = cfg.unrecorded()
     return _train(cfg, plan, stop if stop is not None else StopRequest(), parsing, record)
@@ -116,11 +118,9 @@ def _train(
                 stop_before_start(cfg, stop, "data loading")
                 datasets = opened.build()
                 stop_before_start(cfg, stop, "the data check")
-            with engine_session(cfg, plan, stop) as (make_engine, data_world_size):
-                if cfg.engine == "ddp":
-                    from .engines.torch_engine import on_rank0
-
-                    datasets = opened.build(on_rank0)  # checked on rank 0, its verdicts given to every rank
+            with contextlib.suppress(RunOver), engine_session(cfg, plan, stop) as (make_engine, data_world_size):
+                if cfg.engine == "ddp":  # checked on rank 0, its verdicts given to every rank
+                    datasets = opened.build(make_engine.on_rank0)  # type: ignore[attr-defined]
                 return _run(cfg, datasets, make_engine, data_world_size, stop, grace_s, record)
 
 
@@ -200,11 +200,11 @@ def build_trainer(
     }
     files = Checkpointer(checkpoint_dir(cfg.output_dir), cfg.keep_checkpoints, engine.is_main)
     total = cfg.total_steps(iters_per_epoch)
-    trainer = Trainer(engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts, cfg.print_freq)
-    trainer.register_hooks(build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s))
-    trainer.register_hooks(
-        [SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)]
-    )
+    trainer_type = ElasticTrainer if cfg.engine == "ddp" and cfg.peers.elastic else Trainer
+    args = (engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts, cfg.print_freq)
+    trainer = trainer_type(*args)
+    samples = SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)
+    trainer.register_hooks([*build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s), samples])
     return trainer
 
 

@@ -11,7 +11,7 @@ integration test of onJobFailureMessagePatterns (a pattern matches inside a long
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +28,7 @@ from e2e.cluster.failure_rules import (
     parse_failure_rules,
     parse_pod_failure_rules,
 )
+from e2e.cluster.job import to_replace
 
 POD = "e2e-maskrcnn-dist-workers-0-1-x7k2p"
 DISRUPTED = (PodCondition("DisruptionTarget", "True", "EvictionByEvictionAPI"),)
@@ -160,11 +161,15 @@ def test_a_failure_rule_applies(rule, matches):
 
 
 def test_rules_the_emulation_cannot_run_are_refused():
-    for action in ("Ignore", "FailIndex"):
-        with pytest.raises(SpecError, match="not emulated"):
-            parse_pod_failure_rules(
-                "j", {"rules": [{"action": action, "onExitCodes": {"operator": "In", "values": [1]}}]}
-            )
+    with pytest.raises(SpecError, match="not emulated"):
+        parse_pod_failure_rules(
+            "j", {"rules": [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [1]}}]}
+        )
+    ignore = parse_pod_failure_rules(
+        "j", {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [75]}}]}
+    )
+    verdict = match_pod_failure_policy(ignore, FailedPod("ns", "p", "c", 75))
+    assert verdict.action == "Ignore" and not verdict.counts
     with pytest.raises(SpecError, match="pattern"):
         parse_failure_rules("js", [{"name": "r", "action": "FailJobSet", "onJobFailureMessagePatterns": ["(unclosed"]}])
 
@@ -255,3 +260,62 @@ def test_a_pod_that_exits_while_the_jobset_fails_keeps_its_own_exit_code(jobset_
     monkeypatch.setattr(cluster, "state", state)
     assert controller.reconcile() == "Failed" and controller.condition.reason == "FailJobSetFailurePolicyAction"
     assert master.exit_code == 2 and master.container not in cluster.stopped
+
+
+# -- jobset.elastic: the workers' Job replaces a lost pod alone ---------------------------------------
+
+ELASTIC = {"engine": "ddp", "ddp": {"workers": 2}, "jobset": {"elastic": {"enabled": True, "workerReplacements": 2}}}
+
+
+def test_an_elastic_workers_job_replaces_a_lost_pod_without_restarting_the_group(jobset_run):
+    controller, cluster = jobset_run(ELASTIC)
+    lost = controller.pods("workers")[1]
+    cluster.exit(lost.container, 137)  # a crash: counted, 1 of 2
+    assert controller.reconcile() is None, controller.describe()
+    new = controller.pods("workers")[1]
+    assert new is not lost and new.spec.host == lost.spec.host and new.spec.name != lost.spec.name
+    assert new.container in cluster.running() and controller.restarts == 0
+    assert new.spec.labels["jobset.sigs.k8s.io/restart-attempt"] == "0"
+    cluster.stop_code = EXIT_STOPPED
+    controller.delete_pod(controller.pods("workers")[0], disruption="EvictionByEvictionAPI")  # Ignore
+    assert controller.reconcile() is None
+    controller.delete_pod(controller.pods("workers")[0])  # a drained worker, exit 75: Ignore
+    assert controller.reconcile() is None and controller.restarts == 0
+    assert len(controller.attempt.jobs[1].replaced) == 3
+    cluster.exit(controller.pods("master")[0].container, 0)
+    assert controller.reconcile() == "Completed" and controller.restarts == 0
+
+
+def test_an_elastic_workers_job_fails_past_its_replacements_and_on_a_user_error(jobset_run):
+    controller, cluster = jobset_run(ELASTIC)
+    for crash in range(3):  # workerReplacements 2: the third crash fails the Job
+        cluster.exit(controller.pods("workers")[crash % 2].container, 1)
+        assert controller.reconcile() is None
+    assert controller.restarts == 1 and controller.restarts_count_towards_max == 1  # the group restarted, counted
+    assert any("BackoffLimitExceeded" in e for e in controller.events)
+    cluster.exit(controller.pods("workers")[0].container, 2)
+    assert controller.reconcile() == "Failed" and controller.condition.reason == "FailJobSetFailurePolicyAction"
+
+
+def test_a_lost_master_still_restarts_the_elastic_group(jobset_run):
+    controller, cluster = jobset_run(ELASTIC)
+    cluster.exit(controller.pods("master")[0].container, 137)
+    assert controller.reconcile() is None and controller.restarts == 1 and controller.attempt.number == 1
+
+
+def test_a_counted_failure_is_replaced_after_the_back_off():
+    rules = parse_pod_failure_rules(
+        "j", {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [75]}}]}
+    )
+    rjob = SimpleNamespace(pod_template={"spec": {"containers": [{"name": "trainer"}]}}, pod_failure_rules=rules)
+    at = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    pods = [
+        SimpleNamespace(spec=SimpleNamespace(name=f"p{i}"), exit_code=code, finished_at=at, conditions=[])
+        for i, code in enumerate((1, 75))
+    ]
+    job = SimpleNamespace(pods=pods, replaced=[])
+    assert to_replace(job, rjob, "ns", at + timedelta(seconds=1)) == [pods[1]]  # the ignored one at once
+    assert to_replace(job, rjob, "ns", at + timedelta(seconds=10)) == pods
+    job.replaced = [SimpleNamespace(spec=SimpleNamespace(name="old"), exit_code=1, conditions=[])]  # one counted before
+    assert to_replace(job, rjob, "ns", at + timedelta(seconds=15)) == [pods[1]]  # 20 s now
+    assert to_replace(job, rjob, "ns", at + timedelta(seconds=20)) == pods

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from topologies import CPU_DDP_TOPOLOGY
 
 from .conftest import STAND_IN, TOPOLOGY, clean_env
 
@@ -181,3 +182,51 @@ def test_a_worker_stopped_while_waiting_for_its_master_exits_75_at_once(tmp_path
         _, err = worker.communicate(timeout=10)
     assert worker.returncode == 75, err
     assert "SIGTERM while waiting for the master: the trainer had not started, nothing to save; exit 75" in err
+
+
+DDP_TOPOLOGY = CPU_DDP_TOPOLOGY
+# Under torchrun (a ddp pod's trainer): worker 2's first trainer dies (exit 1); its pod, started again,
+# says so in a file, which the master waits for before it finishes; worker 1 finishes with the master.
+LOST_AND_BACK = """
+import os, pathlib, sys, time
+here = pathlib.Path(sys.argv[1])
+rank = os.environ["RANK"]
+if rank == "2":
+    if not (here / "first-run").exists():
+        (here / "first-run").touch()
+        sys.exit(1)
+    (here / "back").touch()
+deadline = time.monotonic() + 60
+while not (here / "back").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def run_ddp_local(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    (tmp_path / "topology.yaml").write_text(DDP_TOPOLOGY)
+    (tmp_path / "trainer.py").write_text(LOST_AND_BACK)
+    env = {**clean_env(), "MASKRCNN_TRAINER_CMD": f"{sys.executable} {tmp_path / 'trainer.py'} {tmp_path}"}
+    argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(tmp_path / "topology.yaml")]
+    return subprocess.run([*argv, "--wait-timeout", "60", *extra], capture_output=True, text=True, env=env, timeout=150)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_lost_ddp_worker_is_started_again_and_the_job_goes_on(tmp_path: Path) -> None:
+    result = run_ddp_local(tmp_path, "--restart-workers", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[local] worker2 lost (exit 1): the others go on without it" in result.stdout
+    assert "[local] worker2 started again (1 of 1)" in result.stdout
+    assert "exited with" not in result.stdout  # nobody was stopped for it
+    assert all(f"rank {r} done" in result.stdout for r in (0, 1, 2)), result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_without_restarts_a_lost_ddp_worker_stays_lost_and_the_master_decides(tmp_path: Path) -> None:
+    (tmp_path / "back").touch()  # the master does not wait for a replacement
+    result = run_ddp_local(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[local] worker2 lost (exit 1): the others go on without it" in result.stdout
+    assert "started again" not in result.stdout and "rank 0 done" in result.stdout

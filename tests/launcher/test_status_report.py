@@ -10,7 +10,13 @@ import json
 from typing import Any
 
 import pytest
-from maskrcnn_launcher.contract import format_progress_bar, format_progress_line, parse_progress_line
+from maskrcnn_launcher.contract import (
+    format_membership_line,
+    format_progress_bar,
+    format_progress_line,
+    parse_membership_line,
+    parse_progress_line,
+)
 from maskrcnn_launcher.status.report import (
     JobSetStatus,
     PodStatus,
@@ -181,3 +187,41 @@ def test_parse_reads_what_the_formatters_write(kind: str):
         assert "epoch" not in parsed and "link/a/b" not in parsed
     assert format_progress_bar(20, 40, {}) == "[" + "#" * 15 + "." * 15 + "] 20/40"
     assert parse_progress_line(format_progress_line(kind, 1, 2, {})) == {"kind": kind, "step": 1, "total": 2}
+
+
+ELASTIC_LOG = """\
+train step 10/100 loss 1.5 images/s 3 world 3
+[W socket.cpp] a torn line
+elastic: rank 2 lost after step 12; world size 2
+train step 20/100 loss 1.2 images/s 2.1 world 2
+elastic: rank 2 joined after step 25; world size 3
+elastic: rank 1 left after step 27; world size 2
+"""
+
+
+def test_an_elastic_jobs_world_size_and_changes_of_membership() -> None:
+    progress, note = latest_progress(ELASTIC_LOG, "m", 200)
+    assert note is None and progress.step == 20
+    assert progress.world_size == 2  # the newest change is after the last train line
+    assert (progress.lost, progress.left, progress.joined) == (1, 1, 1)
+    assert progress.last_change == "rank 1 left after step 27"
+    status = ReleaseStatus("r", "ns", progress=progress)
+    assert "world size 2  members: 1 lost, 1 left, 1 joined (newest: rank 1 left after step 27)" in render_status(
+        status
+    )
+    # A job that never changed shows the train line's world size and no members' part.
+    quiet, _ = latest_progress("train step 5/9 loss 1 world 3\n", "m", 50)
+    assert quiet.world_size == 3 and "members:" not in render_status(ReleaseStatus("r", "ns", progress=quiet))
+
+
+def test_membership_lines_read_back_what_the_leader_writes() -> None:
+    line = format_membership_line("joined", 2, 30, 3)
+    assert parse_membership_line(f"[master] 12:00:01 {line}") == {
+        "event": "joined",
+        "rank": 2,
+        "step": 30,
+        "world_size": 3,
+    }
+    assert parse_progress_line(format_progress_line("train", 3, 9, {"loss": 1.0, "world_size": 2}))["world"] == 2.0
+    with pytest.raises(ValueError, match="restarted"):
+        format_membership_line("restarted", 2, 30, 3)

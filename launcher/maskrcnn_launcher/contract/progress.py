@@ -7,10 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "MEMBERSHIP_EVENTS",
     "PROGRESS_BAR_WIDTH",
     "PROGRESS_KINDS",
+    "format_membership_line",
     "format_progress_bar",
     "format_progress_line",
+    "parse_membership_line",
     "parse_progress_line",
     "progress_values",
 ]
@@ -25,11 +28,15 @@ _PROGRESS_LINE = re.compile(
 
 
 def progress_values(values: Mapping[str, Any]) -> str:
-    """`name value` pairs of the float values shown on the console, each value `.4g`.
+    """`name value` pairs of the float values shown on the console, each value `.4g`, then `world N`
+    when the record carries its world size (an elastic ddp job's changes as it goes).
 
     Names with a "/" are engine extras ("link/...", "stage1/..."): they go to the metrics file and
-    TensorBoard, not the console. Ints (epoch) and lists are left out too."""
-    return " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float) and "/" not in k)
+    TensorBoard, not the console. Other ints (epoch) and lists are left out too."""
+    shown = [f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float) and "/" not in k]
+    if isinstance(values.get("world_size"), int):
+        shown.append(f"world {values['world_size']}")
+    return " ".join(shown)
 
 
 def format_progress_line(kind: str, step: int, total: int, values: Mapping[str, Any]) -> str:
@@ -67,3 +74,32 @@ def parse_progress_line(line: str) -> dict[str, Any] | None:
         except ValueError:
             continue
     return parsed
+
+
+# An elastic ddp job's changes of membership, as its leader (the master's process) logs them:
+# `elastic: rank 2 lost after step 12; world size 2`. `status` counts them in the master's log tail.
+MEMBERSHIP_EVENTS = ("lost", "left", "joined")
+_MEMBERSHIP_LINE = re.compile(
+    rf"\belastic: rank (?P<rank>\d+) (?P<event>{'|'.join(MEMBERSHIP_EVENTS)}) after step (?P<step>\d+); "
+    r"world size (?P<world>\d+)"
+)
+
+
+def format_membership_line(event: str, rank: int, step: int, world_size: int) -> str:
+    """One change of an elastic group: `rank` (a launch rank) `event` after `step` finished steps."""
+    if event not in MEMBERSHIP_EVENTS:
+        raise ValueError(f"membership event {event!r} is not one of {', '.join(MEMBERSHIP_EVENTS)}")
+    return f"elastic: rank {rank} {event} after step {step}; world size {world_size}"
+
+
+def parse_membership_line(line: str) -> dict[str, Any] | None:
+    """{"event", "rank", "step", "world_size"} from a line format_membership_line wrote; None otherwise."""
+    match = _MEMBERSHIP_LINE.search(line)
+    if match is None:
+        return None
+    return {
+        "event": match["event"],
+        "rank": int(match["rank"]),
+        "step": int(match["step"]),
+        "world_size": int(match["world"]),
+    }

@@ -24,6 +24,7 @@ from maskrcnn_launcher.contract import (
     jobset_role,
     node_rank,
     parse_jobset_host_name,
+    parse_membership_line,
     parse_pod_name,
     parse_progress_line,
     trainjob_role,
@@ -73,6 +74,11 @@ class Progress:
     loss: float | None
     images_per_s: float | None
     line: str  # the log line it was read from
+    world_size: int | None = None  # the ranks training now (an elastic ddp job's changes with its members)
+    lost: int = 0  # an elastic ddp job's ranks lost, left and joined, in the log tail read
+    left: int = 0
+    joined: int = 0
+    last_change: str | None = None  # the newest such change, e.g. "rank 2 joined after step 30"
 
 
 @dataclass(frozen=True)
@@ -189,12 +195,30 @@ def log_container(pod: Obj) -> str:
 
 
 def latest_progress(log: str, pod: str, log_lines: int) -> tuple[Progress | None, str | None]:
-    """The last train line of a log tail of `log_lines` lines of `pod`, or why there is none."""
-    for line in reversed(log.splitlines()):
-        parsed = parse_progress_line(line)
+    """The last train line of a log tail of `log_lines` lines of `pod`, or why there is none; with an
+    elastic ddp job's changes of membership in that tail counted, and the newest world size either says."""
+    lines = log.splitlines()
+    changes = [(i, change) for i, line in enumerate(lines) if (change := parse_membership_line(line))]
+    for index in range(len(lines) - 1, -1, -1):
+        parsed = parse_progress_line(lines[index])
         if parsed is not None and parsed["kind"] == "train":
+            world = int(parsed["world"]) if "world" in parsed else None
+            if changes and changes[-1][0] > index:  # a change after the last train line is newer
+                world = changes[-1][1]["world_size"]
+            counts = {event: sum(c["event"] == event for _, c in changes) for event in ("lost", "left", "joined")}
+            newest = changes[-1][1] if changes else None
+            last = f"rank {newest['rank']} {newest['event']} after step {newest['step']}" if newest else None
             return (
-                Progress(parsed["step"], parsed["total"], parsed.get("loss"), parsed.get("images_per_s"), line.strip()),
+                Progress(
+                    parsed["step"],
+                    parsed["total"],
+                    parsed.get("loss"),
+                    parsed.get("images_per_s"),
+                    lines[index].strip(),
+                    world,
+                    **counts,
+                    last_change=last,
+                ),
                 None,
             )
     return None, f"no train step in the last {log_lines} log lines of {pod}"
@@ -271,4 +295,9 @@ def _progress_text(status: ReleaseStatus) -> str:
         parts.append(f"loss {progress.loss:.4g}")
     if progress.images_per_s is not None:
         parts.append(f"images/s {progress.images_per_s:.3g}")
+    if progress.world_size is not None:
+        parts.append(f"world size {progress.world_size}")
+    if progress.lost or progress.left or progress.joined:
+        counts = f"{progress.lost} lost, {progress.left} left, {progress.joined} joined"
+        parts.append(f"members: {counts} (newest: {progress.last_change})")
     return "  ".join(parts)

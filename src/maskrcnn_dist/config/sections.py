@@ -228,6 +228,11 @@ class PeersConfig:
         flag="rpc-timeout",
         above=0,
     )
+    # Off by default: an elastic group adds a heartbeat thread and one store round trip per step.
+    elastic: bool = option(
+        False,
+        "ddp: a lost or drained worker leaves and the others train on; a replacement rejoins (docs/elastic.md)",
+    )
     # torch's own bound on forming the group is 30 minutes.
     join_timeout: float = option(
         600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero", above=0

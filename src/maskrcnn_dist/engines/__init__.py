@@ -15,6 +15,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, PodPlan
 
@@ -23,6 +24,7 @@ from ..errors import ConfigError
 from ..lifetime.stop import Stopped, StopRequest
 from .base import Engine, resolve_device
 
+T = TypeVar("T")
 #: (num_classes, iters_per_epoch) -> Engine, once the session is open and the data is known.
 EngineFactory = Callable[[int, int], Engine]
 
@@ -75,11 +77,32 @@ def engine_session(cfg: TrainConfig, plan: PodPlan | None, stop: StopRequest) ->
                 1,  # the master reads every batch
             )
         return
-    from .torch_engine import TorchEngine, process_group
+    if cfg.engine == "ddp" and cfg.peers.elastic:
+        from .elastic_ddp import ElasticEngines, elastic_session
+
+        with elastic_session(cfg) as group:
+            yield ElasticEngines(cfg, group, stop), group.launch_world  # the data is planned for the launch's world
+        return
+    from .torch_engine import process_group
 
     distributed = cfg.engine == "ddp"
     with process_group(cfg) if distributed else contextlib.nullcontext(1) as world_size:
-        yield (
-            (lambda num_classes, iters: TorchEngine(cfg, num_classes, iters, distributed=distributed, stop=stop)),
-            world_size,
-        )
+        yield TorchEngines(cfg, distributed, stop), world_size
+
+
+class TorchEngines:
+    """The local and ddp engines' factory (EngineFactory); `on_rank0` runs the data check once, on rank 0,
+    its result broadcast to every rank (an elastic group's factory keeps it in the job's store instead)."""
+
+    def __init__(self, cfg: TrainConfig, distributed: bool, stop: StopRequest) -> None:
+        self.cfg, self.distributed, self.stop = cfg, distributed, stop
+
+    def __call__(self, num_classes: int, iters_per_epoch: int) -> Engine:
+        from .torch_engine import TorchEngine
+
+        return TorchEngine(self.cfg, num_classes, iters_per_epoch, distributed=self.distributed, stop=self.stop)
+
+    def on_rank0(self, compute: Callable[[], T]) -> T:
+        from .torch_engine import on_rank0
+
+        return on_rank0(compute)

@@ -52,16 +52,21 @@ def local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
-@contextmanager
-def process_group(cfg: TrainConfig) -> Iterator[int]:
-    """The ddp process group for the body, from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT); yields the world size. Peers silent for --rpc-timeout seconds fail the collective."""
+def ddp_backend(cfg: TrainConfig) -> str:
+    """The process group's backend for this process's device (made current here, before any group)."""
     device = resolve_device(cfg.device, local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # More ranks on this machine than GPUs (resolve_device wraps around): ranks share a GPU.
     shares_gpu = device.type == "cuda" and local_world_size() > torch.cuda.device_count()
-    backend = process_group_backend(uses_gpu=device.type == "cuda", shares_gpu=shares_gpu)
+    return process_group_backend(uses_gpu=device.type == "cuda", shares_gpu=shares_gpu)
+
+
+@contextmanager
+def process_group(cfg: TrainConfig) -> Iterator[int]:
+    """The ddp process group for the body, from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT); yields the world size. Peers silent for --rpc-timeout seconds fail the collective."""
+    backend, device = ddp_backend(cfg), resolve_device(cfg.device, local_rank())
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=cfg.peers.timeout))
     log.info("ddp rank %d of %d on %s (%s)", dist.get_rank(), dist.get_world_size(), device, backend)
     try:
@@ -132,8 +137,12 @@ class TorchEngine(Engine):
         self.trained = self.model
         self._stop_agreed = False  # the last step's all-reduced stop flag
         if distributed:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.trained = DistributedDataParallel(self.model, device_ids=ids)
+            self.wrap()
+
+    def wrap(self) -> None:
+        """The model as a DDP replica of the current process group (its constructor is a collective)."""
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.trained = DistributedDataParallel(self.model, device_ids=ids)
 
     @property
     def distributed(self) -> bool:
@@ -147,9 +156,17 @@ class TorchEngine(Engine):
         return self.train_micro_batches(step, [whole])
 
     def train_micro_batches(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, torch.Tensor]:
-        """One step over this rank's share of a global batch: gradients accumulate over its micro-batches
-        (DDP all-reduces once, in the last one's backward), each loss scaled by its weight x world size, as
-        DDP averages over ranks: the step's gradient is the image-weighted mean over the global batch."""
+        weighted = self.accumulate(step, micro_batches)
+        # After backward (no parameter has changed yet): a stop asked for during it still ends this step.
+        logged = self._mean_over_ranks(weighted)
+        self.apply_gradients()
+        return logged
+
+    def accumulate(self, step: int, micro_batches: Sequence[MicroBatch]) -> dict[str, torch.Tensor]:
+        """The forward and backward of this rank's share of a global batch: gradients accumulate over its
+        micro-batches (DDP all-reduces once, in the last one's backward), each loss scaled by its weight x
+        world size, as DDP averages over ranks: the step's gradient is the image-weighted mean over the
+        global batch. Returns the weighted loss terms, summed over the micro-batches, on the device."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         weighted: dict[str, torch.Tensor] = {}
@@ -159,8 +176,11 @@ class TorchEngine(Engine):
                 terms = self._forward_backward(step, micro_batch, float(micro_batch.weight * self.data_world_size))
             for name, value in terms.items():
                 weighted[name] = weighted[name] + value if name in weighted else value
-        # After backward (no parameter has changed yet): a stop asked for during it still ends this step.
-        logged = self._mean_over_ranks(weighted)
+        return weighted
+
+    def apply_gradients(self) -> None:
+        """The optimizer's and the schedule's step on the gradients backward left (clipped if asked); a
+        step whose gradients are not finite is skipped on the device (`skipped`)."""
         if self.cfg.optim.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
@@ -169,7 +189,6 @@ class TorchEngine(Engine):
         self.scaler.update()
         self._skipped = self.scaler._get_scale_async() < scale
         self.scheduler.step()
-        return logged
 
     def skipped(self) -> torch.Tensor | None:
         return self._skipped

@@ -141,6 +141,11 @@ class Stopped(Exception):  # noqa: N818 (not an error: the way out of a stop, to
         )
 
 
+class RunOver(Exception):  # noqa: N818 (not an error: a replacement came when there was nothing to join)
+    """An elastic ddp member (lifetime/elastic.py) whose group's run ended before it was admitted, or
+    while it waited for the next generation: it leaves with exit 0, nothing trained, nothing lost."""
+
+
 def exit_stopped(line: str) -> NoReturn:
     """Leave with EXIT_STOPPED after `line` (the closing log line): at once, once the streams are flushed.
     Everything is saved and closed by now, and the interpreter's own teardown (torch's modules) would add

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -205,30 +205,44 @@ class Trainer:
 
     def fit(self) -> Position:
         try:
-            start = Start(self.position.step, self.resumed_from)
-            for hook in self.hooks:
-                hook.before_train(start)
-            self.run_pending()
-            if self.engine.agree_to_stop():  # asked while the data loaded or the group formed
-                self.stop_now([])
-            while self.position.step < self.total_steps and not self.stopped_early:
-                for batch in self.engine.on_device(self.loader(self.position.epoch, self.position.batch)):
-                    started = time.perf_counter()
-                    losses = self.engine.train_micro_batches(self.position.step, batch.micro_batches)
-                    samples = self._samples(batch)
-                    self._advance()
-                    engine = self.engine
-                    facts = (engine.skipped(), batch.images, engine.lr(), engine.extra_metrics(), samples)
-                    self.unread.add(self.boundary(), started, losses, *facts)
-                    self.after_step()
-                    if self.position.step >= self.total_steps or self.stopped_early:
-                        break
+            self.train()
         finally:
             for hook in self.hooks:
                 hook.after_train()
         if self.stopped_early and self.engine.is_main:
             log.info("%s", self.stopped_early)
         return self.position
+
+    def train(self) -> None:
+        """The hooks' start, what a stop left pending, then the steps up to the last (or an early end)."""
+        start = Start(self.position.step, self.resumed_from)
+        for hook in self.hooks:
+            hook.before_train(start)
+        self.catch_up()
+        while self.position.step < self.total_steps and not self.stopped_early:
+            for batch in self.engine.on_device(self.loader(self.position.epoch, self.position.batch)):
+                started = time.perf_counter()
+                losses = self.engine.train_micro_batches(self.position.step, batch.micro_batches)
+                self.step_done(batch, started, losses)
+                self.after_step()
+                if self.position.step >= self.total_steps or self.stopped_early:
+                    break
+
+    def catch_up(self) -> None:
+        """Before the first step: what a stop left pending, and a stop asked while the data loaded or the
+        group formed."""
+        self.run_pending()
+        if self.engine.agree_to_stop():
+            self.stop_now([])
+
+    def step_done(self, batch: StepBatch, started: float, losses: Mapping[str, Any]) -> None:
+        """The step just trained on `batch`: the position moves on, and its losses wait, unread, with what
+        else the step's record needs (losses.py) until the loop reads them."""
+        samples = self._samples(batch)
+        self._advance()
+        engine = self.engine
+        facts = (engine.skipped(), batch.images, engine.lr(), engine.extra_metrics(), samples)
+        self.unread.add(self.boundary(), started, dict(losses), *facts)
 
     def _samples(self, batch: StepBatch) -> Samples:
         p, engine = self.position, self.engine
@@ -249,9 +263,13 @@ class Trainer:
 
     def after_step(self) -> None:
         at = self.boundary()
-        due = [hook for hook in self.hooks if hook.is_due(at)]
-        if due or at.final or at.step % self.read_every == 0 or self.engine.stop_after_step():
+        if at.final or at.step % self.read_every == 0 or any(hook.is_due(at) for hook in self.hooks):
             self.deliver_steps()
+        self.boundary_work(at)
+
+    def boundary_work(self, at: Boundary) -> None:
+        """The boundary's stop check, its periodic work, its checkpoint and the epoch's end."""
+        due = [hook for hook in self.hooks if hook.is_due(at)]
         # The step boundary: every process of the engine agrees here (a hook's after_step may have asked).
         if self.engine.stop_after_step():
             self.deliver_steps()
@@ -277,9 +295,13 @@ class Trainer:
                 done = hook.run(at)
             except Interrupted:
                 self.stop_now(due[i:], during=hook.name)
-            if done is not None:
-                self.results[hook.name] = done.values
-                self.stopped_early = self.stopped_early or done.ends_training
+            self.hook_ran(hook, done)
+
+    def hook_ran(self, hook: HookBase, done: Done | None) -> None:
+        """A hook's periodic work is done: keep what it measured, and its closing line if it ends training."""
+        if done is not None:
+            self.results[hook.name] = done.values
+            self.stopped_early = self.stopped_early or done.ends_training
 
     def run_pending(self) -> None:
         """On resume, finish the boundary a stop interrupted: the hooks it kept from running, the checkpoint

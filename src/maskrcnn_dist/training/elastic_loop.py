@@ -1,0 +1,176 @@
+"""The training loop of an elastic ddp group (--elastic, docs/elastic.md): the Trainer's steps and
+boundaries, each one redone in the next generation when the group loses a member during it.
+
+What every member holds alike is the position (committed steps) and the weights: a step is committed on
+every member or on none (the engine's commit point), and nothing else changes the weights. So after a
+loss the survivors form the next generation (lifetime/elastic.py) and take the leader's word for where
+they are: its position, and whether its boundary's work (validation, evaluation, the checkpoint) was
+done. A member that went further (into the next step, uncommitted) steps back; the work the leader did
+not finish is done again by all; the step in flight is redone from the weights they all hold. No
+checkpoint is read and no finished step is lost. A replacement receives the leader's state (model,
+optimizer, scheduler, scaler, RNG, position, every hook's) once it is in.
+
+The data position is one call (`GlobalBatches.for_rank`): rank `r` of `n`'s share of global batch `b`
+of epoch `e` (data/plan.py, the launch's global batch): every image of the epoch is trained on once,
+whatever members come and go, and the per-step sample record (training/samples.py) says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from ..data.loader import StepBatch
+from ..engines.elastic_ddp import ElasticTorchEngine, is_group_failure
+from ..lifetime.elastic import BoundaryDecision, ElasticGroup
+from ..lifetime.stop import RunOver, Stopped
+from . import state
+from .loop import Boundary, Done, HookBase, LoaderFactory, Start, Trainer
+from .state import Position
+
+log = logging.getLogger(__name__)
+
+
+class GlobalBatches:
+    """The seam between the loop and the data plan: `for_rank(epoch, batch, rank, size)` is rank `rank`
+    of `size`'s share of global batch `batch` of `epoch` (data/plan.py), its micro-batches loaded, read
+    through `loader` (data/prepare.py's train_loaders for the engine, which reads the engine's rank and
+    size, its generation's, at each call). The loader is kept while the steps go in order, and made again
+    at the asked global batch after a change of generation or a step redone."""
+
+    def __init__(self, loader: LoaderFactory) -> None:
+        self.loader = loader
+        self._at: tuple[int, int, int, int] | None = None  # (epoch, next batch, rank, size) of the iterator
+        self._steps: Iterator[StepBatch] = iter(())
+
+    def for_rank(self, epoch: int, batch: int, rank: int, size: int) -> StepBatch:
+        if self._at != (epoch, batch, rank, size):
+            self._steps = iter(self.loader(epoch, batch))
+        step = next(self._steps)
+        self._at = (epoch, batch + 1, rank, size)
+        return step
+
+    def reset(self) -> None:
+        self._at, self._steps = None, iter(())
+
+
+class ElasticTrainer(Trainer):
+    """The Trainer of an elastic ddp member: hooks, checkpoints and stops as the Trainer's; its steps
+    over `batches`, and every failure of the group recovered in place (module docstring)."""
+
+    def __init__(self, engine: ElasticTorchEngine, loader: LoaderFactory, *args: Any) -> None:
+        """As the Trainer's; its steps take their batches through `GlobalBatches(loader)`."""
+        super().__init__(engine, loader, *args)
+        self.engine: ElasticTorchEngine = engine
+        self.batches = GlobalBatches(loader)
+        self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
+        self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
+
+    @property
+    def group(self) -> ElasticGroup:
+        return self.engine.group
+
+    def train(self) -> None:
+        newcomer = self.group.me in self.group.newcomers
+        try:
+            self._settle(self._guarded(self._enter_generation))
+            for hook in self.hooks:
+                hook.before_train(Start(self.position.step, self.resumed_from))
+            if not newcomer:  # the launch's members start together; a newcomer comes in mid-run
+                self._settle(self._guarded(self.catch_up))
+            while self.position.step < self.total_steps and not self.stopped_early:
+                self._settle(self._guarded(self._step))
+            self._settle(self._guarded(self._compare_replicas))
+        except RunOver as over:
+            log.info("elastic: %s", over)
+
+    def _step(self) -> None:
+        """The next step and its boundary; after a recovery, first the boundary's work the leader had left."""
+        if self.boundary_open:
+            self.boundary_work(self.boundary())
+            self.boundary_open = False
+            return
+        p, engine = self.position, self.engine
+        batch = self.batches.for_rank(p.epoch, p.batch, engine.data_rank, engine.data_world_size)
+        started = time.perf_counter()
+        losses = engine.train_micro_batches(p.step, batch.micro_batches)
+        self.step_done(batch, started, losses)
+        self.boundary_open, self.hooks_done = True, []
+        self.after_step()
+        self.boundary_open = False
+        if engine.decision.regroup:
+            self._regroup(engine.decision)
+
+    def _compare_replicas(self) -> None:
+        """At the end, one small gather: whether every member holds the leader's weights, bit for bit (the
+        same all-reduced gradients, the same optimizer state: a newcomer's state is checked here too)."""
+        digest = self.engine.weights_digest()
+        digests: list[Any] = [None] * self.engine.data_world_size
+        dist.all_gather_object(digests, digest)
+        if self.engine.is_main and len(set(digests)) == 1:
+            log.info("elastic: the %d replicas hold the same weights", len(digests))
+        elif self.engine.is_main:
+            log.warning("elastic: the replicas' weights differ (members in rank order): %s", digests)
+
+    def run_hooks(self, due: list[HookBase], at: Boundary) -> None:
+        # After a recovery: only the work the leader had not done (an evaluation counts towards patience).
+        super().run_hooks([hook for hook in due if hook.name not in self.hooks_done], at)
+
+    def hook_ran(self, hook: HookBase, done: Done | None) -> None:
+        super().hook_ran(hook, done)
+        self.hooks_done.append(hook.name)
+
+    def _regroup(self, decision: BoundaryDecision) -> None:
+        """At the boundary: members asked to leave go, the joiners the leader admits come in."""
+        self.engine.release()
+        if self.group.regroup(decision) is None:  # this member was drained: it leaves alone
+            self.stop.finish(f"left the elastic group after step {self.position.step}; the others train on")
+            raise Stopped(self.stop)
+        self._enter_generation()
+
+    # -- generations ----------------------------------------------------------------------------
+
+    def _guarded(self, work: Callable[[], None]) -> str | None:
+        """`work()`; the group's failure in words when it lost a member (this member's own errors raise).
+        Returned, not handled here: the live exception would hold the failed group's sockets."""
+        try:
+            work()
+        except Exception as exc:
+            if not is_group_failure(exc):
+                raise
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _settle(self, failure: str | None) -> None:
+        """After a failure of the group: the next generation, as many times as forming it fails."""
+        while failure is not None:
+            log.warning("elastic: member %d: %s", self.group.me, failure.splitlines()[0][:300])
+            self.engine.release()
+            if self.group.recover(failure) is None:
+                raise RunOver("the leader's run ended while this member waited for the next generation")
+            failure = self._guarded(self._enter_generation)
+
+    def _enter_generation(self) -> None:
+        """Every member, in a new generation (the first included), in the same order: the model wrapped
+        again, the leader's position and open boundary to every member, its state to the newcomers."""
+        engine, group = self.engine, self.group
+        engine.rejoin()
+        engine.decision = BoundaryDecision(stop_all=False, leaving=(), admit=False)
+        where = [{**vars(self.position), "open": self.boundary_open, "done": self.hooks_done, "pending": self.pending}]
+        dist.broadcast_object_list(where, src=0)
+        leader = where[0]
+        self.position = Position(leader["step"], leader["epoch"], leader["batch"])
+        self.boundary_open, self.hooks_done = leader["open"], list(leader["done"])
+        self.pending = list(leader["pending"])
+        sent = self.checkpoint_state() if group.is_leader and group.newcomers else None
+        received = group.share_state(sent)
+        if group.me in group.newcomers:
+            self.position, _ = state.restore(engine, received, Path("<the leader>"))
+            state.restore_hooks(self.hooks, received, Path("<the leader>"))
+            log.info("elastic: member %d received the leader's state at step %d", group.me, self.position.step)
+        self.batches.reset()
