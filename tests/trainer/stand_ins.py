@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
+from maskrcnn_dist.checkpoint import load_resume
 from maskrcnn_dist.config import TrainConfig
 from maskrcnn_dist.engines.base import Engine
 from maskrcnn_dist.lifetime.stop import StopRequest
-from maskrcnn_dist.train import build_trainer, resume, run_metrics
+from maskrcnn_dist.train import build_trainer, run_metrics
 from maskrcnn_dist.training.loop import Trainer
 
 
@@ -83,3 +84,9 @@ def with_flat_hook_state(checkpoint: Path) -> None:
     for name, hook_state in state.pop("hooks").items():
         state["best" if name == "evaluation" else name] = hook_state
     torch.save(state, checkpoint)
+
+
+def resume(trainer: Trainer, cfg) -> None:
+    """Continue from cfg.resume as train._run does: every hook's state and the pending hooks the checkpoint holds."""
+    if (saved := load_resume(cfg.resume, cfg.output_dir)) is not None:
+        trainer.restore(*saved)

@@ -11,11 +11,12 @@ from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
-from maskrcnn_dist.train import build_trainer, resume, run_metrics
+from maskrcnn_dist.train import build_trainer, run_metrics
 from maskrcnn_dist.training.loop import Trainer
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config
+from .stand_ins import resume
 
 ITERS = 6  # tiny_coco: 12 training images, 2 per step
 
