@@ -68,6 +68,9 @@ class ElasticTrainer(Trainer):
         super().__init__(engine, loader, *args)
         self.engine: ElasticTorchEngine = engine
         self.batches = GlobalBatches(loader)
+        # Every step delivered to the hooks at once: the elastic step reads its losses anyway (the commit
+        # decision), and a member lost later must not take the sample lines of its committed steps with it.
+        self.read_every = 1
         self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
         self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
 

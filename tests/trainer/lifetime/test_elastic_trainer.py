@@ -143,14 +143,21 @@ def assert_the_same_steps(records: list[dict], reference: list[dict], out: str) 
     assert re.search(r"elastic: the [23] replicas hold the same weights", out), out[-3000:]
 
 
-def assert_every_image_once_an_epoch(out: Path, coco: Path) -> None:
+def assert_every_image_once_an_epoch(out: Path, coco: Path, killed: bool = False) -> None:
     """By the sample record (every rank's lines): each epoch trained on every train image exactly once,
-    the epoch of the change of world size included."""
-    images = json.loads((coco / "train" / "annotations.json").read_text())["images"]
+    the epoch of the change of world size included. `killed`: a member was SIGKILLed, and one kill may
+    land between a step's commit and that member's line of it (docs/elastic.md's limits): its share of
+    that one step (at most a micro-batch, 2 images) may be missing from the record, never repeated."""
+    images = Counter(image["id"] for image in json.loads((coco / "train" / "annotations.json").read_text())["images"])
     samples = read_samples(out)
+    gaps = 0
     for epoch in range(STEPS // 4):
         seen = Counter(i for s in samples if s["epoch"] == epoch for i in s["image_ids"])
-        assert seen == Counter(image["id"] for image in images), (epoch, seen)
+        assert max(seen.values()) == 1 and set(seen) <= set(images), (epoch, seen)
+        missing = set(images) - set(seen)
+        assert not missing or (killed and len(missing) <= 2), (epoch, sorted(missing))
+        gaps += bool(missing)
+    assert gaps <= 1, gaps
 
 
 def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list[dict], coco: Path) -> None:
@@ -166,7 +173,7 @@ def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list
     sizes = [r["world_size"] for r in records]
     assert sizes[:3] == [3] * 3 and sizes[-1] == 2, sizes
     assert "resumed from" not in out  # in place: no checkpoint read
-    assert_every_image_once_an_epoch(running.out, coco)
+    assert_every_image_once_an_epoch(running.out, coco, killed=True)
 
 
 def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(
@@ -184,7 +191,7 @@ def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(
     assert_the_same_steps(records, uninterrupted, out)
     sizes = [r["world_size"] for r in records]
     assert 2 in sizes and sizes[-1] == 3, sizes
-    assert_every_image_once_an_epoch(running.out, coco)
+    assert_every_image_once_an_epoch(running.out, coco, killed=True)
 
 
 def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupted: list[dict], coco: Path) -> None:
