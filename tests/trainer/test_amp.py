@@ -167,9 +167,10 @@ def test_amp_dtype_choice_and_scaler():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert amp_dtype(cpu) == torch.bfloat16 and amp_dtype(cuda) == torch.float16
     assert amp_dtype(cuda, "bfloat16") == torch.bfloat16
-    # A scaler only where fp16 gradients could underflow: fp16 on CUDA.
-    assert not grad_scaler(cpu, True).is_enabled()
-    assert not grad_scaler(cpu, False).is_enabled()
+    # Dynamic loss scaling only for fp16 (its gradients could underflow); every other step keeps a scaler at
+    # a fixed scale of 1 for its finite check (a step with non-finite gradients skipped on the device).
+    assert grad_scaler(cpu, True).get_scale() == grad_scaler(cpu, False).get_scale() == 1.0
+    assert grad_scaler(cpu, True, "float16").get_scale() == 2.0**16
     cfg = build_config(None, {"amp": True, "amp-dtype": "bfloat16", "channels-last": False})
     assert cfg.amp and cfg.amp_dtype == "bfloat16" and not cfg.model.channels_last
     with pytest.raises(Exception, match="--amp-dtype"):
