@@ -70,7 +70,7 @@ def test_train_without_a_request_installs_nothing(monkeypatch, tmp_path) -> None
     before = signal.getsignal(signal.SIGTERM)
     given: list[tuple[StopRequest, object]] = []
     monkeypatch.setattr(
-        train_mod, "_train", lambda cfg, plan, stop, parsing: given.append((stop, signal.getsignal(signal.SIGTERM)))
+        train_mod, "_train", lambda cfg, plan, stop, *_: given.append((stop, signal.getsignal(signal.SIGTERM)))
     )
     train_mod.train(fast_config(tmp_path, tmp_path / "out"))
     [(stop, while_training)] = given
