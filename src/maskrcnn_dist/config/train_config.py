@@ -167,6 +167,11 @@ class TrainConfig:
                 "--compile is for --engine local and ddp: the pipeline's stages run eagerly (compiled stages under "
                 "distributed autograd are untested); leave out --compile",
             ),
+            (
+                not (self.peers.elastic and self.engine != "ddp"),
+                f"--elastic is for --engine ddp: a lost worker's survivors regroup its data-parallel ranks, and "
+                f"--engine {self.engine} has none; leave out --elastic",
+            ),
             (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
             (
                 not self.test_only or self.resume is not None or self.model.weights is not None,

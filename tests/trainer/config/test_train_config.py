@@ -113,3 +113,11 @@ def test_a_bare_yaml_off_is_refused_naming_the_pitfall(tmp_path: Path, key: str)
         build_config(tmp_path / "run.yaml", {})
     (tmp_path / "run.yaml").write_text(f'{key}: "off"\n')
     assert build_config(tmp_path / "run.yaml", {})
+
+
+@pytest.mark.parametrize("engine", ["local", "pipeline"])
+def test_elastic_is_refused_outside_ddp(engine: str):
+    """--elastic regroups a ddp job's ranks; elsewhere it would do nothing, silently."""
+    with pytest.raises(ConfigError, match=f"--elastic is for --engine ddp: .*--engine {engine} has none"):
+        build_config(None, {"elastic": True, "engine": engine})
+    assert build_config(None, {"elastic": True, "engine": "ddp"}).peers.elastic
