@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,20 +31,21 @@ def read_records(out: Path, member: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_local_restarts_a_killed_workers_pod_and_it_rejoins(tmp_path: Path) -> None:
+def run_job(tmp_path: Path, steps: int, local_args: list[str], at_step: int, fault: Callable[[], None]) -> str:
+    """`maskrcnn-launch local` over the 3-pod topology with the toy member training `steps` steps; `fault()`
+    once the leader has recorded `at_step`; the job's whole output, after asserting it exited 0."""
     (tmp_path / "topology.yaml").write_text(TOPOLOGY)
-    trainer = f"{sys.executable} {HERE / 'elastic_member.py'} env {STEPS} {tmp_path} 0.1"
+    trainer = f"{sys.executable} {HERE / 'elastic_member.py'} env {steps} {tmp_path} 0.1"
     env = {**os.environ, "MASKRCNN_TRAINER_CMD": trainer, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(tmp_path / "topology.yaml")]
-    argv += ["--restart-workers", "1", "--wait-timeout", "120"]
     log = open(tmp_path / "local.log", "w")
-    runner = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    runner = subprocess.Popen(argv + local_args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while not any(r["step"] >= 10 for r in read_records(tmp_path, 0)):
+        while not any(r["step"] >= at_step for r in read_records(tmp_path, 0)):
             assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "local.log").read_text()[-3000:]
             time.sleep(0.1)
-        os.kill(int((tmp_path / "member2.pid").read_text()), signal.SIGKILL)  # the trainer, not its agent
+        fault()
         code = runner.wait(timeout=240)
     finally:
         if runner.poll() is None:
@@ -51,6 +53,14 @@ def test_local_restarts_a_killed_workers_pod_and_it_rejoins(tmp_path: Path) -> N
             runner.wait()
     out = (tmp_path / "local.log").read_text()
     assert code == 0, out[-4000:]
+    return out
+
+
+def test_local_restarts_a_killed_workers_pod_and_it_rejoins(tmp_path: Path) -> None:
+    def kill_worker2() -> None:  # the trainer, not its agent
+        os.kill(int((tmp_path / "member2.pid").read_text()), signal.SIGKILL)
+
+    out = run_job(tmp_path, STEPS, ["--restart-workers", "1", "--wait-timeout", "120"], 10, kill_worker2)
     assert "[local] worker2 lost (exit 1): the others go on without it" in out
     assert "[local] worker2 started again (1 of 1)" in out
     leader = read_records(tmp_path, 0)
@@ -64,25 +74,11 @@ def test_local_restarts_a_killed_workers_pod_and_it_rejoins(tmp_path: Path) -> N
 def test_a_worker_pod_drained_by_sigterm_leaves_alone_with_exit_75(tmp_path: Path) -> None:
     """SIGTERM to worker 1's pod (its torchrun, which forwards the stop to its rank): that pod leaves at
     the next step boundary with exit 75, the others train on with two ranks and the job exits 0."""
-    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
-    trainer = f"{sys.executable} {HERE / 'elastic_member.py'} env 60 {tmp_path} 0.1"
-    env = {**os.environ, "MASKRCNN_TRAINER_CMD": trainer, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(tmp_path / "topology.yaml")]
-    log = open(tmp_path / "local.log", "w")
-    runner = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not any(r["step"] >= 5 for r in read_records(tmp_path, 0)):
-            assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "local.log").read_text()[-3000:]
-            time.sleep(0.1)
-        os.kill(parent_of(int((tmp_path / "member1.pid").read_text())), signal.SIGTERM)  # the pod's torchrun
-        code = runner.wait(timeout=240)
-    finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-            runner.wait()
-    out = (tmp_path / "local.log").read_text()
-    assert code == 0, out[-4000:]
+
+    def drain_worker1() -> None:  # the pod's torchrun
+        os.kill(parent_of(int((tmp_path / "member1.pid").read_text())), signal.SIGTERM)
+
+    out = run_job(tmp_path, 60, [], 5, drain_worker1)
     assert "[local] worker1 left (exit 75): the others go on without it" in out
     leader = read_records(tmp_path, 0)
     assert [r["step"] for r in leader] == list(range(1, 61)) and leader[-1]["size"] == 2
