@@ -7,7 +7,7 @@ Both jobs are `maskrcnn-launch local` with a 3-pod ddp topology (a master and tw
 each, on loopback), the small model at 64 px, the same data and schedule; worker 2's trainer is SIGKILLed
 once the master has recorded step --kill-after:
   in place   --elastic: the survivors form a group of 2 and go on;
-  restart    today: the job ends (exit 1), and is started again whole with --resume auto, as a JobSet
+  restart    --no-elastic: the job ends (exit 1), and is started again whole with --resume auto, as a JobSet
              restart would (minus the pods' scheduling and the image pull), from the newest checkpoint
              (--checkpoint-period steps apart).
 For each: seconds from the kill to the first step finished after it (by the master's train records),
@@ -142,12 +142,12 @@ def in_place(work: Path, data: Path, kill_after: int) -> dict[str, float]:
 
 def restart(work: Path, data: Path, kill_after: int, period: int) -> dict[str, float]:
     out = work / "restart"
-    job = Job(work, data, out, "--checkpoint-period", str(period))
+    job = Job(work, data, out, "--no-elastic", "--checkpoint-period", str(period))
     before = job.wait_for(lambda rs: any(r["step"] >= kill_after for r in rs))
     killed = job.kill_trainer(2)
     first_code = job.finish()
     last_before = max(r["step"] for r in job.records() if r["time"] <= killed)
-    again = Job(work, data, out, "--checkpoint-period", str(period), "--resume", "auto")
+    again = Job(work, data, out, "--no-elastic", "--checkpoint-period", str(period), "--resume", "auto")
     after = again.wait_for(lambda rs: any(r["time"] > killed and r["step"] <= last_before + 1 for r in rs))
     first = min((r for r in after if r["time"] > killed), key=lambda r: r["time"])
     code = again.finish()

@@ -290,8 +290,9 @@ def local(
 
     Each pod is a real `launch` with an explicit identity, as on bare nodes. Exits with the first
     failing pod's status; a lost ddp worker is reported and the others go on (docs/elastic.md), the
-    job's status then the master's. Without --master-port the master gets a free loopback port
-    (another program may take it before the master binds it: rare, and the group then stops)."""
+    job's status then the master's: a ddp job's trainers get --elastic unless given --no-elastic.
+    Without --master-port the master gets a free loopback port (another program may take it before
+    the master binds it: rare, and the group then stops)."""
     from maskrcnn_launcher.local import local_pods, run_local
 
     port = master_port if master_port is not None else free_port()

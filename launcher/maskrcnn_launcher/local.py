@@ -12,7 +12,9 @@ when it loses a peer) before they are terminated: the group never hangs.
 In a ddp job a worker pod may be lost without ending the job: the trainers' elastic group goes on
 without it (docs/elastic.md), so its exit (other than a user error's 2) is reported as a loss, the
 others are left running, and with `restart_workers` the pod is started again, as a kubelet or a Job
-would, to rejoin at a step boundary. The job's status is then the master's.
+would, to rejoin at a step boundary. The job's status is then the master's. So a ddp job here is
+elastic unless its trainer arguments say `--no-elastic` (`--elastic` is added to them): on a cluster
+the chart's jobset.elastic decides, since the workload's failure policy must change with it.
 
 SIGTERM or SIGINT to the runner is passed on once to every pod's process group (the pods run in
 sessions of their own, so a terminal's Ctrl-C reaches the runner alone): the trainers stop at their
@@ -38,6 +40,8 @@ from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
 from maskrcnn_launcher.topology import load_topology
 
+ELASTIC_FLAGS = ("--elastic", "--no-elastic")  # the trainer's (maskrcnn_dist's PeersConfig.elastic)
+
 
 @dataclass(frozen=True)
 class LocalPod:
@@ -52,6 +56,7 @@ def local_pods(
     """The launch command of every pod of the topology, master first."""
     topology = load_topology(topology_ref)
     check_engine_args(topology.engine, trainer_args)  # before any pod starts
+    trainer_args = elastic_by_default(topology.engine, trainer_args)
     job = derive_job(topology, LOOPBACK, master_port)
     launcher = [sys.executable, "-m", "maskrcnn_launcher", "launch"]
     topology_args = ["--topology", topology_ref] if topology_ref else []
@@ -80,6 +85,13 @@ def local_pods(
         )
         for pod in job.pods
     ]
+
+
+def elastic_by_default(engine: str, trainer_args: Sequence[str]) -> list[str]:
+    """A ddp job's trainer arguments with `--elastic` added, unless they choose already (module docstring)."""
+    if engine != "ddp" or any(arg in ELASTIC_FLAGS for arg in trainer_args):
+        return list(trainer_args)
+    return [*trainer_args, "--elastic"]
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,7 @@ def build_trainer(
     trainer_type = ElasticTrainer if cfg.engine == "ddp" and cfg.peers.elastic else Trainer
     args = (engine, loader, iters_per_epoch, total, files, stop or StopRequest(), run_facts, cfg.print_freq)
     trainer = trainer_type(*args)
-    samples = SampleRecordHook(samples_path(cfg.output_dir, engine.data_rank), train_set, engine.is_main)
+    samples = SampleRecordHook(samples_path(cfg.output_dir, trainer.record_rank), train_set, engine.is_main)
     trainer.register_hooks([*build_hooks(cfg, engine, val_set, metrics, trainer.checkpointer, grace_s), samples])
     return trainer
 

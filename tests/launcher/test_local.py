@@ -230,3 +230,21 @@ def test_without_restarts_a_lost_ddp_worker_stays_lost_and_the_master_decides(tm
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[local] worker2 lost (exit 1): the others go on without it" in result.stdout
     assert "started again" not in result.stdout and "rank 0 done" in result.stdout
+
+
+def test_a_ddp_job_here_is_elastic_unless_its_trainer_arguments_say_otherwise(tmp_path: Path) -> None:
+    """The runner treats a lost ddp worker as a loss the others survive, so their trainers must be able to:
+    `--elastic` is added to a ddp job's trainer arguments, never to a pipeline's, and a choice given stays."""
+    from maskrcnn_launcher.local import local_pods
+
+    (tmp_path / "ddp.yaml").write_text(DDP_TOPOLOGY)
+    (tmp_path / "pipeline.yaml").write_text(TOPOLOGY)
+
+    def trainer_args(topology: str, *given: str) -> list[tuple[str, ...]]:
+        pods = local_pods(topology, 29500, given, 60.0)
+        return [pod.argv[pod.argv.index("--") + 1 :] for pod in pods]
+
+    assert trainer_args(str(tmp_path / "ddp.yaml"), "--epochs", "2") == [("--epochs", "2", "--elastic")] * 3
+    assert trainer_args(str(tmp_path / "ddp.yaml"), "--no-elastic") == [("--no-elastic",)] * 3
+    assert trainer_args(str(tmp_path / "ddp.yaml"), "--elastic") == [("--elastic",)] * 3
+    assert all("--elastic" not in args for args in trainer_args(str(tmp_path / "pipeline.yaml"), "--epochs", "2"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from ..lifetime.elastic import BoundaryDecision, ElasticGroup
 from ..lifetime.stop import RunOver, Stopped
 from . import state
 from .loop import Boundary, Done, HookBase, LoaderFactory, Start, Trainer
+from .losses import Samples
+from .samples import SampleRecordHook
 from .state import Position
 
 log = logging.getLogger(__name__)
@@ -73,10 +75,19 @@ class ElasticTrainer(Trainer):
         self.read_every = 1
         self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
         self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
+        self.sample_record: SampleRecordHook | None = None
 
     @property
     def group(self) -> ElasticGroup:
         return self.engine.group
+
+    @property
+    def record_rank(self) -> int:
+        return self.group.me  # one file per process, whatever its rank in each generation
+
+    def register_hooks(self, hooks: Sequence[HookBase]) -> None:
+        super().register_hooks(hooks)
+        self.sample_record = next((h for h in self.hooks if isinstance(h, SampleRecordHook)), None)
 
     def train(self) -> None:
         newcomer = self.group.me in self.group.newcomers
@@ -100,6 +111,7 @@ class ElasticTrainer(Trainer):
             return
         p, engine = self.position, self.engine
         batch = self.batches.for_rank(p.epoch, p.batch, engine.data_rank, engine.data_world_size)
+        self._record_ahead(batch)
         started = time.perf_counter()
         losses = engine.train_micro_batches(p.step, batch.micro_batches)
         self.step_done(batch, started, losses)
@@ -108,6 +120,18 @@ class ElasticTrainer(Trainer):
         self.boundary_open = False
         if engine.decision.regroup:
             self._regroup(engine.decision)
+
+    def _record_ahead(self, batch: StepBatch) -> None:
+        """This member's sample line of the step, written before the step: one not committed is dropped
+        from every file again when the next generation forms (`_enter_generation`). Written after the
+        commit instead, a kill in between would leave the committed step's images out of the record."""
+        if self.sample_record is not None:
+            samples = super()._samples(batch)
+            assert samples is not None
+            self.sample_record.record(self.position.step + 1, samples)
+
+    def _samples(self, batch: StepBatch) -> Samples | None:
+        return None  # written ahead of the step
 
     def _compare_replicas(self) -> None:
         """At the end, one small gather: whether every member holds the leader's weights, bit for bit (the
@@ -165,9 +189,13 @@ class ElasticTrainer(Trainer):
         engine.rejoin()
         engine.decision = BoundaryDecision(stop_all=False, leaving=(), admit=False)
         where = [{**vars(self.position), "open": self.boundary_open, "done": self.hooks_done, "pending": self.pending}]
+        if self.sample_record is not None and group.is_leader:  # before anyone writes in this generation
+            self.sample_record.drop_after(self.position.step, every_rank=True)
         dist.broadcast_object_list(where, src=0)
         leader = where[0]
         self.position = Position(leader["step"], leader["epoch"], leader["batch"])
+        if self.sample_record is not None:  # a file the leader cannot see (another pod's volume)
+            self.sample_record.drop_after(self.position.step, every_rank=False)
         self.boundary_open, self.hooks_done = leader["open"], list(leader["done"])
         self.pending = list(leader["pending"])
         sent = self.checkpoint_state() if group.is_leader and group.newcomers else None

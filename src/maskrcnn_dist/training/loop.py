@@ -195,6 +195,11 @@ class Trainer:
         self.read_every = max(1, read_every)
         self.unread = UnreadSteps(engine.skips_expected)
 
+    @property
+    def record_rank(self) -> int:
+        """The rank whose file this process's sample record is (training/samples.py)."""
+        return self.engine.data_rank
+
     def register_hooks(self, hooks: Sequence[HookBase]) -> None:
         for hook in hooks:
             if problem := state.name_problem(self.hooks, hook):
@@ -244,7 +249,7 @@ class Trainer:
         facts = (engine.skipped(), batch.images, engine.lr(), engine.extra_metrics(), samples)
         self.unread.add(self.boundary(), started, dict(losses), *facts)
 
-    def _samples(self, batch: StepBatch) -> Samples:
+    def _samples(self, batch: StepBatch) -> Samples | None:
         p, engine = self.position, self.engine
         return Samples(p.epoch, p.batch, batch.share.trained, engine.data_rank, engine.data_world_size)
 

@@ -11,6 +11,10 @@ keeps ranks in step is left out). On resume the main process drops every rank fi
 checkpoint's step (those steps are trained again) before the first step, whose collectives keep the
 other ranks from writing before it; a file is opened at its first write, after that. So for any
 epoch the union of the lines is the epoch's images, each once, at whatever world sizes it ran.
+
+An elastic member (training/elastic_loop.py) writes its line before the step, to its launch rank's
+file, and at every new generation the lines after the committed position are dropped from every
+file (`drop_after`): a member killed at any instant leaves each committed step's images once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Protocol, TextIO
 
 from ..run_dir import SAMPLES_DIR
 from .loop import Boundary, HookBase, Start, StepResult
+from .losses import Samples
 from .metrics import drop_lines_after
 
 log = logging.getLogger(__name__)
@@ -50,14 +55,16 @@ class SampleRecordHook(HookBase):
                     log.info("%s: dropped %d line(s) after step %d", path, dropped, start.step)
 
     def after_step(self, at: Boundary, result: StepResult) -> None:
-        samples = result.samples
-        if samples is None:
-            return
+        if result.samples is not None:
+            self.record(at.step, result.samples)
+
+    def record(self, step: int, samples: Samples) -> None:
+        """This rank's line of `step` (optimizer steps done once it is committed)."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", buffering=1)
         line = {
-            "step": at.step,
+            "step": step,
             "epoch": samples.epoch,
             "batch": samples.batch,
             "rank": samples.rank,
@@ -65,6 +72,16 @@ class SampleRecordHook(HookBase):
             "image_ids": [self.image_ids[i] for i in samples.indices],
         }
         self._file.write(json.dumps(line) + "\n")
+
+    def drop_after(self, step: int, every_rank: bool) -> None:
+        """Drop the lines after `step` from this rank's file (and from every rank's file in the folder
+        when `every_rank`: those of members that are gone). Files are replaced: this one is reopened at
+        its next write."""
+        self.after_train()
+        paths = sorted(self.path.parent.glob("rank*.jsonl")) if every_rank else [self.path]
+        for path in paths:
+            if path.exists() and (dropped := drop_lines_after(path, step)):
+                log.info("%s: dropped %d line(s) of steps after %d, not committed", path, dropped, step)
 
     def after_train(self) -> None:
         if self._file is not None:

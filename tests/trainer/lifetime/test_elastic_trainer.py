@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from topologies import CPU_DDP_TOPOLOGY
@@ -48,11 +50,16 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class LocalJob:
     """A `maskrcnn-launch local` job of the real trainer with --elastic; killed whole on any failure."""
 
-    def __init__(self, tmp_path: Path, coco: Path, *local_flags: str) -> None:
+    def __init__(
+        self, tmp_path: Path, coco: Path, *local_flags: str, epochs: int = STEPS // 4, say_elastic: bool = True
+    ) -> None:
+        """`say_elastic`: pass --elastic (else the job is elastic by `maskrcnn-launch local`'s default)."""
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.out, self.log = tmp_path / "run", tmp_path / "local.log"
         (tmp_path / "topology.yaml").write_text(CPU_DDP_TOPOLOGY)
-        flags = small_cpu_run(64, data_path=coco, output_dir=self.out, epochs=2, batch_size=2, elastic=True, **QUIET)
+        flags = small_cpu_run(64, data_path=coco, output_dir=self.out, epochs=epochs, batch_size=2, **QUIET)
+        if say_elastic:
+            flags["elastic"] = True
         # No clipping (and a rate that needs none): a clipped update would hide a wrongly weighted loss.
         del flags["clip-grad-norm"]
         argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(tmp_path / "topology.yaml")]
@@ -61,6 +68,15 @@ class LocalJob:
         self.proc = subprocess.Popen(
             argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+
+    def wait_for_joins(self, joins: int, timeout: float) -> bool:
+        """Whether the leader has admitted `joins` replacements within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.output().count("joined after step") < joins:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def wait_for_step(self, step: int, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -104,8 +120,8 @@ class LocalJob:
 def job(tmp_path: Path, coco: Path):
     jobs: list[LocalJob] = []
 
-    def start(*local_flags: str) -> LocalJob:
-        jobs.append(LocalJob(tmp_path / f"job{len(jobs)}", coco, *local_flags))
+    def start(*local_flags: str, **options: Any) -> LocalJob:
+        jobs.append(LocalJob(tmp_path / f"job{len(jobs)}", coco, *local_flags, **options))
         return jobs[-1]
 
     yield start
@@ -143,25 +159,20 @@ def assert_the_same_steps(records: list[dict], reference: list[dict], out: str) 
     assert re.search(r"elastic: the [23] replicas hold the same weights", out), out[-3000:]
 
 
-def assert_every_image_once_an_epoch(out: Path, coco: Path, killed: bool = False) -> None:
+def assert_every_image_once_an_epoch(out: Path, coco: Path, epochs: int = STEPS // 4) -> None:
     """By the sample record (every rank's lines): each epoch trained on every train image exactly once,
-    the epoch of the change of world size included. `killed`: a member was SIGKILLed, and one kill may
-    land between a step's commit and that member's line of it (docs/elastic.md's limits): its share of
-    that one step (at most a micro-batch, 2 images) may be missing from the record, never repeated."""
+    the epoch of the change of world size included: a killed member's line of the step it died in (each
+    member writes its line before the step) is dropped when the next generation forms, and the line of a
+    step it committed stays."""
     images = Counter(image["id"] for image in json.loads((coco / "train" / "annotations.json").read_text())["images"])
     samples = read_samples(out)
-    gaps = 0
-    for epoch in range(STEPS // 4):
+    for epoch in range(epochs):
         seen = Counter(i for s in samples if s["epoch"] == epoch for i in s["image_ids"])
-        assert max(seen.values()) == 1 and set(seen) <= set(images), (epoch, seen)
-        missing = set(images) - set(seen)
-        assert not missing or (killed and len(missing) <= 2), (epoch, sorted(missing))
-        gaps += bool(missing)
-    assert gaps <= 1, gaps
+        assert seen == images, (epoch, sorted((seen - images).elements()), sorted((images - seen).elements()))
 
 
 def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list[dict], coco: Path) -> None:
-    running = job()
+    running = job(say_elastic=False)  # the plain invocation: maskrcnn-launch local makes a ddp job elastic
     running.wait_for_step(3)
     os.kill(running.trainer_pid(2), signal.SIGKILL)
     code = running.finish()
@@ -173,7 +184,7 @@ def test_survivors_of_a_killed_worker_train_on_in_place(job, uninterrupted: list
     sizes = [r["world_size"] for r in records]
     assert sizes[:3] == [3] * 3 and sizes[-1] == 2, sizes
     assert "resumed from" not in out  # in place: no checkpoint read
-    assert_every_image_once_an_epoch(running.out, coco, killed=True)
+    assert_every_image_once_an_epoch(running.out, coco)
 
 
 def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(
@@ -191,7 +202,7 @@ def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(
     assert_the_same_steps(records, uninterrupted, out)
     sizes = [r["world_size"] for r in records]
     assert 2 in sizes and sizes[-1] == 3, sizes
-    assert_every_image_once_an_epoch(running.out, coco, killed=True)
+    assert_every_image_once_an_epoch(running.out, coco)
 
 
 def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupted: list[dict], coco: Path) -> None:
@@ -207,3 +218,28 @@ def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupte
     assert_the_same_steps(records, uninterrupted, out)
     assert [r["world_size"] for r in records][-1] == 2
     assert_every_image_once_an_epoch(running.out, coco)
+
+
+def test_chaos_a_random_worker_killed_every_few_steps(job, uninterrupted: list[dict], coco: Path) -> None:
+    """Three kills of a random worker's trainer, two steps or more apart, each pod started again: every
+    step once, each image once an epoch, the replicas identical at the end. A kill waits (up to a bound)
+    for the last replacement to be in: one landing while a generation forms stalls it until
+    --rpc-timeout (docs/elastic.md's limits), which this test need not wait through."""
+    chaos, epochs = random.Random(48), 3
+    running = job("--restart-workers", "3", epochs=epochs)
+    step = 0
+    for kill in range(3):
+        step += 2
+        running.wait_for_step(step)
+        running.wait_for_joins(kill, timeout=90)
+        step = max(r["step"] for r in running.records())
+        os.kill(running.trainer_pid(chaos.choice([1, 2])), signal.SIGKILL)
+    code = running.finish(timeout=600)
+    out = running.output()
+    assert code == 0, out[-5000:]
+    assert out.count(" lost after step ") >= 3, out[-5000:]
+    records = running.records()
+    assert [r["step"] for r in records] == list(range(1, 4 * epochs + 1)), [r["step"] for r in records]
+    assert [r["lr"] for r in records[:STEPS]] == pytest.approx([r["lr"] for r in uninterrupted], rel=1e-9)
+    assert re.search(r"elastic: the [123] replicas hold the same weights", out), out[-3000:]
+    assert_every_image_once_an_epoch(running.out, coco, epochs)
