@@ -296,7 +296,7 @@ def local(
     from maskrcnn_launcher.local import local_pods, run_local
 
     port = master_port if master_port is not None else free_port()
-    pods = local_pods(topology_ref, port, trainer_args, wait_timeout)
+    pods = local_pods(topology_ref, port, trainer_args, wait_timeout, restart_workers)
     result = run_local(pods, grace, echo=lambda line: click.echo(line), restart_workers=restart_workers)
     if result.code == EXIT_STOPPED:  # every pod stopped on request: not a failure, no error line
         sys.exit(EXIT_STOPPED)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from maskrcnn_launcher.boundary import EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
 from maskrcnn_launcher.contract import STOP_SIGNALS, signal_handlers
+from maskrcnn_launcher.errors import LauncherError
 from maskrcnn_launcher.launch import EXEC_MARK, check_engine_args
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
@@ -51,12 +52,21 @@ class LocalPod:
 
 
 def local_pods(
-    topology_ref: str | None, master_port: int, trainer_args: Sequence[str], wait_timeout_s: float
+    topology_ref: str | None,
+    master_port: int,
+    trainer_args: Sequence[str],
+    wait_timeout_s: float,
+    restart_workers: int = 0,
 ) -> list[LocalPod]:
     """The launch command of every pod of the topology, master first."""
     topology = load_topology(topology_ref)
     check_engine_args(topology.engine, trainer_args)  # before any pod starts
     trainer_args = elastic_by_default(topology.engine, trainer_args)
+    if restart_workers and (topology.engine != "ddp" or "--no-elastic" in trainer_args):
+        why = "a pipeline's stages cannot take a pod back" if topology.engine != "ddp" else "drop --no-elastic"
+        raise LauncherError(
+            f"--restart-workers {restart_workers}: a worker started again rejoins an elastic ddp job only ({why})"
+        )
     job = derive_job(topology, LOOPBACK, master_port)
     launcher = [sys.executable, "-m", "maskrcnn_launcher", "launch"]
     topology_args = ["--topology", topology_ref] if topology_ref else []

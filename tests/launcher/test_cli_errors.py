@@ -34,6 +34,16 @@ CASES = [
         ["local", "--", "--engine", "ddp", "--max-steps", "1"],
         ["--engine ddp contradicts the topology's engine pipeline"],
     ),
+    (  # the default topology is a pipeline: nothing could take a restarted stage worker back
+        "local-restart-workers-pipeline",
+        ["local", "--restart-workers", "1", "--", "--max-steps", "1"],
+        ["--restart-workers 1", "elastic ddp job only"],
+    ),
+    (
+        "local-restart-workers-not-elastic",
+        ["local", "--topology", "ddp", "--restart-workers", "2", "--", "--no-elastic"],
+        ["--restart-workers 2", "drop --no-elastic"],
+    ),
     (
         "launch-engine-contradicts-topology",
         ["launch", "--role", "master", "--dry-run", "--", "--engine=ddp"],
