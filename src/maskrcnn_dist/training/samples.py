@@ -24,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from ..errors import one_line
 from ..run_dir import SAMPLES_DIR
 from .loop import Boundary, HookBase, Start, StepResult
 from .losses import Samples
@@ -47,6 +48,7 @@ class SampleRecordHook(HookBase):
     def __init__(self, path: Path, dataset: HasImageIds, is_main: bool) -> None:
         self.path, self.image_ids, self.is_main = Path(path), dataset.image_ids, is_main
         self._file: TextIO | None = None
+        self._unwritable = False  # warned once; the run goes on without this rank's record
 
     def before_train(self, start: Start) -> None:
         if self.is_main and start.resumed_from is not None:
@@ -60,9 +62,21 @@ class SampleRecordHook(HookBase):
 
     def record(self, step: int, samples: Samples) -> None:
         """This rank's line of `step` (optimizer steps done once it is committed)."""
+        if self._unwritable:
+            return
         if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", buffering=1)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", buffering=1)
+            except OSError as exc:  # a worker pod's read-only mount of the run folder (the chart's default)
+                self._unwritable = True
+                log.warning(
+                    "%s: cannot write this rank's sample record (%s): training goes on without it; every pod "
+                    "writes it where the run folder is writable on each (the chart's storage.workerMount=readWrite)",
+                    self.path,
+                    one_line(exc),
+                )
+                return
         line = {
             "step": step,
             "epoch": samples.epoch,
@@ -78,6 +92,8 @@ class SampleRecordHook(HookBase):
         when `every_rank`: those of members that are gone). Files are replaced: this one is reopened at
         its next write."""
         self.after_train()
+        if self._unwritable:
+            return
         paths = sorted(self.path.parent.glob("rank*.jsonl")) if every_rank else [self.path]
         for path in paths:
             if path.exists() and (dropped := drop_lines_after(path, step)):
