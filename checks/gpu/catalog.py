@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .amp import check_amp, needs_bf16
+from .elastic import check_ddp_elastic, needs_elastic_devices
 from .engines import check_checkpoint_devices, check_ddp, check_eval_amp
 from .harness import Check, Env, needs_cuda
 from .pipeline import (
@@ -33,6 +34,8 @@ CHECKS: tuple[Check, ...] = (
     Check("eval_amp", 45, check_eval_amp),
     Check("checkpoint_devices", 40, check_checkpoint_devices, needs_cuda),
     Check("pipeline_replicas", 100, check_replicas, needs_replica_devices),
+    # Last: on GPUs it needs 2 or more, and a lease's budget goes to the checks above first.
+    Check("ddp_elastic", 150, check_ddp_elastic, needs_elastic_devices),
 )
 
 

@@ -37,8 +37,10 @@ def test_cpu_self_test_runs_every_check_and_records_an_injected_failure(tmp_path
     assert not failed, failed
     # What runs on CPU ran (the rest needs CUDA or 2 GPUs), with its figures.
     ran = {name for name, c in checks.items() if c["result"] == "pass"}
-    assert ran == {"throughput", "amp_bf16", "pipeline_cpu", "ddp", "eval_amp"}, checks
+    assert ran == {"throughput", "amp_bf16", "pipeline_cpu", "ddp", "ddp_elastic", "eval_amp"}, checks
     assert checks["ddp"]["figures"]["backend"] == "gloo"
+    elastic = checks["ddp_elastic"]["figures"]
+    assert elastic["pods"] == 3 and elastic["world_sizes"][-1] == 2 and elastic["same_weights"], elastic
     assert checks["pipeline_cpu"]["figures"]["weights"] <= 1e-5  # against the local engine, after its floor
     throughput = {r["variant"]: r["images_per_s"] for r in checks["throughput"]["figures"]["results"]}
     assert throughput["tv_fp32"] > 0 and throughput["kit_fp32"] > 0, throughput
@@ -85,3 +87,13 @@ def test_a_check_past_its_budget_fails_and_leaves_no_process(tmp_path: Path) -> 
     assert (result.result, result.reason) == ("fail", f"timed out after its budget of {hang.budget_s:.0f} s")
     assert (tmp_path / "injected-hang.log").is_file()  # the sleeper had started
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_the_elastic_check_needs_a_gpu_per_rank_on_cuda() -> None:
+    from checks.gpu.elastic import needs_elastic_devices
+
+    def env(device: str, gpus: int) -> harness.Env:
+        return harness.Env(device=device, gpus=gpus, work="/nonexistent")
+
+    assert needs_elastic_devices(env("cuda", 1)) == "needs 2 GPUs: NCCL refuses two ranks on one device (1 here)"
+    assert needs_elastic_devices(env("cuda", 2)) is None and needs_elastic_devices(env("cpu", 0)) is None
