@@ -71,7 +71,7 @@ class ElasticTrainer(Trainer):
         self.engine: ElasticTorchEngine = engine
         self.batches = GlobalBatches(loader)
         # Every step delivered to the hooks at once: the elastic step reads its losses anyway (the commit
-        # decision), and a member lost later must not take the sample lines of its committed steps with it.
+        # decision needs them on the host), so holding them back would save no read.
         self.read_every = 1
         self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
         self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
