@@ -59,8 +59,17 @@ class ContainerState:
     @property
     def finished_time(self) -> datetime:
         """When the container last exited (docker's RFC 3339 time with nanoseconds, to microseconds)."""
-        text = re.sub(r"(\.\d{6})\d*", r"\1", self.finished_at).replace("Z", "+00:00")
-        return datetime.fromisoformat(text)
+        return _docker_time(self.finished_at)
+
+    @property
+    def started_time(self) -> datetime:
+        """When the container last started."""
+        return _docker_time(self.started_at)
+
+
+def _docker_time(text: str) -> datetime:
+    """Docker's RFC 3339 time with nanoseconds (`2025-01-01T00:00:01.123456789Z`), to microseconds."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", text).replace("Z", "+00:00"))
 
 
 class Cluster:

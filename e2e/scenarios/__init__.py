@@ -13,6 +13,7 @@ this order.
   jobset.py       the JobSet workload under the emulated controllers
   trainjob.py     the Kubeflow Trainer runtime and TrainJob under the emulated Trainer and JobSet controllers
   preemption.py   a pod stopped with SIGTERM and its grace period (pipeline, ddp), a disrupted JobSet
+  elastic.py      the elastic ddp JobSet: a worker pod lost and replaced alone, no group restart
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from .bare_nodes import scenario_bare_nodes
 from .chart import ROOT
 from .common import Result, Settings
+from .elastic import scenario_jobset_elastic
 from .jobset import (
     scenario_jobset,
     scenario_jobset_lost_worker,
@@ -58,8 +60,9 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "preempt-pipeline": scenario_preempt_pipeline,
     "preempt-ddp": scenario_preempt_ddp,
     "jobset-disruption": scenario_jobset_disruption,
+    "jobset-elastic": scenario_jobset_elastic,
 }
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
-DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp", "trainjob", "preempt-ddp")
+DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp", "trainjob", "preempt-ddp", "jobset-elastic")
 
 __all__ = ["DDP_ONLY", "ROOT", "SCENARIOS", "Result", "Settings"]

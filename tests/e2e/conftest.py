@@ -71,24 +71,24 @@ class FakeCluster:
 
 @pytest.fixture
 def jobset_render(helm, tmp_path) -> Callable[..., list[dict[str, Any]]]:
-    """jobset_render(overlay) -> the chart (ci/cpu-values.yaml) rendered as a JobSet, release e2e."""
+    """jobset_render(overlay, values=ci/cpu-values.yaml) -> the chart rendered as a JobSet, release e2e."""
     files = itertools.count()
 
-    def render(overlay: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def render(overlay: dict[str, Any] | None = None, values: Path = CPU_VALUES) -> list[dict[str, Any]]:
         path = tmp_path / f"overlay-{next(files)}.yaml"
         path.write_text(yaml.safe_dump({"workload": "jobset", **(overlay or {})}))
-        return helm_template(helm, "e2e", "e2e", [CPU_VALUES, path])
+        return helm_template(helm, "e2e", "e2e", [values, path])
 
     return render
 
 
 @pytest.fixture
 def jobset_run(jobset_render) -> Callable[..., tuple[JobSetController, FakeCluster]]:
-    """jobset_run(overlay) -> the emulated JobSet controller over that render, started on a FakeCluster."""
+    """jobset_run(overlay, values) -> the emulated JobSet controller over that render, started on a FakeCluster."""
 
-    def run(overlay: dict[str, Any] | None = None) -> tuple[JobSetController, FakeCluster]:
+    def run(overlay: dict[str, Any] | None = None, values: Path = CPU_VALUES) -> tuple[JobSetController, FakeCluster]:
         cluster = FakeCluster()
-        controller = jobset_controller(jobset_render(overlay), "e2e", cluster)
+        controller = jobset_controller(jobset_render(overlay, values), "e2e", cluster)
         controller.start()
         return controller, cluster
 
