@@ -35,6 +35,8 @@ def test_the_scenarios_jobset_replaces_a_killed_worker_alone(elastic_run):
     assert [p.host for p in pods] == [f"e2e-maskrcnn-dist-{h}" for h in ("master-0-0", "workers-0-0", "workers-0-1")]
     for pod in pods:
         assert "--elastic" in pod.args and pod.args[pod.args.index("--max-steps") + 1] == str(STEPS), pod.args
+        (data,) = [m for m in pod.mounts if m.kind == "pvc"]
+        assert not data.read_only, f"{pod.host}: every rank writes its lines of the sample record"
     victim = controller.pods("workers")[1]
     cluster.exit(victim.container, 137)  # SIGKILL: counted, replaced after the back-off (long past here)
     assert controller.reconcile() is None, controller.describe()
