@@ -90,7 +90,10 @@ def _check_replaced(js: JobSetController, victim: Pod) -> Pod:
 
 def membership_changes(master_log: str, rank: int) -> dict[str, int]:
     """The master's log, read as `maskrcnn-launch status` reads it: launch rank `rank` lost, then joined
-    again, nothing else. The steps they came after."""
+    again, nothing else; at the end the 3 replicas hold the same weights (the replacement got the
+    leader's state). The steps the changes came after."""
+    same = f"elastic: the {1 + WORKERS} replicas hold the same weights"
+    require(same in master_log, f"no '{same}' in the master's log")
     lines = master_log.splitlines()
     progress, note = latest_progress(master_log, "master", len(lines))
     require(progress is not None, f"status reads no progress from the master's log: {note}")

@@ -55,10 +55,11 @@ def test_without_jobset_elastic_the_same_kill_restarts_the_group(elastic_run):
     assert controller.reconcile() is None and controller.restarts == 1 and len(controller.attempts) == 2
 
 
-def _master_log(*changes: tuple[str, int, int, int]) -> str:
+def _master_log(*changes: tuple[str, int, int, int], replicas: int = 3) -> str:
     lines = [format_progress_line("train", 1, STEPS, {"loss": 1.5, "world_size": 3})]
     lines += [format_membership_line(*change) for change in changes]
     lines.append(format_progress_line("train", 9, STEPS, {"loss": 1.0, "world_size": 3}))
+    lines.append(f"elastic: the {replicas} replicas hold the same weights")
     return "\n".join(f"2026-11-27 14:00:00 INFO maskrcnn_dist: {line}" for line in lines)
 
 
@@ -70,6 +71,7 @@ def test_membership_changes_as_status_reads_them():
         _master_log(("lost", 1, 4, 2), ("joined", 1, 7, 3)),  # another rank
         _master_log(("lost", 2, 4, 2), ("joined", 2, 5, 3), ("lost", 2, 6, 2), ("joined", 2, 7, 3)),
         _master_log(("left", 2, 4, 2), ("joined", 2, 7, 3)),  # a drain, not a loss
+        _master_log(("lost", 2, 4, 2), ("joined", 2, 7, 3), replicas=2),  # the replicas never compared as 3
         "no train line at all",
     ):
         with pytest.raises(Failed):
