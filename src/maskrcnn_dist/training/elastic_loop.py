@@ -31,7 +31,6 @@ from ..lifetime.elastic import BoundaryDecision, ElasticGroup
 from ..lifetime.stop import RunOver, Stopped
 from . import state
 from .loop import Boundary, Done, HookBase, LoaderFactory, Start, Trainer
-from .losses import Samples
 from .samples import SampleRecordHook
 from .state import Position
 
@@ -64,6 +63,8 @@ class GlobalBatches:
 class ElasticTrainer(Trainer):
     """The Trainer of an elastic ddp member: hooks, checkpoints and stops as the Trainer's; its steps
     over `batches`, and every failure of the group recovered in place (module docstring)."""
+
+    samples_in_result = False  # each step's line is written ahead of it (`_record_ahead`)
 
     def __init__(self, engine: ElasticTorchEngine, loader: LoaderFactory, *args: Any) -> None:
         """As the Trainer's; its steps take their batches through `GlobalBatches(loader)`."""
@@ -126,12 +127,7 @@ class ElasticTrainer(Trainer):
         from every file again when the next generation forms (`_enter_generation`). Written after the
         commit instead, a kill in between would leave the committed step's images out of the record."""
         if self.sample_record is not None:
-            samples = super()._samples(batch)
-            assert samples is not None
-            self.sample_record.record(self.position.step + 1, samples)
-
-    def _samples(self, batch: StepBatch) -> Samples | None:
-        return None  # written ahead of the step
+            self.sample_record.record(self.position.step + 1, self._samples(batch))
 
     def _compare_replicas(self) -> None:
         """At the end, one small gather: whether every member holds the leader's weights, bit for bit (the
@@ -194,7 +190,7 @@ class ElasticTrainer(Trainer):
         dist.broadcast_object_list(where, src=0)
         leader = where[0]
         self.position = Position(leader["step"], leader["epoch"], leader["batch"])
-        if self.sample_record is not None:  # a file the leader cannot see (another pod's volume)
+        if self.sample_record is not None and not group.is_leader:  # a file the leader cannot see (another pod's)
             self.sample_record.drop_after(self.position.step, every_rank=False)
         self.boundary_open, self.hooks_done = leader["open"], list(leader["done"])
         self.pending = list(leader["pending"])

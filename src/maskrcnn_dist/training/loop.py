@@ -166,6 +166,9 @@ class Trainer:
     what every checkpoint carries about the run (engine, config, categories). Its `checkpointer` (the
     run's checkpoints in `files`) is what the hooks that write checkpoints are given."""
 
+    # The sample record's line of a step goes with its result to the hooks (training/samples.py).
+    samples_in_result = True
+
     def __init__(
         self,
         engine: Engine,
@@ -243,13 +246,13 @@ class Trainer:
     def step_done(self, batch: StepBatch, started: float, losses: Mapping[str, Any]) -> None:
         """The step just trained on `batch`: the position moves on, and its losses wait, unread, with what
         else the step's record needs (losses.py) until the loop reads them."""
-        samples = self._samples(batch)
+        samples = self._samples(batch) if self.samples_in_result else None
         self._advance()
         engine = self.engine
         facts = (engine.skipped(), batch.images, engine.lr(), engine.extra_metrics(), samples)
         self.unread.add(self.boundary(), started, dict(losses), *facts)
 
-    def _samples(self, batch: StepBatch) -> Samples | None:
+    def _samples(self, batch: StepBatch) -> Samples:
         p, engine = self.position, self.engine
         return Samples(p.epoch, p.batch, batch.share.trained, engine.data_rank, engine.data_world_size)
 

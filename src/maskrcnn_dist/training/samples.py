@@ -52,9 +52,7 @@ class SampleRecordHook(HookBase):
 
     def before_train(self, start: Start) -> None:
         if self.is_main and start.resumed_from is not None:
-            for path in sorted(self.path.parent.glob("rank*.jsonl")):
-                if dropped := drop_lines_after(path, start.step):
-                    log.info("%s: dropped %d line(s) after step %d", path, dropped, start.step)
+            self.drop_after(start.step, every_rank=True)
 
     def after_step(self, at: Boundary, result: StepResult) -> None:
         if result.samples is not None:
@@ -89,17 +87,20 @@ class SampleRecordHook(HookBase):
 
     def drop_after(self, step: int, every_rank: bool) -> None:
         """Drop the lines after `step` from this rank's file (and from every rank's file in the folder
-        when `every_rank`: those of members that are gone). Files are replaced: this one is reopened at
-        its next write."""
-        self.after_train()
+        when `every_rank`: a resume's, and an elastic leader's for members that are gone). Files are
+        replaced: this one is reopened at its next write."""
+        self._close()
         if self._unwritable:
             return
         paths = sorted(self.path.parent.glob("rank*.jsonl")) if every_rank else [self.path]
         for path in paths:
             if path.exists() and (dropped := drop_lines_after(path, step)):
-                log.info("%s: dropped %d line(s) of steps after %d, not committed", path, dropped, step)
+                log.info("%s: dropped %d line(s) of steps after %d", path, dropped, step)
 
     def after_train(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
