@@ -38,6 +38,7 @@ from maskrcnn_launcher.contract import RANK  # noqa: E402
 from maskrcnn_dist.config import small_cpu_run, to_argv  # noqa: E402
 from maskrcnn_dist.data import write_train_val  # noqa: E402
 from maskrcnn_dist.torchrun import child_pids  # noqa: E402
+from maskrcnn_dist.training.metrics import read_metrics  # noqa: E402
 
 # A master and two workers, one CPU rank each (JSON is YAML).
 TOPOLOGY = json.dumps({"engine": "ddp", "workers": [{"devices": 0}] * 2, "network": {"interface": "lo"}})
@@ -62,9 +63,9 @@ class Job:
         )
 
     def records(self) -> list[dict[str, Any]]:
+        """The train records so far (read while the master appends: a torn last line is skipped)."""
         path = self.out / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [r for r in (json.loads(line) for line in lines if line.strip()) if r.get("kind") == "train"]
+        return [r for r in read_metrics(path) if r["kind"] == "train"] if path.exists() else []
 
     def wait_for(self, done: Any, timeout: float = 600) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout

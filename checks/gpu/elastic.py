@@ -8,7 +8,6 @@ On CPU the same three pods over gloo (the check's self-test)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -17,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import common
 
 from .harness import Env
 from .runs import base_flags
@@ -52,7 +53,7 @@ def check_ddp_elastic(env: Env) -> dict[str, Any]:
         codes = [proc.wait(timeout=600) for proc in procs[:-1]]
     finally:
         for proc in procs:
-            _end(proc)
+            common.end_group(proc)
     logs = "\n".join(p.read_text() for p in sorted(out.glob("pod*.log")))
     if any(codes):
         raise AssertionError(f"survivors exited {codes}; {_error_lines(logs)}")
@@ -101,18 +102,12 @@ def _wait(done: Any, procs: list[subprocess.Popen], timeout_s: float, what: str)
         time.sleep(0.1)
 
 
-def _end(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def _train_records(run: Path) -> list[dict[str, Any]]:
+    """The train records so far (read while the master appends: a torn last line is skipped)."""
+    from maskrcnn_dist.training.metrics import read_metrics
+
     path = run / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in (json.loads(line) for line in lines if line.strip()) if r.get("kind") == "train"]
+    return [r for r in read_metrics(path) if r["kind"] == "train"] if path.exists() else []
 
 
 def _steps_done(run: Path) -> int:

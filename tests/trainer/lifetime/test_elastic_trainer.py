@@ -28,6 +28,7 @@ from topologies import CPU_DDP_TOPOLOGY
 
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
+from maskrcnn_dist.training.metrics import read_metrics
 from maskrcnn_dist.training.samples import read_samples
 
 from .test_elastic_local import parent_of
@@ -108,9 +109,9 @@ class LocalJob:
             self.proc.wait()
 
     def records(self) -> list[dict]:
+        """The train records so far (read while the master appends: a torn last line is skipped)."""
         path = self.out / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [r for r in (json.loads(line) for line in lines if line.strip()) if r.get("kind") == "train"]
+        return [r for r in read_metrics(path) if r["kind"] == "train"] if path.exists() else []
 
     def output(self) -> str:
         return self.log.read_text()
