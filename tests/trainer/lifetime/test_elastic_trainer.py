@@ -70,14 +70,12 @@ class LocalJob:
             argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
 
-    def wait_for_joins(self, joins: int, timeout: float) -> bool:
-        """Whether the leader has admitted `joins` replacements within `timeout` seconds."""
+    def wait_for_world(self, size: int, timeout: float) -> None:
+        """Until the newest train record was trained by `size` members (every replacement admitted)."""
         deadline = time.monotonic() + timeout
-        while self.output().count("joined after step") < joins:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                return False
+        while not (records := self.records()) or records[-1]["world_size"] != size:
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.output()[-4000:]
             time.sleep(0.1)
-        return True
 
     def wait_for_step(self, step: int, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -223,16 +221,15 @@ def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupte
 
 def test_chaos_a_random_worker_killed_every_few_steps(job, uninterrupted: list[dict], coco: Path) -> None:
     """Three kills of a random worker's trainer, two steps or more apart, each pod started again: every
-    step once, each image once an epoch, the replicas identical at the end. A kill waits (up to a bound)
-    for the last replacement to be in: one landing while a generation forms stalls it until
-    --rpc-timeout (docs/elastic.md's limits), which this test need not wait through."""
-    chaos, epochs = random.Random(48), 3
+    step once, each image once an epoch, the replicas identical at the end. A kill waits for the world
+    to be whole again (every replacement admitted), so that each kill is of a member: one landing while
+    a generation forms stalls it until --rpc-timeout (docs/elastic.md's limits)."""
+    chaos, epochs = random.Random(48), 6  # a replacement needs several steps to start and be admitted
     running = job("--restart-workers", "3", epochs=epochs)
     step = 0
-    for kill in range(3):
-        step += 2
-        running.wait_for_step(step)
-        running.wait_for_joins(kill, timeout=90)
+    for _ in range(3):
+        running.wait_for_step(step + 2)
+        running.wait_for_world(3, timeout=240)
         step = max(r["step"] for r in running.records())
         os.kill(running.trainer_pid(chaos.choice([1, 2])), signal.SIGKILL)
     code = running.finish(timeout=600)
