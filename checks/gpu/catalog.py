@@ -32,7 +32,7 @@ CHECKS: tuple[Check, ...] = (
     Check("pipeline_cpu", 100, check_cpu_transport),
     Check("ddp", 60, check_ddp),
     Check("eval_amp", 45, check_eval_amp),
-    Check("checkpoint_devices", 40, check_checkpoint_devices, needs_cuda),
+    Check("checkpoint_devices", 40, check_checkpoint_devices),
     Check("pipeline_replicas", 100, check_replicas, needs_replica_devices),
     # Last: on GPUs it needs 2 or more, and a lease's budget goes to the checks above first.
     Check("ddp_elastic", 150, check_ddp_elastic, needs_elastic_devices),

@@ -37,7 +37,10 @@ def test_cpu_self_test_runs_every_check_and_records_an_injected_failure(tmp_path
     assert not failed, failed
     # What runs on CPU ran (the rest needs CUDA or 2 GPUs), with its figures.
     ran = {name for name, c in checks.items() if c["result"] == "pass"}
-    assert ran == {"throughput", "amp_bf16", "pipeline_cpu", "ddp", "ddp_elastic", "eval_amp"}, checks
+    assert ran == {"throughput", "amp_bf16", "pipeline_cpu", "ddp", "ddp_elastic", "eval_amp", "checkpoint_devices"}, (
+        checks
+    )
+    assert checks["checkpoint_devices"]["figures"]["cpu_to_cpu_loss"] > 0
     assert checks["ddp"]["figures"]["backend"] == "gloo"
     elastic = checks["ddp_elastic"]["figures"]
     assert elastic["pods"] == 3 and elastic["world_sizes"][-1] == 2 and elastic["same_weights"], elastic
