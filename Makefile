@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # Everything the demo writes; removed by `make clean`.
 DEMO_DIR ?= runs/demo
 
-.PHONY: help install demo test test-fast gpu-check lint docs clean
+.PHONY: help install demo test test-fast test-soak test-budget gpu-check lint docs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -27,11 +27,21 @@ install: $(STAMP) ## create .venv and install the trainer, the launcher and the 
 demo: install ## train Mask R-CNN on a generated synthetic COCO set on CPU, evaluate, draw the report and a prediction gallery
 	$(BIN)/maskrcnn-dist demo --output-dir $(DEMO_DIR)
 
-test: install ## run the whole test suite
-	$(BIN)/python -m pytest -q
+# Each test's wall and CPU seconds (tests/timings.py): `make test-budget` holds them against the
+# committed baseline, `python tests/hack/timings.py report runs/test-timings.json` prints them per folder.
+TEST_TIMINGS ?= runs/test-timings.json
 
-test-fast: install ## unit tests only (no multi-process runs)
-	$(BIN)/python -m pytest -q -m 'not slow'
+test: install ## run the whole test suite but the soak (within 15 minutes on 2 cores); writes $(TEST_TIMINGS)
+	$(BIN)/python -m pytest -q -m 'not soak' --timings $(TEST_TIMINGS)
+
+test-fast: install ## the quick loop: no test that trains or starts a process (within 3 minutes)
+	$(BIN)/python -m pytest -q -m 'not slow and not soak'
+
+test-soak: install ## the long fault runs (the elastic chaos test: repeated kills and rejoins); .ci/run runs it
+	$(BIN)/python -m pytest -q -m soak
+
+test-budget: ## fail when the last `make test` added more test time than a change may (tests/hack/timings.py)
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) tests/hack/timings.py check $(TEST_TIMINGS)
 
 # On a GPU machine, from a fresh copy. A $(PYTHON) that already has torch with CUDA (an NGC image, a
 # cloud image) runs the check with this checkout on its path and installs nothing: the pinned torch is a

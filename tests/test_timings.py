@@ -1,0 +1,80 @@
+"""The suite's time budget (tests/hack/timings.py) decides by the baseline's seconds, never by this
+machine's clock: a run's seconds are divided by its machine factor first. And the committed baseline
+itself stays within the budgets that README and .ci/run promise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hack import timings as budget
+from timings import Cost, Timings
+
+
+def run_of(walls: dict[str, float], factor: float = 1.0, markers: dict[str, list[str]] | None = None):
+    tests = {
+        name: budget.Test(name, wall * factor, wall, "passed", tuple((markers or {}).get(name, ())))
+        for name, wall in walls.items()
+    }
+    return budget.Run(tests, sum(t.wall for t in tests.values()), (0.0, 0.0))
+
+
+BASE = {f"tests/a/test_x.py::test_{k}": 2.0 + k for k in range(10)} | {"tests/b/test_y.py::test_quick": 0.1}
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 3.0])
+def test_a_run_of_the_baseline_on_any_machine_is_within_the_budget(factor: float) -> None:
+    problems, notes = budget.budget_problems(run_of(BASE, factor), BASE)
+    assert problems == [] and notes[0] == f"machine factor {factor:.2f} (this run's seconds per baseline second)"
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 3.0])
+def test_new_tests_past_the_allowance_fail_on_any_machine(factor: float) -> None:
+    within = BASE | {"tests/a/test_x.py::test_new": budget.NEW_TESTS_S - 1}
+    assert budget.budget_problems(run_of(within, factor), BASE)[0] == []
+    over = within | {"tests/a/test_x.py::test_newer": 2.0}
+    (problem,) = budget.budget_problems(run_of(over, factor), BASE)[0]
+    assert problem.startswith("the 2 new tests cost 61 s"), problem
+
+
+def test_a_test_grown_past_twice_its_baseline_fails_and_one_noisy_test_does_not() -> None:
+    name = "tests/a/test_x.py::test_9"  # 11 s in the baseline
+    noisy = run_of(BASE | {name: 2 * BASE[name] + budget.GROWTH_SLACK_S - 1}, factor=2.0)
+    assert budget.budget_problems(noisy, BASE)[0] == []
+    grown = run_of(BASE | {name: 2 * BASE[name] + budget.GROWTH_SLACK_S + 1}, factor=2.0)
+    (problem,) = budget.budget_problems(grown, BASE)[0]
+    assert name in problem and "twice their baseline" in problem
+
+
+def test_failed_and_skipped_tests_count_nothing() -> None:
+    run = run_of(BASE | {"tests/a/test_x.py::test_new": 500.0})
+    run.tests["tests/a/test_x.py::test_new"] = budget.Test("tests/a/test_x.py::test_new", 500.0, 1.0, "failed", ())
+    assert budget.budget_problems(run, BASE)[0] == []
+
+
+def test_the_check_reads_what_the_plugin_writes(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    plugin = Timings(out)
+    plugin.costs["tests/a/test_x.py::test_a"] = Cost("tests/a/test_x.py::test_a", markers=["slow"], wall=3.0, cpu=2.5)
+    plugin.pytest_sessionfinish()
+    run = budget.Run.read(out)
+    (test,) = run.tests.values()
+    assert (test.id, test.wall, test.cpu, test.slow, test.folder) == (
+        "tests/a/test_x.py::test_a",
+        3.0,
+        2.5,
+        True,
+        "tests/a",
+    )
+    baseline = tmp_path / "baseline.json"
+    budget.write_baseline(run, baseline)
+    assert budget.main(["check", str(out), "--baseline", str(baseline)]) == 0
+    assert budget.main(["check", str(tmp_path / "none.json"), "--baseline", str(baseline)]) == 2
+
+
+def test_the_committed_baseline_is_within_the_suites_budgets() -> None:
+    baseline = json.loads(budget.BASELINE.read_text())
+    walls, slow = baseline["tests"], set(baseline["slow"])
+    assert sum(walls.values()) <= budget.SUITE_BUDGET_S, sum(walls.values())
+    assert sum(wall for name, wall in walls.items() if name not in slow) <= budget.FAST_BUDGET_S
