@@ -30,6 +30,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="auto: cuda when visible")
     parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON, help=f"the JSON report (default {DEFAULT_JSON})")
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds for all checks together")
+    parser.add_argument(
+        "--budget-scale", type=float, default=1.0, help="multiply each check's own budget (a slow or busy machine)"
+    )
     parser.add_argument("--only", default=None, help="comma separated check names (default: all)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep data, runs and logs here")
     parser.add_argument(
@@ -40,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.time_budget <= 0:
         parser.error("--time-budget: seconds, more than 0")
+    if args.budget_scale <= 0:
+        parser.error("--budget-scale: a factor, more than 0")
     return args
 
 
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         work = (args.work_dir or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
         gpus = torch.cuda.device_count() if device == "cuda" else 0
-        env = Env(device, gpus, str(work), args.inject_failure, throughput_budget_s=min(170.0, args.time_budget / 3))
+        throughput_s = min(170.0, args.time_budget / 3)
+        env = Env(device, gpus, str(work), args.inject_failure, throughput_s, budget_scale=args.budget_scale)
         checks = checks_for(env)
         if args.only:
             wanted = args.only.split(",")

@@ -3,6 +3,7 @@ against torchvision's loop, the pipeline with device maps, amp against fp32, the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .amp import check_amp, needs_bf16
@@ -58,8 +59,9 @@ INJECTED_CHECKS = (Check(INJECTED, 30, check_injected), Check(INJECTED_HANG, 20,
 
 
 def checks_for(env: Env) -> list[Check]:
-    """The checks in run order; the injected failures (self-test) sit in the middle, before ddp."""
-    checks = list(CHECKS)
+    """The checks in run order, their budgets scaled by env.budget_scale; the injected failures (self-test,
+    their budgets as they are) sit in the middle, before ddp."""
+    checks = [replace(c, budget_s=c.budget_s * env.budget_scale) for c in CHECKS]
     if env.inject_failure:
         at = [c.name for c in checks].index("ddp")
         checks[at:at] = INJECTED_CHECKS

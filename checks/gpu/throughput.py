@@ -23,7 +23,7 @@ def check_throughput(env: Env) -> dict[str, Any]:
     # device still reports the first ones; the rest of the budget is the margin for one batch size.
     command = [sys.executable, str(SCRIPT), "--device", env.device, "--json-out", str(report)]
     command += ["--time-budget", str(env.throughput_budget_s * 0.5)]
-    log = run_logged(command, out / "bench.log", env.throughput_budget_s, threads=2)
+    log = run_logged(command, out / "bench.log", env.throughput_budget_s * env.budget_scale, threads=2)
     table = log[: log.index("{\n")] if "{\n" in log else log
     (out / "table.md").write_text(table)
     figures = json.loads(report.read_text())
