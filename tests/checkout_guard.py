@@ -210,12 +210,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     report = yield
     if call.when == "teardown":
         touched = item.config.stash[GUARD_KEY].take(item.nodeid)
-        if touched and report.failed:
-            report.sections.append(("checkout guard", describe(touched)))
-        elif touched:
-            report.outcome = "failed"
-            report.longrepr = describe(touched)
+        if touched:
+            fail_teardown(report, "checkout guard", describe(touched))
     return report
+
+
+def fail_teardown(report: pytest.TestReport, title: str, text: str) -> None:
+    """Fail a test at its teardown with `text`; a test that failed already gets it as a section."""
+    if report.failed:
+        report.sections.append((title, text))
+    else:
+        report.outcome = "failed"
+        report.longrepr = text
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

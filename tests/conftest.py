@@ -4,9 +4,12 @@ the device-map guard every pipeline process of the suite runs under (`_device_ma
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -14,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from console_zygote import SCRIPTS as ZYGOTE_SCRIPTS
 from maskrcnn_launcher.contract import DEVICE_MAP_GUARD
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
-pytest_plugins = ("checkout_guard",)
+pytest_plugins = ("checkout_guard", "timings")
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools"
@@ -99,10 +103,69 @@ class Console:
         return line
 
 
+class ConsoleZygote:
+    """tests/console_zygote.py, started once: it forks the console scripts it serves (SCRIPTS there)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.errors = folder / "zygote.stderr"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("console_zygote.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors.open("w"),
+            text=True,
+            env=env,
+        )
+        self.calls = 0
+        self.usable = json.loads(self.read_line(120))["threads"] == 1
+
+    def read_line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            raise subprocess.TimeoutExpired("console zygote", timeout)
+        return line
+
+    def run(self, script: str, args: tuple[str, ...], env: dict[str, str], cwd: Path | None, timeout: float) -> Console:
+        from tiers import note_child_work  # the plugin's module (imported here, it would not be its own)
+
+        self.calls += 1
+        out, err = self.folder / f"{self.calls}.stdout", self.folder / f"{self.calls}.stderr"
+        request = {"script": script, "argv0": str(Path(sys.executable).parent / script), "args": list(args)}
+        request |= {"env": env, "cwd": str(cwd or Path.cwd()), "stdout": str(out), "stderr": str(err)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        pid = json.loads(self.read_line(60))["pid"]
+        try:
+            ended = json.loads(self.read_line(timeout))
+        except subprocess.TimeoutExpired:
+            os.killpg(pid, signal.SIGKILL)
+            self.read_line(60)
+            raise subprocess.TimeoutExpired([script, *args], timeout) from None
+        note_child_work(ended["steps"], ended["process"])
+        assert not self.errors.read_text(), f"the console zygote printed while importing:\n{self.errors.read_text()}"
+        return Console(ended["code"], out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def console_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleZygote | None]:
+    zygote = ConsoleZygote(tmp_path_factory.mktemp("console"))
+    yield zygote if zygote.usable else None
+    zygote.close()
+
+
 @pytest.fixture
-def console() -> Callable[..., Console]:
+def console(console_zygote: ConsoleZygote | None) -> Callable[..., Console]:
     """console("maskrcnn-dist", *args, env=..., cwd=..., timeout=...) runs the installed console script
-    (beside this interpreter, as CI's venv has it) in a subprocess, as a user would."""
+    (beside this interpreter, as CI's venv has it) in a process of its own, as a user would: the
+    trainer's forked from tests/console_zygote.py (torch imported once for the session, not per call),
+    the others started afresh."""
     bin_dir = Path(sys.executable).parent
 
     def run(
@@ -112,6 +175,8 @@ def console() -> Callable[..., Console]:
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MASKRCNN_POD_PLAN", "MASKRCNN_DEBUG"):
             if env is None or name not in env:
                 full_env.pop(name, None)
+        if console_zygote is not None and script in ZYGOTE_SCRIPTS:
+            return console_zygote.run(script, args, full_env, cwd, timeout)
         proc = subprocess.run(
             [str(bin_dir / script), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
         )
