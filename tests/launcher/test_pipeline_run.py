@@ -87,7 +87,7 @@ def test_pipeline_amp_composes_with_bf16_transport(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_a_master_whose_workers_never_come_exits_within_the_join_timeout(tmp_path: Path, free_port: int) -> None:
     """Only the master is started: it must not wait torch's 30 minutes for the group to form."""
     argv = [
@@ -111,7 +111,7 @@ def test_a_master_whose_workers_never_come_exits_within_the_join_timeout(tmp_pat
         "5",
     ]
     started = time.monotonic()
-    result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=100)
+    result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=500)
     assert result.returncode == 1
     assert "did not form within --join-timeout 5s" in result.stderr
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # its 5 s and the start, not the default's 600 s

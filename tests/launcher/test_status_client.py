@@ -171,8 +171,8 @@ def test_unreachable_server_fails_fast(tmp_path: Path):
     with pytest.raises(
         ClusterUnreachableError, match=rf"^cannot reach the Kubernetes API at http://127.0.0.1:{port}: "
     ):
-        release_status("demo", "ml", kubeconfig=kubeconfig, timeout=2)
-    assert time.monotonic() - started < 5
+        release_status("demo", "ml", kubeconfig=kubeconfig, timeout=600)
+    assert time.monotonic() - started < 60  # refused at once, not retried until the 600 s timeout
 
     result = _run_cli("--release", "demo", "--kubeconfig", str(kubeconfig))
     assert result.exit_code == 2
@@ -188,7 +188,7 @@ def test_unresponsive_server_times_out(tmp_path: Path):
         started = time.monotonic()
         with pytest.raises(ClusterUnreachableError, match=r"timed out"):
             release_status("demo", "ml", kubeconfig=kubeconfig, timeout=0.5)
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 60  # the 0.5 s read timeout, not the server's forever
 
 
 def test_no_cluster_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -160,7 +160,9 @@ def test_posting_never_runs_on_the_training_thread(authority: Authority, tmp_pat
             train(p, clock, step, at=step * 1.0)  # 30 s of fake time: 6 posts wanted, the newest kept
         spent = time.perf_counter() - started
         p.close()
-    assert spent < 0.5, f"30 records took {spent:.2f} s: the training thread waited for the server"
+    # A training thread that waited would take 2 s per post, 12 s for the 6 wanted; 30 records take
+    # milliseconds. 6 s fails only a wait, however busy the machine.
+    assert spent < 6.0, f"30 records took {spent:.2f} s: the training thread waited for the server"
     assert senders and threading.current_thread().name not in senders and set(senders) == {"trainjob-progress"}
     assert server.received[-1].body["trainerStatus"]["progressPercentage"] == 30  # the final has the newest
 
@@ -211,9 +213,9 @@ def test_closing_waits_for_the_final_post_a_bounded_time(authority: Authority, t
         p = poster(down.url, authority.ca, token_file(tmp_path, "jwt"), clock, timeout_s=0.5)
         train(p, clock, 1, at=0.0)
         started = time.monotonic()
-        p.close()  # one post in flight (hangs 0.5 s), then the final (0.5 s): two timeouts and a second at most
+        p.close()  # one post in flight (hangs 0.5 s), then the final (0.5 s): two timeouts, about 1 s
         spent = time.monotonic() - started
-    assert spent < 2 * 0.5 + 1.0 + 0.5, spent
+    assert spent < 30, spent  # bounded: unbounded, it would wait for the black hole forever
     assert p.posted == 0 and "cannot post" in warnings(caplog)[0]
 
 

