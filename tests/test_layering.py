@@ -95,6 +95,26 @@ def test_no_import_cycle(package: Path) -> None:
     assert cycles(import_graph(package)) == []
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same imports between the packages' first floors: pkg.data.loader -> pkg.lifetime.stop is
+    data -> lifetime (a top-level module is its own floor; the package's own __init__ is one too)."""
+
+    def floor(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    found: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        found.setdefault(floor(module), set()).update(floor(i) for i in imported if floor(i) != floor(module))
+    return found
+
+
+@pytest.mark.parametrize("package", [TRAINER, LAUNCHER], ids=["trainer", "launcher"])
+def test_no_loop_between_packages(package: Path) -> None:
+    """Modules may import each other without a cycle and still tie their packages in a loop (modeling ->
+    data -> lifetime -> modeling): then no package can be read, tested or moved without the others."""
+    assert cycles(package_graph(import_graph(package))) == []
+
+
 def test_engines_never_import_the_run_the_composition_root_the_tools_or_the_cli() -> None:
     upward = ("train", "cli", "training", "outputs", "profile")
     graph = import_graph(TRAINER)
@@ -177,7 +197,7 @@ def engines_importing_another_engine(graph: dict[str, set[str]], package: str) -
 
 
 def test_tools_never_import_the_training_path() -> None:
-    """predict, report, the gallery and profile build what they need (process.setup_process, an engine);
+    """predict, report, the gallery and profile build what they need (perf.setup_process, an engine);
     they never reach into train.py or the loop."""
     assert tools_importing_the_training_path(import_graph(TRAINER), "maskrcnn_dist") == {}
 
@@ -236,6 +256,24 @@ def test_the_graph_reader_finds_a_cycle_and_an_upward_import(tmp_path: Path) -> 
     assert "pkg.train" in graph["pkg.engines.e"]
 
 
+def test_the_package_rule_finds_a_loop_of_packages_whose_modules_have_no_cycle(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "modeling/trained.py": "from ..data.sources import resolve\n",
+            "modeling/perf.py": "",
+            "data/sources/resolve.py": "from ...lifetime.cores import count\n",
+            "lifetime/cores.py": "",
+            "lifetime/process.py": "from ..modeling.perf import setup\n",
+            "config.py": "",
+            "train.py": "from .modeling import trained\nfrom . import config\n",  # above the loop: not in it
+        },
+    )
+    graph = import_graph(package)
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph)) == [["pkg.data", "pkg.lifetime", "pkg.modeling"]]
+
+
 def _write_package(root: Path, files: dict[str, str]) -> Path:
     """A package `pkg` under root: module path -> source; every folder gets an empty __init__.py."""
     package = root / "pkg"
@@ -255,10 +293,10 @@ def test_the_tools_rule_finds_a_tool_importing_the_training_path(tmp_path: Path)
             "train.py": "",
             "training/loop.py": "",
             "training_data.py": "",  # not the training room: a name that starts the same
-            "lifetime/process.py": "",
+            "modeling/perf.py": "",
             "outputs/predict.py": "from ..train import setup_process\n",
             # allowed: a lower room, and a module whose name only starts like the training room's
-            "outputs/draw.py": "from ..lifetime.process import setup_process\nfrom .. import training_data\n",
+            "outputs/draw.py": "from ..modeling.perf import setup_process\nfrom .. import training_data\n",
             "profile/command.py": "def run():\n    from ..training import loop\n",  # lazy, still counted
         },
     )

@@ -52,8 +52,8 @@ from .engines import (
 )
 from .engines.base import Engine
 from .errors import DatasetError
-from .lifetime.process import setup_process
 from .lifetime.stop import Interrupted, RunOver, Stopped, StopRequest
+from .modeling.perf import setup_process
 from .modeling.trained import TRAINED_MODEL_KEY, TrainedModel, check_model_files
 from .run_dir import checkpoint_dir, hold_output_dir, samples_path
 from .training.best import BestTracker, check_best_metric

@@ -36,8 +36,8 @@ from ..data.images.orientation import Frame, to_display
 from ..engines.torch_engine import TorchEngine
 from ..errors import CheckpointError, ConfigError, DatasetError, UserError, one_line
 from ..evaluation import detections_to_coco
-from ..lifetime.process import setup_process
 from ..modeling.model import CLASS_SCORE_WEIGHT, read_state_dict, state_num_classes
+from ..modeling.perf import setup_process
 from ..modeling.trained import TrainedModel, config_for
 from ..run_dir import REPLACED_PREFIX, move_aside, output_folder_problem, replaced_stamp
 from .draw import draw_detections, to_uint8
