@@ -131,6 +131,7 @@ ABOVE_ENGINES = (
     "engines",
     "training",  # the run: the loop, its hooks and what they keep
     "train",
+    "trainer_parts",  # the composition root's builder of the Trainer and its hooks
     "cli",
     "torchrun",
     "outputs",  # predict and the report's gallery run the local engine, beside the loop
@@ -156,7 +157,7 @@ def test_lower_layers_never_import_engines_or_above() -> None:
 #: The tools: commands beside the loop that run a model or measure one, never train it.
 TOOLS = ("outputs", "profile")
 #: The training path, which no tool imports: the composition root and the run (training/).
-TRAINING_PATH = ("train", "training")
+TRAINING_PATH = ("train", "trainer_parts", "training")
 #: What the engines share; every other module of engines/ (a module or a package) is one engine.
 ENGINES_SHARE = ("base", "prefetch")
 

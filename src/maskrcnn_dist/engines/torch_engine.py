@@ -283,3 +283,17 @@ class TorchEngine(Engine):
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+
+class TorchEngines:
+    """The local and ddp engines' factory (engines.EngineFactory); `on_rank0` runs the data check once, on
+    rank 0, its result broadcast to every rank (an elastic group's factory keeps it in the job's store)."""
+
+    def __init__(self, cfg: TrainConfig, distributed: bool, stop: StopRequest) -> None:
+        self.cfg, self.distributed, self.stop = cfg, distributed, stop
+
+    def __call__(self, num_classes: int, iters_per_epoch: int) -> TorchEngine:
+        return TorchEngine(self.cfg, num_classes, iters_per_epoch, distributed=self.distributed, stop=self.stop)
+
+    def on_rank0(self, compute: Callable[[], T]) -> T:
+        return on_rank0(compute)

@@ -25,7 +25,7 @@ from maskrcnn_dist.data.transforms.augment import (
 )
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling.model import build_model, side_effect_free_losses
-from maskrcnn_dist.train import build_trainer, run_metrics
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 
 from ..conftest import fast_config
 
