@@ -9,6 +9,7 @@ checkpoints; engines never import it, nor each other: what two engines share liv
 from __future__ import annotations
 
 import abc
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -140,6 +141,17 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     if not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible to this process")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def checksum(tensors: Iterable[torch.Tensor]) -> str:
+    """A digest of the exact bytes of `tensors`, with their dtypes and shapes: equal only where they are
+    bitwise equal (NaN payloads included). Replicas compare theirs to prove they never drifted apart."""
+    digest = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        digest.update(str((t.dtype, tuple(t.shape))).encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()
 
 
 def read_losses(losses: dict[str, torch.Tensor]) -> dict[str, float]:
