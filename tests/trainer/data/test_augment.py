@@ -19,12 +19,12 @@ from maskrcnn_dist.data.transforms.augment import (
     FixedSizeCrop,
     augment_batch,
     build_augmentation,
-    draw_seed,
     lsj_side,
     multiscale_sides,
 )
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling.model import build_model, side_effect_free_losses
+from maskrcnn_dist.seeds import draw_seed
 from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 
 from ..conftest import fast_config
@@ -110,7 +110,7 @@ def test_the_same_draws_give_torchvisions_images_boxes_and_masks(name: str):
     for index in range(6):
         image, target = sample(index)
         got_image, got = kit(image, target, 7, 2, index)
-        want_image, want = oracle(name, image, target, draw_seed(7, 2, index))
+        want_image, want = oracle(name, image, target, draw_seed(7, 2, index, "augment"))
         torch.testing.assert_close(got_image, want_image.as_subclass(torch.Tensor), rtol=0, atol=0)
         torch.testing.assert_close(got["boxes"], want["boxes"].as_subclass(torch.Tensor), rtol=0, atol=0)
         assert torch.equal(got["masks"], want["masks"].as_subclass(torch.Tensor))

@@ -23,7 +23,6 @@ without objects still trains (empty targets).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from ...seeds import draw_seed
 from .samples import EpochSamples
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "augment_batch",
     "FixedSizeCrop",
     "build_augmentation",
-    "draw_seed",
     "lsj_side",
     "multiscale_sides",
 ]
@@ -64,13 +63,6 @@ def multiscale_sides(min_size: int) -> list[int]:
 def lsj_side(min_size: int) -> int:
     """The square lsj crops and pads every image to at the model's --min-size."""
     return max(1, round(LSJ_SIDE * min_size / REFERENCE_MIN_SIZE))
-
-
-def draw_seed(seed: int, epoch: int, index: int, what: str = "augment") -> int:
-    """The seed of image `index`'s draws of `what` in `epoch`: a hash, so no generator state to carry or
-    restore."""
-    digest = hashlib.sha256(f"{seed}:{epoch}:{index}:{what}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 class ScaleJitter(v2.ScaleJitter):
@@ -136,7 +128,7 @@ class Augmentation:
         boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=tuple(image.shape[-2:]))
         inputs = {"boxes": boxes, "masks": tv_tensors.Mask(target["masks"]), "labels": target["labels"]}
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(draw_seed(seed, epoch, index))
+            torch.manual_seed(draw_seed(seed, epoch, index, "augment"))
             out_image, out = self.transform(tv_tensors.Image(image), inputs)
         masks = out["masks"].as_subclass(torch.Tensor)
         return out_image.as_subclass(torch.Tensor), {
