@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, build_config
-from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
 from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.evaluation import evaluate
@@ -57,9 +57,9 @@ def loss_curve(
     losses: list[float] = []
     epoch = 0
     while len(losses) < steps:
-        loader = build_train_loader(train_set, cfg.data.batch_size, epoch=epoch, seed=cfg.seed)
-        for images, targets in loader:
-            losses.append(sum(read_losses(engine.train_step(len(losses), images, targets)).values()))
+        loader = build_step_loader(train_set, BatchLayout(1, cfg.data.batch_size), epoch=epoch, seed=cfg.seed)
+        for batch in loader:
+            losses.append(sum(read_losses(engine.train_micro_batches(len(losses), batch.micro_batches)).values()))
             if len(losses) == steps:
                 break
         epoch += 1

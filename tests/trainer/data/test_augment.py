@@ -12,8 +12,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from maskrcnn_dist.config import ModelConfig
-from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.loader import build_train_loader
+from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
 from maskrcnn_dist.data.transforms.augment import (
     AugmentedDataset,
     FixedSizeCrop,
@@ -201,8 +200,10 @@ def test_loader_workers_and_a_resumed_epoch_see_the_same_batches(tiny_coco, tmp_
     augmented = AugmentedDataset(train_set, build_augmentation("lsj", 96, 96), seed=0)
 
     def batches(workers: int, start: int):
-        loader = build_train_loader(augmented, 2, epoch=1, seed=0, num_workers=workers, start_batch=start)
-        return [(images, [t["boxes"] for t in targets]) for images, targets in loader]
+        loader = build_step_loader(
+            augmented, BatchLayout(1, 2), epoch=1, seed=0, num_workers=workers, start_batch=start
+        )
+        return [(m.images, [t["boxes"] for t in m.targets]) for step in loader for m in step.micro_batches]
 
     augmented.set_epoch(4)
     kit = build_augmentation("lsj", 96, 96)
