@@ -22,10 +22,11 @@ def _module_name(path: Path, package_dir: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, module: str) -> Iterator[str]:
-    """Absolute names of what `path` imports; `from package import name` yields package.name."""
+def _imports(path: Path, module: str, runtime: bool = False) -> Iterator[str]:
+    """Absolute names of what `path` imports; `from package import name` yields package.name. `runtime`:
+    only what importing it runs (not the names under `if TYPE_CHECKING:`)."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _nodes(ast.parse(path.read_text(), filename=str(path)), runtime):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -39,18 +40,30 @@ def _imports(path: Path, module: str) -> Iterator[str]:
             yield from (f"{target}.{alias.name}" for alias in node.names)
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
+def _nodes(tree: ast.AST, runtime: bool) -> Iterator[ast.AST]:
+    """Every node of `tree`; `runtime`: leaving out the bodies of `if TYPE_CHECKING:` (their else runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if runtime and isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(package_dir: Path, runtime: bool = False) -> dict[str, set[str]]:
     """module -> the modules of the same package it imports (only names that are modules)."""
     files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
     return {
-        module: {name for name in _imports(path, module) if name in files and name != module}
+        module: {name for name in _imports(path, module, runtime) if name in files and name != module}
         for module, path in files.items()
     }
 
 
-def external_imports(package_dir: Path) -> dict[str, set[str]]:
+def external_imports(package_dir: Path, runtime: bool = False) -> dict[str, set[str]]:
     files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
-    return {module: set(_imports(path, module)) for module, path in files.items()}
+    return {module: set(_imports(path, module, runtime)) for module, path in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -376,8 +389,9 @@ def upward_data_imports(graph: dict[str, set[str]], package: str, rooms: tuple[s
 
 def torch_reached(package_dir: Path, package: str, rooms: tuple[str, ...]) -> dict[str, list[str]]:
     """module of those rooms -> the torch imports found in it or in any trainer module it reaches
-    (its own imports, transitively, and the packages that hold them: importing a module runs them)."""
-    graph, external = import_graph(package_dir), external_imports(package_dir)
+    (its own imports, transitively, and the packages that hold them: importing a module runs them).
+    What runs only for a type checker (`if TYPE_CHECKING:`) is left out: importing never runs it."""
+    graph, external = import_graph(package_dir, runtime=True), external_imports(package_dir, runtime=True)
     found = {}
     for module in graph:
         if room_of(module, package) not in rooms:
@@ -470,6 +484,11 @@ def test_the_data_rules_find_an_upward_import_torch_and_a_mutator(tmp_path: Path
             "data/annotations/masks.py": "from ...lifetime import heavy\n",  # torch, one module away
             "lifetime/heavy.py": "import torch\n",
             "data/sources/resolve.py": "from ..annotations import masks\nfrom ..cache import x\n",
+            # for readers only: never run, so detect.py reaches no torch through its package
+            "data/sources/__init__.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ...lifetime import heavy\n"
+            ),
+            "data/sources/detect.py": "",
             "data/dataset.py": (
                 "class CocoInstanceDataset:\n"
                 "    def __init__(self):\n        self.rows = []\n"
@@ -482,6 +501,7 @@ def test_the_data_rules_find_an_upward_import_torch_and_a_mutator(tmp_path: Path
     graph = import_graph(package)
     rooms = ("cache", "annotations", "sources", "dataset")
     assert upward_data_imports(graph, "pkg", rooms) == {"pkg.data.annotations.store": ["pkg.data.dataset"]}
+    assert "pkg.lifetime.heavy" in graph["pkg.data.sources"]  # a reader's dependency all the same
     assert torch_reached(package, "pkg", ("annotations", "sources")) == {
         "pkg.data.annotations.masks": ["torch"],
         "pkg.data.sources.resolve": ["torch"],
