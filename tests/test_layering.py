@@ -101,6 +101,43 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def unresolved_relative_imports(package_dir: Path) -> dict[str, list[str]]:
+    """module -> the modules its relative imports name that the package lacks (`from .train import x` in
+    a package that has no train module: the graph would silently leave it out, and it fails only when run)."""
+    files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
+    found = {}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        missing = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                if target not in files:
+                    missing.append(target)
+        if missing:
+            found[module] = missing
+    return found
+
+
+@pytest.mark.parametrize("package", [TRAINER, LAUNCHER], ids=["trainer", "launcher"])
+def test_every_relative_import_names_a_module_of_the_package(package: Path) -> None:
+    assert unresolved_relative_imports(package) == {}
+
+
+def test_the_relative_import_reader_finds_a_module_the_package_lacks(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "train.py": "",
+            "cli/run.py": "def run():\n    from .train import train\n    from ..train import train\n",
+            "cli/__init__.py": "from .run import run\nfrom . import run\n",
+        },
+    )
+    assert unresolved_relative_imports(package) == {"pkg.cli.run": ["pkg.cli.train"]}
+
+
 @pytest.mark.parametrize("package", [TRAINER, LAUNCHER], ids=["trainer", "launcher"])
 def test_no_import_cycle(package: Path) -> None:
     """A package that re-exports its modules counts: `from pkg import mod` inside pkg/x.py imports pkg,

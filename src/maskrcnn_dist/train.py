@@ -44,7 +44,7 @@ def train(
     a pipeline stage worker or an elastic replacement with nothing left to join (RunOver); raises Stopped
     when a stop request ended it (its checkpoint written). `plan`: the pipeline's pod plan (default: the
     launcher's MASKRCNN_POD_PLAN). `stop`: the process's stop request, made and installed by its entry
-    point (cli.py, stop.stop_on_signals); by default one that no signal feeds: nothing asks a library
+    point (cli/run.py, stop.stop_on_signals); by default one that no signal feeds: nothing asks a library
     caller's run to stop. `parsing`: the annotation files its entry point started parsing (parse_ahead.py):
     released to write their caches once the flags and the output folder are accepted, done once loaded.
     `record` False: an eval that writes nothing."""

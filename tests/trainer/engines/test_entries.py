@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parents[3] / "src" / "maskrcnn_dist"
 #: Where an engine's name may still be read outside engines/ and config/, and why: the profiler predicts
 #: each engine's speed with a cost model of its own (profile/), and `demo --engine` picks which command
 #: runs the job (the launcher for the pipeline's three processes).
-NAMES_ENGINES = ("profile/", "cli.py", "data/parse_ahead.py")
+NAMES_ENGINES = ("profile/", "cli/run.py", "data/parse_ahead.py")
 
 
 def engine_name_tests(path: Path, names: tuple[str, ...] = tuple(ENGINES)) -> list[str]:
