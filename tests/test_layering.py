@@ -30,14 +30,16 @@ def _imports(path: Path, module: str, runtime: bool = False) -> Iterator[str]:
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _absolute(node, module, is_package) if node.level else node.module or ""
             yield target
             yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a relative `from ... import` in `module` names."""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
 
 
 def _nodes(tree: ast.AST, runtime: bool) -> Iterator[ast.AST]:
@@ -107,16 +109,9 @@ def unresolved_relative_imports(package_dir: Path) -> dict[str, list[str]]:
     files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
     found = {}
     for module, path in files.items():
-        is_package = path.name == "__init__.py"
-        missing = []
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = module.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                if target not in files:
-                    missing.append(target)
-        if missing:
+        relative = (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level)
+        targets = (_absolute(node, module, path.name == "__init__.py") for node in relative)
+        if missing := [target for target in targets if target not in files]:
             found[module] = missing
     return found
 
