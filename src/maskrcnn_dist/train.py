@@ -1,10 +1,6 @@
-"""The composition root: the one place that turns a TrainConfig into a running job, for every engine.
-
-`train(cfg)` (what `maskrcnn-dist train` and `eval` run) asks the engine's entry (engines/) what its
-process needs: a worker role that serves instead, its environment and device, where the images are
-checked (before any session, or on rank 0 in the group), then its session; trainer_parts.py builds the
-Trainer and its hooks. SIGTERM and SIGINT ask for a stop from the start (lifetime/stop.py); engines never
-import this module.
+"""The composition root: `train(cfg)` turns a TrainConfig into a running job, asking the engine's entry
+(engines/) what its process needs (a worker role, its environment, where the images are checked, its
+session) and never its name; trainer_parts.py builds the Trainer and its hooks. Engines never import it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The engines, one entry each in ENGINES: what an engine needs of its process, asked by the composition
-root (train.py), which never names an engine. A new engine is its module here and one entry.
-
-base.py          the Engine interface and what every engine shares
-torch_engine.py  `local` and `ddp`: the whole model in this process (elastic_ddp.py: ddp in an elastic group)
-pipeline/        `pipeline`: the model in stages on RPC workers
-
-No engine module imports another; only this face knows them all, and it imports each one when it is
-picked (the pipeline's RPC stays unloaded for the others).
+"""The engines (base.py: their interface; torch_engine.py: local and ddp, elastic_ddp.py; pipeline/), one
+entry each in ENGINES: what it needs of its process, which train.py asks instead of naming it. A new engine
+is its module and one entry; only this face knows them all, and imports each one when it is picked.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The Engine interface: how Mask R-CNN's steps run (one process, DDP, or a pipeline over RPC), and
-what every engine shares: the device --device names, a batch moved there, the finite-loss check.
-
-An engine knows how to run one optimizer step, inference, and validation losses in its own way. The
-training loop around it (loop.py) owns epochs, the data position, metrics, evaluation and
-checkpoints; engines never import it, nor each other: what two engines share lives here.
+"""The Engine interface (an optimizer step, inference, validation losses, each engine its own way) and what
+every engine shares: the device --device names, a batch moved there, the finite-loss check, the weight
+checksum. Engines never import the loop around them (training/), nor each other: what they share is here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The `local` and `ddp` engines: the whole model lives in this process.
-
-`ddp` is `local` with the model wrapped in DistributedDataParallel, inside the process group that
-`process_group` opens (torchrun's environment contract), and three collectives: the
-gradient all-reduce inside backward, one small all-reduce of the loss terms per step (for logging,
-and so that every rank sees a non-finite loss at once and stops together, rather than one rank
-raising while the others wait in the next all-reduce), and the gathers of evaluation. The stop flag
-(stop.py) rides in the loss all-reduce, after backward: every rank sees the same sum, so a stop
-requested on any rank before it stops every rank after that step, one requested later after the next.
+"""The `local` and `ddp` engines: the whole model in this process; ddp wraps it in DistributedDataParallel
+inside `process_group`'s group. Per step ddp adds one small all-reduce of the loss terms, which carries the
+stop flag too: every rank sees the same non-finite loss or stop at once, and they stop together.
 """
 
 from __future__ import annotations
