@@ -22,8 +22,9 @@ from ..conftest import fast_config
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "maskrcnn_dist"
 #: Where an engine's name may still be read outside engines/ and config/, and why: the profiler predicts
-#: each engine's speed with a cost model of its own (profile/), and `demo --engine` picks which command
-#: runs the job (the launcher for the pipeline's three processes).
+#: each engine's speed with a cost model of its own (profile/); `demo --engine` picks which command runs
+#: the job (the launcher for the pipeline's three processes); parse_ahead decides, before torch loads,
+#: whether this process reads data at all (a pipeline stage worker does not): data/ sits under engines/.
 NAMES_ENGINES = ("profile/", "cli/run.py", "data/parse_ahead.py")
 
 
