@@ -28,11 +28,10 @@ import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, build_config
-from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
 from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.evaluation import evaluate
-from maskrcnn_dist.lifetime.process import setup_process
 from maskrcnn_dist.modeling.fold_bn import FoldedConv2d
 from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.modeling.perf import (
@@ -41,6 +40,7 @@ from maskrcnn_dist.modeling.perf import (
     autocast_context,
     grad_scaler,
     set_flush_denormal,
+    setup_process,
 )
 
 from .conftest import fast_config
@@ -54,7 +54,8 @@ def first_batches(cfg: TrainConfig, steps: int = STEPS) -> list:
     train_set, _ = load_datasets(cfg)
     batches, epoch = [], 0
     while len(batches) < steps:
-        batches += list(build_train_loader(train_set, cfg.data.batch_size, epoch=epoch, seed=cfg.seed))
+        loader = build_step_loader(train_set, BatchLayout(1, cfg.data.batch_size), epoch=epoch, seed=cfg.seed)
+        batches += [batch.micro_batches for batch in loader]
         epoch += 1
     return batches[:steps]
 
@@ -74,11 +75,11 @@ def forced_steps(engines: dict[str, TorchEngine], batches: list) -> ForcedSteps:
     reference = next(iter(engines.values()))
     losses: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     updates: dict[str, list[torch.Tensor]] = {name: [] for name in engines}
-    for step, (images, targets) in enumerate(batches):
+    for step, micro_batches in enumerate(batches):
         before = {k: v.clone() for k, v in reference.model.state_dict().items()}
         for name, engine in engines.items():
             engine.model.load_state_dict(before)
-            losses[name].append(read_losses(engine.train_step(step, images, targets)))
+            losses[name].append(read_losses(engine.train_micro_batches(step, micro_batches)))
             after = engine.model.state_dict()
             updates[name].append(
                 torch.cat([(after[k] - v).flatten() for k, v in before.items() if v.is_floating_point()])
@@ -236,7 +237,7 @@ def test_flush_denormal_reaches_every_intra_op_thread(flag):
         f"""
         import torch
         from maskrcnn_dist.config import build_config
-        from maskrcnn_dist.lifetime.process import setup_process
+        from maskrcnn_dist.modeling.perf import setup_process
         setup_process(build_config(None, {{"threads": 2, "flush-denormal": {flag == "--flush-denormal"}}}))
         values = torch.full((1 << 20,), 1e-39) * 1.0
         print(int(torch.count_nonzero(values)), values.numel())
