@@ -50,6 +50,10 @@ import numpy as np
 from PIL import Image
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(HERE / "src"), str(HERE / "launcher")]  # this tree's trainer and launcher
+
+from maskrcnn_dist.torchrun import parent_pid  # noqa: E402
+
 COCO_TRAIN_IMAGES = 118_287
 SIZE = (64, 48)  # annotated = stored size of every (tiny) image
 MiB = 1 << 20
@@ -193,7 +197,7 @@ class Sampler:
                     continue
                 total += mem["pss"]
                 rec = self.seen.setdefault(
-                    pid, {"role": role, "first_uss": mem["uss"], "samples": 0, "parent": _parent(pid)}
+                    pid, {"role": role, "first_uss": mem["uss"], "samples": 0, "parent": parent_pid(pid)}
                 )
                 rec["samples"] += 1
                 rec["last_uss"] = mem["uss"]
@@ -251,18 +255,11 @@ def _is_rank(cmd: bytes) -> bool:
     return (b"maskrcnn_dist.cli" in cmd or b"--load-phase" in cmd) and b"maskrcnn_dist.torchrun" not in cmd
 
 
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def _role(pid: int, depth: int) -> str:
     """rank, worker (a fork of a rank: DataLoader workers, and the data check's pool) or other."""
     if not _is_rank(_cmdline(pid)):
         return "other"
-    parent = _parent(pid)
+    parent = parent_pid(pid)
     return "worker" if parent and _is_rank(_cmdline(parent)) else "rank"
 
 
@@ -280,7 +277,6 @@ class Version:
 
 
 def train_argv(engine: str, data: Path, out: Path, port: int) -> list[str]:
-    sys.path[:0] = [str(HERE / "src"), str(HERE / "launcher")]
     from maskrcnn_dist.config import small_stop_run, to_argv
 
     batch = 2 if engine == "local" else 1

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from topologies import CPU_DDP_TOPOLOGY
 
+from maskrcnn_dist.torchrun import parent_pid
+
 from .test_elastic import HERE, reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -76,15 +78,10 @@ def test_a_worker_pod_drained_by_sigterm_leaves_alone_with_exit_75(tmp_path: Pat
     the next step boundary with exit 75, the others train on with two ranks and the job exits 0."""
 
     def drain_worker1() -> None:  # the pod's torchrun
-        os.kill(parent_of(int((tmp_path / "member1.pid").read_text())), signal.SIGTERM)
+        os.kill(parent_pid(int((tmp_path / "member1.pid").read_text())), signal.SIGTERM)
 
     out = run_job(tmp_path, 60, [], 5, drain_worker1)
     assert "[local] worker1 left (exit 75): the others go on without it" in out
     leader = read_records(tmp_path, 0)
     assert [r["step"] for r in leader] == list(range(1, 61)) and leader[-1]["size"] == 2
     assert leader[-1]["weights"] == pytest.approx(reference(60), abs=1e-5)
-
-
-def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])
