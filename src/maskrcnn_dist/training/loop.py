@@ -197,6 +197,7 @@ class Trainer:
         # boundary has work to do: losses.py.
         self.read_every = max(1, read_every)
         self.unread = UnreadSteps(engine.skips_expected)
+        self.first_step = 1  # this fit's first step: read at once (after_step)
 
     @property
     def record_rank(self) -> int:
@@ -224,6 +225,7 @@ class Trainer:
     def train(self) -> None:
         """The hooks' start, what a stop left pending, then the steps up to the last (or an early end)."""
         start = Start(self.position.step, self.resumed_from)
+        self.first_step = start.step + 1
         for hook in self.hooks:
             hook.before_train(start)
         self.catch_up()
@@ -271,7 +273,10 @@ class Trainer:
 
     def after_step(self) -> None:
         at = self.boundary()
-        if at.final or at.step % self.read_every == 0 or any(hook.is_due(at) for hook in self.hooks):
+        # A start's first step is read at once too (torchtitan logs step 1 so): its record is what says
+        # that the data, the model and the loader work, and when, not --print-freq steps later.
+        first = at.step == self.first_step
+        if first or at.final or at.step % self.read_every == 0 or any(hook.is_due(at) for hook in self.hooks):
             self.deliver_steps()
         self.boundary_work(at)
 
