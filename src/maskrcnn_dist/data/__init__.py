@@ -23,7 +23,7 @@ _HOME = {
     "load_datasets": "prepare",
     "open_split": "prepare",
     "check_split": "prepare",
-    "train_loaders": "prepare",
+    "train_loaders": "transforms.training",
     "sources_of": "prepare",
     # what it builds and the pieces its callers name
     "CocoInstanceDataset": "dataset",
