@@ -63,6 +63,13 @@ def read_columns(path: Path, where: str, kept: list[object] | None = None) -> tu
     data = read_annotation_file(path)
     if kept is not None:
         kept.append(data)
+    return judged_columns(data, where)
+
+
+def judged_columns(data: dict[str, Any], where: str) -> tuple[Columns, list[dict[str, Any]]]:
+    """The judged columns and the categories of COCO instances records (`images`, `annotations`,
+    `categories` lists, as JSON decodes them): what another format's decoder that writes its records
+    so hands the rules (annotations/read.py); a DatasetError for the first rule they break."""
     images = image_records(data["images"])
     if fault := image_fault(images, where):
         raise DatasetError(fault.message())
