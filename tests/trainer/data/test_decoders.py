@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.annotations import DECODERS, Declined, Decoder, read
+from maskrcnn_dist.data.annotations import read
 from maskrcnn_dist.data.annotations.json_read import judged_columns
+from maskrcnn_dist.data.annotations.read import DECODERS, Declined, Decoder
 from maskrcnn_dist.errors import DatasetError
 
 from ..conftest import fast_config

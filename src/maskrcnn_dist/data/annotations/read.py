@@ -37,9 +37,10 @@ class Decoder:
     decides: bool = True
 
 
-#: The formats an annotation file is read as, tried in order: COCO by msgspec (fast; gives up at anything
-#: unusual), then COCO by json (any JSON file; its refusals name the file, the record and the rule). A new
-#: format's Decoder goes before json's and declines what is not its own (tests/trainer/data/test_decoders.py).
+#: The formats an annotation file is read as, tried in order (the seam annotations/__init__.py names):
+#: COCO by msgspec (fast; gives up at anything unusual), then COCO by json (any JSON file; its refusals
+#: name the file, the record and the rule). A new format's Decoder goes before json's and declines what is
+#: not its own (tests/trainer/data/test_decoders.py).
 DECODERS: tuple[Decoder, ...] = (
     Decoder("coco (msgspec)", fast_read.read_columns, decides=False),
     Decoder("coco (json)", json_read.read_columns),
