@@ -65,6 +65,7 @@ class TrainerBase:
         # The steps' losses stay on the device until a record prints (every `read_every` steps) or the
         # boundary has work to do: losses.py.
         self.read_every, self.unread = max(1, read_every), UnreadSteps(engine.skips_expected)
+        self.first_step = 1  # this fit's first step: read at once (after_step)
 
     def register_hooks(self, hooks: Sequence[HookBase]) -> None:
         for hook in hooks:
@@ -96,6 +97,7 @@ class TrainerBase:
 
     def before_train(self) -> None:
         start = Start(self.position.step, self.resumed_from)
+        self.first_step = start.step + 1
         for hook in self.hooks:
             hook.before_train(start)
         self.catch_up()
@@ -121,7 +123,10 @@ class TrainerBase:
 
     def after_step(self) -> None:
         at = self.boundary()
-        if at.final or at.step % self.read_every == 0 or any(hook.is_due(at) for hook in self.hooks):
+        # A start's first step is read at once too (torchtitan logs step 1 so): its record is what says
+        # that the data, the model and the loader work, and when, not --print-freq steps later.
+        first = at.step == self.first_step
+        if first or at.final or at.step % self.read_every == 0 or any(hook.is_due(at) for hook in self.hooks):
             self.deliver_steps()
         self.boundary_work(at)
 
