@@ -68,8 +68,11 @@ def test_local_restarts_a_killed_workers_pod_and_it_rejoins(tmp_path: Path) -> N
     leader = read_records(tmp_path, 0)
     assert [r["step"] for r in leader] == list(range(1, STEPS + 1))
     assert leader[-1]["weights"] == pytest.approx(reference(STEPS), abs=1e-5)
-    sizes = [r["size"] for r in leader]
-    assert 2 in sizes and sizes[-1] == 3, sizes
+    # The kill re-formed the group (a new generation) and the replacement is in at the end. Whether the
+    # survivors trained a step at 2 first depends on how fast the new pod starts against how fast the
+    # loss is seen (a loaded host starts it in time): not part of the verdict.
+    generations = [r["generation"] for r in leader]
+    assert generations[-1] > generations[0] and leader[-1]["size"] == 3, [(r["generation"], r["size"]) for r in leader]
     assert read_records(tmp_path, 2)[-1]["weights"] == leader[-1]["weights"]
 
 
