@@ -62,10 +62,9 @@ class TrainerBase:
         self.results: dict[str, dict[str, float] | None] = {}  # hook name -> what its latest run measured
         self.stopped_early: str | None = None  # a hook's closing line when it ended training (--patience)
         self.hooks: list[HookBase] = []
-        # The steps' losses stay on the device until a record prints (every `read_every` steps) or the
-        # boundary has work to do: losses.py.
-        self.read_every, self.unread = max(1, read_every), UnreadSteps(engine.skips_expected)
-        self.first_step = 1  # this fit's first step: read at once (after_step)
+        # The steps' losses stay on the device until a record prints (every `read_every` steps, and a
+        # start's first step) or the boundary has work to do: losses.py.
+        self.read_every, self.unread, self.first_step = max(1, read_every), UnreadSteps(engine.skips_expected), 1
 
     def register_hooks(self, hooks: Sequence[HookBase]) -> None:
         for hook in hooks:
@@ -103,9 +102,8 @@ class TrainerBase:
         self.catch_up()
 
     def catch_up(self) -> None:
-        """Before the first step: on resume, the boundary a stop interrupted (the hooks it kept from running,
-        the checkpoint again without them, so that a later resume does not run them twice, and the epoch's
-        end); then a stop asked while the data loaded or the group formed."""
+        """On resume, the boundary a stop interrupted (its pending hooks, the checkpoint again without them,
+        the epoch's end); then a stop asked while the data loaded or the group formed."""
         if self.pending:
             log.info("resume: running what the stop at step %d left pending: %s", self.position.step, self.pending)
             pending, self.pending = state.pending_hooks(self.hooks, self.pending), []
@@ -115,18 +113,17 @@ class TrainerBase:
             self.stop_now([])
 
     def run_step(self) -> None:
-        """One step and its boundary (`after_step`)."""
-        raise NotImplementedError
+        raise NotImplementedError  # one step and its boundary (`after_step`)
 
     def boundary(self) -> Boundary:
         return Boundary.after(self.position, self.total_steps)
 
     def after_step(self) -> None:
         at = self.boundary()
-        # A start's first step is read at once too (torchtitan logs step 1 so): its record is what says
-        # that the data, the model and the loader work, and when, not --print-freq steps later.
-        first = at.step == self.first_step
-        if first or at.final or at.step % self.read_every == 0 or any(hook.is_due(at) for hook in self.hooks):
+        # A start's first step is read at once (torchtitan logs step 1 so): its record says that the data,
+        # the model and the loader work, and when, not --print-freq steps later.
+        due = at.step == self.first_step or at.final or at.step % self.read_every == 0
+        if due or any(hook.is_due(at) for hook in self.hooks):
             self.deliver_steps()
         self.boundary_work(at)
 
