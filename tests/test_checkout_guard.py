@@ -128,6 +128,7 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_the_guard_fails_each_test_that_touches_the_checkouts_surroundings(tmp_path: Path) -> None:
     repo = make_checkout(tmp_path, {"test_reads.py": READS})
     proc = run_pytest(repo, "--junitxml", str(repo / "junit.xml"), "tests/test_reads.py")
@@ -143,6 +144,7 @@ def test_the_guard_fails_each_test_that_touches_the_checkouts_surroundings(tmp_p
             assert "outside the checkout" in text and named, (name, text)
 
 
+@pytest.mark.slow
 def test_the_guard_fails_the_session_for_a_read_outside_any_test(tmp_path: Path) -> None:
     repo = make_checkout(tmp_path, {"test_at_collection.py": AT_COLLECTION})
     proc = run_pytest(repo, "tests/test_at_collection.py")

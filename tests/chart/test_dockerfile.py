@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import yaml
 from .conftest import CHART, ROOT
 
 
+@pytest.mark.slow
 def test_dockerfile_passes_hadolint() -> None:
     venv_bin = str(Path(sys.executable).parent)
     hadolint = shutil.which("hadolint", path=venv_bin) or shutil.which("hadolint")
@@ -39,6 +42,7 @@ def test_dockerfile_contract() -> None:
     )
 
 
+@pytest.mark.slow
 def test_build_script_refuses_a_wrong_call_before_touching_docker() -> None:
     script = ROOT / "docker" / "build-image.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

@@ -99,6 +99,7 @@ def test_a_ddp_job_without_workers_is_a_master_alone(render) -> None:
     assert [r["name"] for r in one(objects, "JobSet")["spec"]["replicatedJobs"]] == ["master"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 @pytest.mark.parametrize("labelled", [True, False], ids=["downward-api", "host-name"])
 def test_every_jobset_pod_launches_as_its_rank(render, scenario: str, labelled: bool, tmp_path: Path) -> None:
@@ -128,6 +129,7 @@ def test_every_jobset_pod_launches_as_its_rank(render, scenario: str, labelled: 
             assert out["identity_source"].startswith(source), out["identity_source"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["default", "ddp", "jobset"])
 def test_plan_prints_the_jobset_dns_names(render, scenario: str, tmp_path: Path) -> None:
     """`maskrcnn-launch plan --workload jobset` names the hosts the chart's JobSet gets."""

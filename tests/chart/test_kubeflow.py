@@ -241,6 +241,7 @@ def injected_env(trainjob: dict[str, Any], node: int) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("node", [0, 1])
 def test_the_launcher_in_a_trainjob_pod_derives_its_node(render, tmp_path: Path, node: int) -> None:
     objects = render("kubeflow")

@@ -45,6 +45,7 @@ def test_statefulsets_and_headless_service(render, scenario: str) -> None:
     assert sets["worker"]["spec"]["replicas"] == len(topology.workers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 def test_every_pod_spec_launches_as_its_rank(render, scenario: str, tmp_path: Path) -> None:
     """Run the launcher (`launch --dry-run`) with each rendered pod's environment and arguments."""

@@ -86,6 +86,7 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_a_check_past_its_budget_fails_and_leaves_no_process(tmp_path: Path) -> None:
     """The injected hang holds a process tree of its own: the runner ends the check at its budget,
     records why, and the tree is gone too (the check's process cleans up on SIGTERM)."""

@@ -62,6 +62,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "args", "fragments"), CASES, ids=[c[0] for c in CASES])
 def test_launcher_user_errors_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments: list[str]):
     files = {

@@ -19,6 +19,7 @@ RELEASE = "t"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 
 
+@pytest.mark.slow
 @pytest.mark.needs_helm
 @pytest.mark.parametrize(
     ("args", "workload", "namespace", "port", "timeout"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 import textwrap
@@ -26,12 +28,14 @@ CHECK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_launcher_never_imports_torch() -> None:
     result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "clean"
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs_without_torch() -> None:
     code = "import runpy, sys; sys.argv = ['maskrcnn-launch', 'validate']\n"
     code += "try:\n    runpy.run_module('maskrcnn_launcher', run_name='__main__')\nexcept SystemExit as e:\n"
@@ -41,6 +45,7 @@ def test_module_entry_point_runs_without_torch() -> None:
     assert "ok: three-machines.yaml" in result.stdout
 
 
+@pytest.mark.slow
 def test_launcher_imports_and_explains_without_the_kubernetes_client() -> None:
     """`kubernetes` is an optional extra: every module, subpackages too, imports without it, and `status`
     says what to install."""

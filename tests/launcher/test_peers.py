@@ -94,6 +94,7 @@ def test_launch_cli_rejects_bad_wait_timeout() -> None:
 # -- `maskrcnn-launch wait-master`: the chart's helm test, through the real console script --------------
 
 
+@pytest.mark.slow
 def test_wait_master_succeeds_on_a_listening_port(console) -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:  # the backlog accepts: no accept() needed
         port = server.getsockname()[1]
@@ -103,6 +104,7 @@ def test_wait_master_succeeds_on_a_listening_port(console) -> None:
     assert not [line for line in result.stderr.splitlines() if not line.startswith("maskrcnn-launch: ")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["127.0.0.1", NEVER_RESOLVES], ids=["port-closed", "name-never-resolves"])
 def test_wait_master_times_out_with_one_line_naming_host_and_port(console, free_port: int, host: str) -> None:
     args = ["--master-addr", host, "--master-port", str(free_port), "--timeout", "0.5"]
@@ -117,6 +119,7 @@ def test_wait_master_times_out_with_one_line_naming_host_and_port(console, free_
     assert all(line.startswith("maskrcnn-launch: ") for line in result.stderr.splitlines()[:-1]), result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "flag"),
     [

@@ -197,6 +197,7 @@ def _topology_file(tmp_path: Path, doc: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["launch", "--dry-run"], ["validate"], ["plan"]])
 def test_a_contradiction_through_the_cli_is_one_error_line(console, tmp_path: Path, command: list[str]) -> None:
     env = {
@@ -209,12 +210,14 @@ def test_a_contradiction_through_the_cli_is_one_error_line(console, tmp_path: Pa
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_pipeline_topology_under_the_torch_runtime_is_refused(console) -> None:
     env = {**clean_env(), **injected(0), "MASKRCNN_TOPOLOGY": "three-machines"}
     result = console("maskrcnn-launch", "launch", "--dry-run", env=env)
     result.assert_one_error_line(2, "three-machines.yaml: engine pipeline does not run under Kubeflow Trainer")
 
 
+@pytest.mark.slow
 def test_launch_plan_and_validate_say_what_they_took_from_each_variable(console, tmp_path: Path) -> None:
     topology = _topology_file(tmp_path, "engine: ddp\nmaster: {devices: 2}\nworkers: [{devices: 2}]\n")
     env = {**clean_env(), **injected(1, nnodes=2, nproc="auto"), "MASKRCNN_TOPOLOGY": topology}
@@ -241,6 +244,7 @@ def test_launch_plan_and_validate_say_what_they_took_from_each_variable(console,
     assert as_json["derived"] == explained and as_json["world_size"] == 4
 
 
+@pytest.mark.slow
 def test_plan_names_a_trainjobs_nodes_without_the_environment(console) -> None:
     result = console(
         "maskrcnn-launch", "plan", "--topology", "ddp", "--workload", "trainjob", "--prefix", "coco", env=clean_env()

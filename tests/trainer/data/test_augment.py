@@ -245,6 +245,7 @@ def test_hflip_is_the_datasets_own_flip():
     assert build_augmentation("hflip", 800, 1333) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "paste"), [("multiscale", False), ("lsj", False), ("lsj", True)])
 def test_a_run_trains_on_the_augmented_sizes(tiny_coco, tmp_path, name: str, paste: bool):
     """The composition root hands the engine augmented batches (with --use-copypaste, pasted ones), and

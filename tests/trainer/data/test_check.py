@@ -143,6 +143,7 @@ def _check_data_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_check_data_command_exit_codes(broken_coco: Path, tmp_path: Path) -> None:
     good = _check_data_cli("--data-path", str(broken_coco), "--split", "val")
     assert good.returncode == 0, good.stderr
@@ -160,6 +161,7 @@ def test_check_data_command_exit_codes(broken_coco: Path, tmp_path: Path) -> Non
     assert missing.returncode == 2 and "nowhere: no such folder" in missing.stderr
 
 
+@pytest.mark.slow
 def test_check_data_prints_each_summary_once(broken_coco: Path) -> None:
     """The summary was printed and also logged: every split's line showed twice on a terminal."""
     run = _check_data_cli("--data-path", str(broken_coco), "--split", "val")
@@ -167,6 +169,7 @@ def test_check_data_prints_each_summary_once(broken_coco: Path) -> None:
     assert (run.stdout + run.stderr).count("4 images checked (header)") == 1
 
 
+@pytest.mark.slow
 def test_check_data_judges_a_set_without_val_as_training_does(broken_coco: Path, tmp_path: Path) -> None:
     """Training runs without a val split (no AP): checking both splits of such a set passes with a
     warning; asking for the val split alone still names what is missing."""

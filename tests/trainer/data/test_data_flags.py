@@ -23,6 +23,7 @@ from .exports import cvat_project, cvat_task, write_split
 from .test_exports import one_step
 
 
+@pytest.mark.slow
 def test_split_flags_in_a_config_file_train_with_the_real_classes(tmp_path: Path) -> None:
     cvat_project(tmp_path / "export")
     ann, img = tmp_path / "export" / "annotations", tmp_path / "export" / "images"
@@ -47,6 +48,7 @@ def split_flags_of(cfg) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_val_fraction_is_the_same_on_every_rank_and_after_a_resume(tmp_path: Path, monkeypatch, caplog) -> None:
     cats = [{"id": 1, "name": "cell"}, {"id": 2, "name": "nucleus"}]
     names = [f"{k}.jpg" for k in range(10)]

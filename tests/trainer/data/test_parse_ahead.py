@@ -157,6 +157,7 @@ class _Role:
         self.role = role
 
 
+@pytest.mark.slow
 def test_train_parses_ahead_end_to_end(coco: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     """...and finds its splits once: the command line's, which the trainer takes (issue 55)."""
     monkeypatch.setattr(parse_ahead, "WORTH_FROM_BYTES", 0)

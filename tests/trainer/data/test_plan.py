@@ -133,6 +133,7 @@ def _simulate(num_samples: int, layout: BatchLayout, epochs: int, worlds: list[t
     return samples, lrs
 
 
+@pytest.mark.slow
 def test_any_sequence_of_world_sizes_trains_every_image_once_per_epoch_on_the_same_schedule() -> None:
     """Random world sizes changing at random steps (mid-epoch included): each epoch's samples are its
     images exactly once, and the LR at every step is an uninterrupted run's."""

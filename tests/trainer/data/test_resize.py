@@ -83,6 +83,7 @@ def _set_with_a_thin_image(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_training_refuses_or_skips_a_thin_image(tmp_path: Path):
     data = _set_with_a_thin_image(tmp_path / "data")
     cfg = fast_config(data, tmp_path / "run", **{"max-steps": 1})

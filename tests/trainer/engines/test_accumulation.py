@@ -48,6 +48,7 @@ def reference() -> tuple[list[dict[str, float]], dict]:
     return losses, state["model"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filler", [False, True])
 def test_micro_batches_weighted_by_their_images_take_the_ranks_step(reference, filler: bool) -> None:
     ref_losses, ref_state = reference

@@ -85,6 +85,7 @@ def job(tmp_path: Path) -> Iterator[Job]:
     made.close()
 
 
+@pytest.mark.slow
 def test_survivors_go_on_and_the_replacement_rejoins(tmp_path: Path) -> None:
     job = Job(tmp_path, steps=150)  # time for the replacement to start on a loaded machine
     try:
@@ -118,6 +119,7 @@ def _survivors_go_on_and_the_replacement_rejoins(job: Job) -> None:
     assert first_step_after < 30, first_step_after
 
 
+@pytest.mark.slow
 def test_a_drained_member_leaves_alone_with_exit_75(job: Job) -> None:
     for member in range(job.world):
         job.start(member)
@@ -134,6 +136,7 @@ def test_a_drained_member_leaves_alone_with_exit_75(job: Job) -> None:
     assert job.records(1)[-1]["weights"] == job.records(0)[job.records(1)[-1]["step"] - 1]["weights"]
 
 
+@pytest.mark.slow
 def test_a_stop_asked_of_the_leader_stops_everyone(job: Job) -> None:
     for member in range(job.world):
         job.start(member)
@@ -145,6 +148,7 @@ def test_a_stop_asked_of_the_leader_stops_everyone(job: Job) -> None:
     assert len(set(last.values())) == 1 and last[0] < job.steps, last
 
 
+@pytest.mark.slow
 def test_no_member_steps_unless_every_member_finished_the_step(job: Job) -> None:
     """Member 1's step 6 fails after an all-reduce that succeeded on the others: without the commit point
     they would step and member 1 would not, and the replicas would differ from then on."""
@@ -161,6 +165,7 @@ def test_no_member_steps_unless_every_member_finished_the_step(job: Job) -> None
     assert leader[-1]["weights"] == pytest.approx(reference(job.steps), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_replacement_that_dies_while_it_waits_is_not_admitted(job: Job) -> None:
     for member in range(job.world):
         job.start(member)
@@ -180,6 +185,7 @@ def test_a_replacement_that_dies_while_it_waits_is_not_admitted(job: Job) -> Non
     assert "asked to join but fell silent: not admitted" in job.log(0)
 
 
+@pytest.mark.slow
 def test_chaos_random_workers_killed_and_started_again(tmp_path: Path) -> None:
     job = Job(tmp_path, world=3, steps=80, step_s=0.1)
     try:

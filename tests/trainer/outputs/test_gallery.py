@@ -74,6 +74,7 @@ def test_the_gallery_heading_clears_the_first_row(rows: int):
     pyplot().close(fig)
 
 
+@pytest.mark.slow
 def test_report_refuses_a_gallery_without_a_model_before_writing(tmp_path: Path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"kind": "train", "step": 1, "loss": 1.0}) + "\n")

@@ -150,6 +150,7 @@ print(names[1])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["maskrcnn_resnet50_fpn", "maskrcnn_resnet18_fpn"])
 def test_the_docs_plain_torchvision_snippet_gives_predicts_detections(
     which: str, request: pytest.FixtureRequest, sparse_coco: Path, tmp_path: Path

@@ -39,6 +39,7 @@ def gradients(host: StageHost, outputs: list[MicroBatchState]) -> dict[torch.Ten
     return dict(zip(params, torch.autograd.grad(total, params, allow_unused=True), strict=True))
 
 
+@pytest.mark.slow
 def test_every_value_a_host_returns_crosses_a_device_map_agent() -> None:
     """What the master receives from a host (its description, a stage's output, norms, the step's report,
     the checkpoint part) passes the guard: TensorPipe's walk and the bound on plain bytes. The host itself
@@ -69,6 +70,7 @@ def test_every_value_a_host_returns_crosses_a_device_map_agent() -> None:
         guard.check(first, None)
 
 
+@pytest.mark.slow
 def test_every_entry_point_runs_on_its_replicas_stream() -> None:
     streams = RecordingStreams()
     host = StageHost(small_config(), placements((2, 1)), 0, NUM_CLASSES, iters_per_epoch=4, streams=streams)

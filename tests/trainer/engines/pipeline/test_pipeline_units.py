@@ -39,6 +39,7 @@ def test_weighted_mean_weights_by_images() -> None:
     assert float(mean["a"]) == 3.25
 
 
+@pytest.mark.slow
 def test_stage_optimizer_states_merge_into_the_whole_models_layout() -> None:
     torch.manual_seed(0)
     whole = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))

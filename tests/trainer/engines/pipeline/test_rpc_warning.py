@@ -28,6 +28,7 @@ warnings.warn("You are using a Backend <class 'x.ProcessGroupGloo'> as a Process
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["filtered", "plain"])
 def test_the_gloo_deprecation_warning_is_filtered_around_the_kits_rpc_calls_only(mode: str):
     env = {**os.environ, "PYTHONWARNINGS": ""}
