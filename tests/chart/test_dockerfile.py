@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .conftest import CHART, ROOT

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 CHECK = textwrap.dedent(
     """
