@@ -21,6 +21,7 @@ __all__ = [
     "CHECK_MODES",
     "DATA_AUGMENTATIONS",
     "DEVICES",
+    "HEADS",
     "ENGINES",
     "EXIF_ORIENTATIONS",
     "LR_SCHEDULERS",
@@ -37,6 +38,7 @@ ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
+HEADS = ("batched", "torchvision")  # modeling/batched/ says what the batched form computes
 CHECK_MODES = ("header", "full", "off")  # data/images/check.py says what each one checks
 EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/images/orientation.py says what each one reads
 DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/transforms/augment.py says what each one does
@@ -182,6 +184,16 @@ class ModelConfig:
     # Nothing to fold with batch statistics (--backbone-norm batch, the default without weights).
     fold_frozen_bn: bool = option(
         True, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
+    )
+
+    # The training forward of the RPN and the RoI heads (modeling/batched/): batched over the images with
+    # fixed-size tensors, a few host waits a step whatever the batch; or torchvision's, image by image.
+    # The same parameters and checkpoints either way; evaluation is torchvision's in both.
+    heads: str = option(
+        "batched",
+        "batched (the RPN and RoI heads' training step on the whole batch at once, a few host waits a step) "
+        "or torchvision (image by image, torchvision's own code)",
+        choices=HEADS,
     )
 
     def resolved_backbone_norm(self) -> str:
