@@ -10,9 +10,9 @@ K is the unique fixed point of  F(x)[j] = valid[j] and not any_i(x[i] and S[i, j
 before and overlaps" matrix, and iterating F from "all kept" reaches it: the best box is right after
 one step, and every box is right one step after all the boxes that rank before it and overlap it
 are. Each step is one batched matrix-vector product on the device. The host asks whether the
-iteration has settled once per `steps_per_check` steps (one read for the whole batch, usually the only
-one: the suppression chains of RPN proposals are a few boxes long); the result is then exactly the
-greedy set, with no bound assumed on the chains.
+iteration has settled after as many steps as the longest run so far needed (`Settling`): one read for
+the whole batch, as a rule; the result is exactly the greedy set, with no bound assumed on the chains
+of boxes that suppress each other.
 
 The overlaps are computed as torchvision's CPU kernel computes them (areas, then max/min, then
 inter / (area_i + area_j - inter)); boxes of equal score are visited in index order (torchvision's
@@ -22,6 +22,7 @@ sort is unstable there, and its docs leave that order unspecified).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -53,30 +54,51 @@ def suppression(boxes: Tensor, valid: Tensor, iou_threshold: float) -> Tensor:
     return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
 
 
-def greedy_fixed_point(suppress: Tensor, valid: Tensor, steps_per_check: int = STEPS_PER_CHECK) -> Tensor:
+@dataclass
+class Settling:
+    """How many fixed-point steps run before the host first asks whether they have settled: the most
+    any call has needed so far (kept on the host by the caller, e.g. the RPN), so that after the first
+    steps of training one read a call is the rule."""
+
+    steps: int = STEPS_PER_CHECK
+
+
+def greedy_fixed_point(suppress: Tensor, valid: Tensor, settling: Settling) -> Tensor:
     """(G, n) bool: the greedy kept set of each group, from its (G, n, n) suppression matrix."""
     # fp16 products on a GPU (exact for "> 0": the terms are 0 and 1, none negative); fp32 on a CPU.
     dtype = torch.float16 if suppress.device.type == "cuda" else torch.float32
     matrix = suppress.to(dtype)
-    kept = valid
+    kept, taken = valid, 0
     while True:
-        for _ in range(steps_per_check):
+        for _ in range(settling.steps):
             previous = kept
             kept = valid & ~(torch.bmm(kept.to(dtype)[:, None, :], matrix)[:, 0] > 0)
-        if not bool((kept != previous).any()):  # the one host read: has the iteration settled?
+        taken += settling.steps
+        if not bool((kept != previous).any()):  # the host read: has the iteration settled?
+            settling.steps = max(settling.steps, taken)
             return kept
 
 
-def batched_nms_mask(boxes: Tensor, scores: Tensor, valid: Tensor, iou_threshold: float) -> Tensor:
+def batched_nms_mask(
+    boxes: Tensor, scores: Tensor, valid: Tensor, iou_threshold: float, settling: Settling | None = None
+) -> Tensor:
     """(G, n, 4), (G, n), (G, n) -> (G, n) bool: greedy NMS within each group, highest score first."""
     order = torch.sort(torch.where(valid, scores, float("-inf")), dim=1, descending=True, stable=True).indices
     ordered_boxes = boxes.gather(1, order[..., None].expand(-1, -1, 4))
     ordered_valid = valid.gather(1, order)
-    kept = greedy_fixed_point(suppression(ordered_boxes, ordered_valid, iou_threshold), ordered_valid)
+    suppress = suppression(ordered_boxes, ordered_valid, iou_threshold)
+    kept = greedy_fixed_point(suppress, ordered_valid, settling or Settling())
     return torch.zeros_like(valid).scatter(1, order, kept)
 
 
-def segment_nms_mask(boxes: Tensor, scores: Tensor, valid: Tensor, segments: list[int], iou_threshold: float) -> Tensor:
+def segment_nms_mask(
+    boxes: Tensor,
+    scores: Tensor,
+    valid: Tensor,
+    segments: list[int],
+    iou_threshold: float,
+    settling: Settling | None = None,
+) -> Tensor:
     """(B, K, 4), (B, K), (B, K) -> (B, K) bool: NMS within each consecutive segment of K (the RPN's
     levels), separately per image; the segments' lengths `segments` sum to K."""
     batch, total = valid.shape
@@ -92,6 +114,7 @@ def segment_nms_mask(boxes: Tensor, scores: Tensor, valid: Tensor, segments: lis
         padded_scores[:, gather].reshape(groups, longest),
         padded_valid[:, gather].reshape(groups, longest),
         iou_threshold,
+        settling,
     )
     return kept.reshape(batch, -1)[:, from_host(from_groups, boxes)]
 

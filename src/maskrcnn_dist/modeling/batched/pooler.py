@@ -29,9 +29,11 @@ def pool(
     images: Tensor,
     real: Tensor,
     image_shapes: list[tuple[int, int]],
+    sparse: bool | None = None,
 ) -> Tensor:
     """(R, C, ph, pw) features of R boxes (R, 4), each of image `images` (R,); rows not `real` are
-    padding (pooled from a stand-in box, for the caller to ignore)."""
+    padding (pooled from a stand-in box, for the caller to ignore). `sparse`: the one product (default:
+    on a CPU with a fixed sampling ratio) or torchvision's kernel on every level."""
     maps = _filter_input(features, pooler.featmap_names)
     if pooler.scales is None or pooler.map_levels is None:
         pooler.scales, pooler.map_levels = _setup_scales(
@@ -43,7 +45,9 @@ def pool(
         levels = torch.zeros_like(images)
     else:
         levels = pooler.map_levels([boxes])
-    if maps[0].device.type == "cpu" and pooler.sampling_ratio > 0:
+    if sparse is None:
+        sparse = maps[0].device.type == "cpu" and pooler.sampling_ratio > 0
+    if sparse:
         matrix = geometry_matrix(
             rois, level_geometry(maps, pooler.scales, levels, images), pooler.output_size, pooler.sampling_ratio
         )

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .boxes import PAD, clip_to_images, image_sizes_tensor
-from .nms import segment_nms_mask
+from .nms import Settling, segment_nms_mask
 
 # torchvision's batched_nms shifts the boxes apart by group (one NMS call) up to this many box
 # coordinates, and runs one NMS per group beyond it: the two differ in rounding.
@@ -70,6 +70,7 @@ def select_proposals(
     image_sizes: list[tuple[int, int]],
     anchors_per_level: list[int],
     settings: ProposalFilter,
+    settling: Settling | None = None,
 ) -> Tensor:
     """(B, P, 4) proposals, best first, padding rows after them: what filter_proposals returns for each
     image of `boxes` (B, A, 4 decoded anchors) scored by `logits` (B, A, detached objectness)."""
@@ -83,7 +84,8 @@ def select_proposals(
         chosen[..., 3] - chosen[..., 1] >= settings.min_size
     )
     valid &= scores >= settings.score_thresh
-    kept = segment_nms_mask(level_shifted(chosen, valid, levels), scores, valid, per_level, settings.nms_thresh)
+    shifted = level_shifted(chosen, valid, levels)
+    kept = segment_nms_mask(shifted, scores, valid, per_level, settings.nms_thresh, settling)
     # The kept boxes by falling score (ties in index order), the best post_nms_top_n of each image.
     count = min(settings.post_nms_top_n, chosen.shape[1])
     order = torch.sort(torch.where(kept, scores, -1.0), dim=1, descending=True, stable=True).indices[:, :count]

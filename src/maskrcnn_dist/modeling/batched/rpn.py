@@ -17,6 +17,7 @@ from torchvision.models.detection.rpn import RegionProposalNetwork, concat_box_p
 from .boxes import decode, encode, padded_targets
 from .losses import rpn_loss
 from .matcher import BETWEEN_THRESHOLDS, match, quality_matrix
+from .nms import Settling
 from .proposals import ProposalFilter, select_proposals
 from .sampler import sample
 
@@ -44,7 +45,10 @@ class BatchedRPN(RegionProposalNetwork):
         every_anchor = anchors.repeat(batch, 1)
         decoded = decode(deltas.detach(), every_anchor, self.box_coder.weights).view(batch, -1, 4)
         logits = logits.view(batch, -1)
-        proposals = select_proposals(decoded, logits.detach(), images.image_sizes, per_level, self.proposal_filter())
+        settling = self.__dict__.setdefault("_nms_settling", Settling())  # host state, carried from step to step
+        proposals = select_proposals(
+            decoded, logits.detach(), images.image_sizes, per_level, self.proposal_filter(), settling
+        )
         labels, matched_boxes = self.anchor_targets(anchors, targets)
         regression_targets = encode(matched_boxes.view(-1, 4), every_anchor, self.box_coder.weights)
         sampler = self.fg_bg_sampler
