@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         work = (args.work_dir or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
         gpus = torch.cuda.device_count() if device == "cuda" else 0
-        env = Env(device, gpus, str(work), args.inject_failure, throughput_budget_s=min(170.0, args.time_budget / 3))
+        env = Env(device, gpus, str(work), args.inject_failure, throughput_budget_s=min(120.0, args.time_budget / 3))
         checks = checks_for(env)
         if args.only:
             wanted = args.only.split(",")

@@ -24,7 +24,7 @@ INJECTED = "injected_failure"
 INJECTED_HANG = "injected_hang"
 
 CHECKS: tuple[Check, ...] = (
-    Check("throughput", 170, check_throughput),
+    Check("throughput", 120, check_throughput),
     Check("pipeline_device_maps", 150, check_device_maps, needs_device_maps),
     Check("pipeline_streams", 90, check_streams, needs_cuda),
     Check("amp_bf16", 60, lambda env: check_amp(env, "bf16"), needs_bf16),

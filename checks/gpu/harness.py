@@ -53,7 +53,7 @@ class Env:
     work: str
     inject_failure: bool = False
     # Seconds the throughput benchmark may take (its share of the run's budget).
-    throughput_budget_s: float = 150.0
+    throughput_budget_s: float = 120.0
 
     @property
     def profile(self) -> Profile:

@@ -41,6 +41,20 @@ def check_boxes(targets: list[dict[str, Tensor]]) -> None:
             )
 
 
+# Where a model keeps backbone graphs captured on fixed canvases (modeling/canvas.py, GPU only):
+# (batch, height, width) -> the graphed backbone.
+GRAPHED_BACKBONES = "_graphed_backbones"
+
+
+def run_backbone(model: nn.Module, images: Tensor) -> Any:
+    """The backbone's features; a captured graph replays them where the padded batch has its shape (in a
+    training step only: validation runs without gradients, its BatchNorm in eval mode)."""
+    graphed = model.__dict__.get(GRAPHED_BACKBONES, {}).get((images.shape[0], *images.shape[-2:]))
+    if graphed is None or not torch.is_grad_enabled():
+        return model.backbone(images)
+    return graphed(images)
+
+
 class BatchedMaskRCNN(MaskRCNN):
     """MaskRCNN whose training forward checks the batch's boxes with one read; otherwise
     GeneralizedRCNN.forward's lines, calling the (batched) transform, RPN and RoI heads."""
@@ -58,7 +72,7 @@ class BatchedMaskRCNN(MaskRCNN):
                 raise ValueError(f"Expected target boxes to be a tensor of shape [N, 4], got {boxes.shape}.")
         image_list, targets = self.transform(images, targets)
         check_boxes(targets)
-        features = self.backbone(image_list.tensors)
+        features = run_backbone(self, image_list.tensors)
         if isinstance(features, Tensor):
             features = {"0": features}
         proposals, proposal_losses = self.rpn(image_list, features, targets)
