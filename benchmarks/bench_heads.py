@@ -12,7 +12,8 @@ the batched heads' row layout differ:
 Waits are counted on one untimed step of each (modeling/waits.py: reads into Python and operators with
 data-dependent shapes). A round runs `--steps` steps of every variant in turn, the order alternating
 between rounds, so drift of a shared machine falls on all alike; a variant's figure is the median
-seconds per step over its rounds.
+seconds per step over its rounds, wall and CPU (the process's CPU time: on a shared machine the wall time
+also holds other processes' turns; with `--threads 1` the CPU time is the step's own work).
 """
 
 from __future__ import annotations
@@ -71,33 +72,38 @@ def measure(batch: int, args: argparse.Namespace, data: Path, out: Path) -> list
             "waits": waits.total,
             "by_name": dict(waits.counts),
             "seconds": [],
+            "cpu_seconds": [],
         }
     step = 2
     for r in range(args.rounds):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))
         for variant in order:
             engine, images, targets = engines[variant]
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             for i in range(args.steps):
                 engine.train_step(step + i, images, targets)
             rows[variant]["seconds"].append((time.perf_counter() - started) / args.steps)
+            rows[variant]["cpu_seconds"].append((time.process_time() - cpu_started) / args.steps)
         step += args.steps
     for row in rows.values():
         row["s_per_step"] = round(statistics.median(row["seconds"]), 3)
+        row["cpu_s_per_step"] = round(statistics.median(row["cpu_seconds"]), 3)
         row["seconds"] = [round(s, 3) for s in row["seconds"]]
+        row["cpu_seconds"] = [round(s, 3) for s in row["cpu_seconds"]]
     return list(rows.values())
 
 
 def render(results: list[dict[str, Any]], host: dict[str, Any]) -> str:
-    header = ["batch", "variant", "waits/step", "s/step", "vs torchvision", "waits by name"]
-    base = {r["batch"]: r["s_per_step"] for r in results if r["variant"] == "torchvision"}
+    header = ["batch", "variant", "waits/step", "s/step", "CPU s/step", "vs torchvision (CPU s)", "waits by name"]
+    base = {r["batch"]: r["cpu_s_per_step"] for r in results if r["variant"] == "torchvision"}
     body = [
         [
             r["batch"],
             r["variant"],
             r["waits"],
             r["s_per_step"],
-            f"{base[r['batch']] / r['s_per_step']:.2f}x" if r["batch"] in base else "",
+            r["cpu_s_per_step"],
+            f"{base[r['batch']] / r['cpu_s_per_step']:.2f}x" if r["batch"] in base else "",
             ", ".join(f"{k} {v}" for k, v in sorted(r["by_name"].items())),
         ]
         for r in results

@@ -18,6 +18,7 @@ from maskrcnn_dist.modeling.batched.boxes import is_real
 from maskrcnn_dist.modeling.batched.roi_heads import BatchedRoIHeads
 from maskrcnn_dist.modeling.batched.rpn import BatchedRPN
 from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.rng import StepSeeder
 
 from ..conftest import fast_config
 
@@ -111,3 +112,22 @@ def test_losses_and_gradients_on_a_fixed_sample_are_torchvisions(batch, rows: st
         if expected_grad is not None:
             difference = (parameter.grad - expected_grad).norm() / expected_grad.norm().clamp(min=1e-12)
             assert difference < 1e-4, (name, float(difference))
+
+
+def test_the_samplers_draw_the_same_at_the_same_step(batch) -> None:
+    """Under the kit's step seeding (rng.StepSeeder) a step's samples are a function of its position: the
+    same step draws the same losses again, another step draws others."""
+    cfg, num_classes, images, targets = batch
+    _, model = models(cfg, num_classes)
+    seeder = StepSeeder(cfg.seed)
+    seeder.attach(dict(model.named_children()))
+    model.train()
+
+    def losses_at(step: int) -> dict[str, float]:
+        seeder.at(step)
+        with torch.no_grad():
+            return {k: float(v) for k, v in model([i.clone() for i in images], copy.deepcopy(targets)).items()}
+
+    first = losses_at(3)
+    assert losses_at(3) == first
+    assert losses_at(4) != first
