@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchvision.models.detection.roi_heads import RoIHeads
 
 from .boxes import encode, is_real, pad_rows, padded_targets, stand_in
@@ -86,6 +86,10 @@ class BatchedRoIHeads(RoIHeads):
     def layout(self, sampled: Tensor, positive: Tensor) -> tuple[Rows, Rows]:
         """The box head's rows (the sampled candidates) and the mask head's (their positives)."""
         if self.rows == "padded":
+            heads = (self.box_head, self.mask_head) if self.has_mask() else (self.box_head,)
+            if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for head in heads for m in head.modules()):
+                # Its batch statistics would take in the padding rows: not torchvision's training.
+                raise ValueError("padded rows need heads without BatchNorm (maskrcnn_resnet50_fpn_v2's have it)")
             sampler = self.fg_bg_sampler
             most_positive = int(sampler.batch_size_per_image * sampler.positive_fraction)
             return padded_rows(sampled, sampler.batch_size_per_image), padded_rows(positive, most_positive)
