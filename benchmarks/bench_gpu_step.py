@@ -101,6 +101,7 @@ class Measured:
     waits: int | None = None  # modeling/waits.py's count of one step
     waits_by_name: dict[str, int] = field(default_factory=dict)
     cuda_syncs: int | None = None  # what torch.cuda.set_sync_debug_mode reports in one step
+    error: str | None = None  # the variant failed to build or to step: the others still run
 
 
 class Budget:
@@ -298,14 +299,19 @@ def measure_batch(
         if not budget.allows(set_up_s, f"b{batch} {v.name}", args.share_until):
             continue
         started = time.monotonic()
-        row = Measured(v.name, batch)
+        row = rows[v.name] = Measured(v.name, batch)
         before = resident_mib(device)
-        steps[v.name] = make_step(v, shape, device, data)[0]
-        warm_up(steps[v.name], device, args.warmup, row)
-        if before is not None:
-            row.resident_mib = round(resident_mib(device) - before)
-        count_waits(steps[v.name], args.warmup, device, row)
-        rows[v.name] = row
+        try:
+            step = make_step(v, shape, device, data)[0]
+            warm_up(step, device, args.warmup, row)
+            if before is not None:
+                row.resident_mib = round(resident_mib(device) - before)
+            count_waits(step, args.warmup, device, row)
+        except Exception as exc:  # e.g. a CUDA graph this torch cannot capture: keep the other variants
+            row.error = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"batch {batch} {v.name}: {row.error}", file=sys.stderr, flush=True)
+            continue
+        steps[v.name] = step
         set_up_s = max(set_up_s, time.monotonic() - started)
         step_s = max(step_s, (time.monotonic() - started) / (args.warmup + 2))
     for r in range(args.rounds):
@@ -408,6 +414,7 @@ def render(rows: list[Measured], profiles: dict[str, dict[str, Any]], host: dict
         waits = [_waits(by_batch[b].get(name)) for b in batches]
         body.append([name, *cells, *mem, *waits, _ratios(name, by_batch, batches)])
     lines = [f"{host.get('gpu') or host['cpu']['model']}; torch {host['torch']}", common.render_markdown(header, body)]
+    lines += [f"\n{r.variant} b{r.batch}: {r.error}" for r in rows if r.error]
     for name, p in profiles.items():
         if "error" in p:
             lines.append(f"\nprofile {name}: {p['error']}")

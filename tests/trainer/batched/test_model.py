@@ -6,6 +6,7 @@ no objects in the batch. Only the random draw of the samplers differs from torch
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -37,14 +38,13 @@ def batch(tiny_coco, tmp_path_factory):
     return cfg, train_set.num_classes, [as_float_image(i) for i in images], targets
 
 
-def models(cfg, num_classes: int):
-    """The torchvision form and the batched form of the kit's model, with the same weights; 40
-    proposals an image (the heads then compute every candidate's row in a few seconds)."""
+def models(cfg, num_classes: int, name: str | None = None):
+    """The torchvision form and the batched form of the kit's model (or of model `name`), with the same
+    weights; 40 proposals an image (the heads then compute every candidate's row in a few seconds)."""
     torch.manual_seed(0)
-    cfg.model.heads = "torchvision"
-    reference = build_model(cfg.model, num_classes)
-    cfg.model.heads = "batched"
-    batched = build_model(cfg.model, num_classes)
+    settings = replace(cfg.model, name=name or cfg.model.name)
+    reference = build_model(replace(settings, heads="torchvision"), num_classes)
+    batched = build_model(replace(settings, heads="batched"), num_classes)
     batched.load_state_dict(reference.state_dict())
     for model in (reference, batched):
         model.rpn._post_nms_top_n = {"training": 40, "testing": 40}
@@ -86,10 +86,18 @@ def test_the_rpn_proposes_what_torchvision_proposes(batch) -> None:
         assert torch.equal(ours[is_real(ours)], expected)
 
 
-@pytest.mark.parametrize("rows", ["compact", "padded"])
-def test_losses_and_gradients_on_a_fixed_sample_are_torchvisions(batch, rows: str) -> None:
+# R50-FPN v2's box and mask heads hold BatchNorm: compact rows give it torchvision's batch.
+@pytest.mark.parametrize(
+    "name,rows",
+    [
+        ("maskrcnn_resnet18_fpn", "compact"),
+        ("maskrcnn_resnet18_fpn", "padded"),
+        ("maskrcnn_resnet50_fpn_v2", "compact"),
+    ],
+)
+def test_losses_and_gradients_on_a_fixed_sample_are_torchvisions(batch, name: str, rows: str) -> None:
     cfg, num_classes, images, targets = batch
-    reference, batched = models(cfg, num_classes)
+    reference, batched = models(cfg, num_classes, name)
     batched.roi_heads.rows = rows
     losses = []
     for model in (reference, batched):
