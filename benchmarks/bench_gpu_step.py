@@ -70,6 +70,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("kit_amp_bf16_padded", "kit", rows="padded"),
     Variant("kit_amp_bf16_graph", "kit", rows="padded", graph=True),
 )
+FIXED_SHARE = 4  # a batch size's share of the budget weighs (its images + this)
 CPU_VARIANTS = ("tv_amp_bf16", "kit_amp_bf16", "kit_amp_bf16_tvheads", "kit_amp_bf16_padded")
 PROFILED = ("tv_amp_bf16", "kit_amp_bf16", "kit_amp_bf16_padded")
 
@@ -509,10 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Measured] = []
     profiles: dict[str, Any] = {}
     for i, batch in enumerate(args.batches):
-        # Each batch size may use an equal share of what is left, its images weighing in: a larger batch's
-        # steps take longer.
-        weights = args.batches[i:]
-        args.share_until = time.monotonic() + budget.left() * batch / sum(weights)
+        # Each batch size may use a share of what is left that grows with its images (a larger batch's
+        # steps take longer) over a fixed part (building the variants, the first steps).
+        weights = [b + FIXED_SHARE for b in args.batches[i:]]
+        args.share_until = time.monotonic() + budget.left() * weights[0] / sum(weights)
         measured, profiled = measure_batch(args.variants, shape, device, batch, args, budget)
         rows += measured
         profiles |= {f"{name}_b{batch}": p for name, p in profiled.items()}
