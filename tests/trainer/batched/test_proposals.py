@@ -10,10 +10,12 @@ import torch
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.rpn import RegionProposalNetwork, RPNHead
 from torchvision.ops import nms
+from torchvision.ops.boxes import _batched_nms_coordinate_trick
 
+from maskrcnn_dist.modeling.batched import proposals as proposals_module
 from maskrcnn_dist.modeling.batched.boxes import is_real
 from maskrcnn_dist.modeling.batched.nms import Settling, batched_nms_mask
-from maskrcnn_dist.modeling.batched.proposals import ProposalFilter, select_proposals
+from maskrcnn_dist.modeling.batched.proposals import ProposalFilter, level_shifted, select_proposals
 
 
 def random_boxes(g: torch.Generator, shape: tuple[int, ...], extent: float, largest: float) -> torch.Tensor:
@@ -51,6 +53,32 @@ def test_a_long_chain_of_suppressions_is_followed_to_its_end() -> None:
     expected = nms(boxes[0], scores[0], 0.7)
     assert sorted(kept[0].nonzero()[:, 0].tolist()) == sorted(expected.tolist()) == list(range(0, n, 2))
     assert settling.steps >= n // 2  # remembered: the next call checks only after as many steps
+
+
+def test_each_image_is_shifted_apart_by_level_as_torchvision_shifts_it(monkeypatch) -> None:
+    """The boxes the NMS sees: per image, its valid boxes moved by level x (their largest coordinate + 1),
+    as batched_nms's coordinate trick moves them (the NMS then rounds as torchvision's does). The images'
+    largest coordinates differ (one image's offset on another is a wrong shift); an image with more
+    coordinates than the trick's limit is left as it is (batched_nms then runs one NMS per level)."""
+    seen = []
+    monkeypatch.setattr("torchvision.ops.boxes.nms", lambda boxes, scores, t: seen.append(boxes) or scores.argsort())
+    g = torch.Generator().manual_seed(0)
+    batch, levels = 4, torch.tensor([0] * 30 + [1] * 20 + [2] * 10)
+    boxes = (
+        random_boxes(g, (batch, len(levels)), 100.0, 40.0).clamp(min=0)
+        * torch.tensor([1.0, 0.5, 2.0, 0.25])[:, None, None]
+    )
+    valid = torch.rand(batch, len(levels), generator=g) > 0.3
+    valid[3] = False  # no box at all
+    ours = level_shifted(boxes, valid, levels)
+    for image in range(batch - 1):
+        _batched_nms_coordinate_trick(
+            boxes[image][valid[image]], torch.rand(int(valid[image].sum())), levels[valid[image]], 0.7
+        )
+        torch.testing.assert_close(ours[image][valid[image]], seen.pop(), rtol=0, atol=0)
+    monkeypatch.setitem(proposals_module.COORDINATE_TRICK_LIMIT, "cpu", 4 * 20)
+    crowded = valid.sum(1) > 20
+    assert crowded.sum() == 3 and torch.equal(level_shifted(boxes, valid, levels)[crowded], boxes[crowded])
 
 
 def torchvision_rpn(settings: ProposalFilter) -> RegionProposalNetwork:

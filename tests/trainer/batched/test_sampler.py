@@ -42,11 +42,12 @@ def test_counts_per_image_are_torchvisions(mix: str, seed: int) -> None:
 
 
 def test_the_draw_is_uniform() -> None:
-    """600 draws of 5 negatives among 40 (and 3 positives among 12): every candidate is taken about
-    equally often. The chi-square statistic is compared with its 1 - 1e-6 quantile: a uniform draw fails
-    one in a million seeds (Wilson-Hilferty approximation); the seed is fixed, so the test is repeatable.
-    A draw biased towards the first or the last candidates (a sampler that sorts instead of
-    shuffling, or is off by one) fails it by orders of magnitude."""
+    """600 draws of 6 negatives among 40 and 2 positives among 12: every candidate is taken about
+    equally often. Each chi-square statistic is compared with its 1 - 1e-6 quantile (Wilson-Hilferty
+    approximation): a uniform draw fails the test for at most 2 in a million seeds (two statistics); the
+    seed is fixed, so the test is repeatable. A draw that favours later candidates by a fifth of a key's
+    range (keys + 0.2 x position / N) fails it; a sampler that sorts instead of shuffling fails it by
+    orders of magnitude."""
     torch.manual_seed(1234)
     labels = torch.tensor([[1] * 12 + [0] * 40 + [-1] * 8])
     counts = torch.zeros(labels.shape[1])
