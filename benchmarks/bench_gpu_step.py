@@ -17,7 +17,8 @@ off, TF32 for matrix products changes nothing, fused SGD +11%, now the kit's def
 - `heads`: the kit's --heads: "batched" (rows compact: one read a step) or "torchvision"
 - `rows`: the batched heads' rows, "compact" or "padded" (fixed-size: no read at all)
 - `graph`: fixed canvases per orientation and the backbone + FPN replayed as CUDA graphs
-  (modeling/canvas.py; CUDA only, never a default: this is where it is measured)
+  (modeling/canvas.py; CUDA only, never a default: this is where it is measured, when named in
+  `--variants`, as gpu-check's `throughput_graph` names it)
 
 Waits, per variant, on one untimed step after the warm-up: the host reads and data-dependent operators
 (modeling/waits.py, any device) and, on CUDA, the synchronisations torch.cuda.set_sync_debug_mode reports.
@@ -488,7 +489,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cuda = args.device == "cuda"
     args.batches = [int(b) for b in (args.batches or ("2,8" if cuda else "2")).split(",") if b]
     known = {v.name: v for v in VARIANTS}
-    wanted = (args.variants or ",".join(known if cuda else CPU_VARIANTS)).split(",")
+    default = [v.name for v in VARIANTS if not v.graph] if cuda else CPU_VARIANTS  # graphs: their own check
+    wanted = (args.variants or ",".join(default)).split(",")
     if unknown := [w for w in wanted if w not in known]:
         parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     if not cuda and (graphed := [w for w in wanted if known[w].graph]):

@@ -1,5 +1,6 @@
 """The checks of `make gpu-check`, in the order of what they tell per second: the step's throughput
-against torchvision's loop, the pipeline with device maps, amp against fp32, then the rest."""
+against torchvision's loop, the pipeline with device maps, amp against fp32, the CUDA-graph variant of the
+step, then the rest."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .pipeline import (
     needs_replica_devices,
 )
 from .runs import run_logged
-from .throughput import check_throughput
+from .throughput import GRAPH_BUDGET_S, check_throughput, check_throughput_graph
 
 INJECTED = "injected_failure"
 INJECTED_HANG = "injected_hang"
@@ -29,6 +30,7 @@ CHECKS: tuple[Check, ...] = (
     Check("pipeline_streams", 90, check_streams, needs_cuda),
     Check("amp_bf16", 60, lambda env: check_amp(env, "bf16"), needs_bf16),
     Check("amp_fp16", 60, lambda env: check_amp(env, "fp16"), needs_cuda),
+    Check("throughput_graph", GRAPH_BUDGET_S, check_throughput_graph, needs_cuda),
     Check("pipeline_cpu", 100, check_cpu_transport),
     Check("ddp", 60, check_ddp),
     Check("eval_amp", 45, check_eval_amp),

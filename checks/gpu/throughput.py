@@ -19,15 +19,31 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu_step.py
 START_AND_REPORT_S = 25.0
 
 
+# The CUDA-graph variant's check: the graphed backbone beside the padded rows it builds on and
+# torchvision's loop (bench_gpu_step.py's variants), within its own budget.
+GRAPH_VARIANTS = ("tv_amp_bf16", "kit_amp_bf16_padded", "kit_amp_bf16_graph")
+GRAPH_BUDGET_S = 100.0
+
+
 def check_throughput(env: Env) -> dict[str, Any]:
     """images/s, step memory and host waits of the kit's local engine (batched heads and torchvision's)
     and of torchvision's loop, under amp; a profile of two steps (CUDA). Fails only when the benchmark
     does."""
-    out = Path(env.work) / "throughput"
+    return run_benchmark(env, "throughput", env.throughput_budget_s)
+
+
+def check_throughput_graph(env: Env) -> dict[str, Any]:
+    """The same with fixed canvases and the backbone replayed as CUDA graphs (modeling/canvas.py)."""
+    return run_benchmark(env, "throughput_graph", GRAPH_BUDGET_S, GRAPH_VARIANTS)
+
+
+def run_benchmark(env: Env, name: str, budget_s: float, variants: tuple[str, ...] = ()) -> dict[str, Any]:
+    out = Path(env.work) / name
     report = out / "bench_gpu_step.json"
     command = [sys.executable, str(SCRIPT), "--device", env.device, "--json-out", str(report)]
-    command += ["--time-budget", str(max(10.0, env.throughput_budget_s - START_AND_REPORT_S))]
-    log = run_logged(command, out / "bench.log", env.throughput_budget_s, threads=2)
+    command += ["--time-budget", str(max(10.0, budget_s - START_AND_REPORT_S))]
+    command += ["--variants", ",".join(variants)] if variants else []
+    log = run_logged(command, out / "bench.log", budget_s, threads=2)
     table = log[: log.index("{\n")] if "{\n" in log else log
     (out / "table.md").write_text(table)
     figures = json.loads(report.read_text())
