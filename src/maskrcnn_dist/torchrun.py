@@ -44,6 +44,7 @@ from maskrcnn_launcher.contract import (
     EXIT_STOPPED,
     EXIT_USER_ERROR,
     FORWARDED_STOP,
+    RANK,
     STOP_SIGNALS,
     signal_handlers,
 )
@@ -68,19 +69,47 @@ def without_stop_signals(signals_to_handle: str) -> str:
 
 def child_pids(parent: int) -> list[int]:
     """The processes whose parent is `parent`, read from Linux's /proc (the agent's ranks are torchrun's children)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:  # gone meanwhile
-            continue
-        # pid (comm) state ppid ...: the name may hold spaces and parentheses, so split after the last ")".
-        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
-            found.append(int(entry.name))
+    return [
+        int(entry.name)
+        for entry in os.scandir("/proc")
+        if entry.name.isdigit() and parent_pid(int(entry.name)) == parent
+    ]
+
+
+def parent_pid(pid: int) -> int | None:
+    """`pid`'s parent, read from Linux's /proc; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: the name may hold spaces and parentheses, so split after the last ")".
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
+def descendant_pids(root: int) -> list[int]:
+    """`root`'s descendants, nearest first (its children, then theirs, ...)."""
+    found, level = [], child_pids(root)
+    while level:
+        found += level
+        level = [child for pid in level for child in child_pids(pid)]
     return found
+
+
+def trainer_pid(root: int, rank: int) -> int:
+    """The trainer process of launch rank `rank` among `root`'s descendants (`root`: a torchrun, a pod, or
+    `maskrcnn-launch local`): the nearest one with RANK=`rank` in its environment. torchrun sets RANK for
+    each rank process it starts, and the launcher for a pipeline pod's trainer, which replaced it; neither
+    exports it to a ddp pod's torchrun, and a rank's own children (DataLoader workers) lie deeper."""
+    wanted = f"{RANK}={rank}".encode()
+    for pid in descendant_pids(root):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if wanted in handle.read().split(b"\0"):
+                    return pid
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    raise LookupError(f"no process with {RANK}={rank} under process {root}")
 
 
 class RankStopper:
