@@ -11,7 +11,7 @@ The format (see launcher/README.md for the full reference):
     stages:                     # pipeline only, in pipeline order
       - {name: stage1, modules: [transform, backbone]}
       - {name: stage2, modules: [rpn, roi_heads]}
-    network: {master_port: 29500, interface: null, transport: cpu}
+    network: {master_port: 29500, interface: null, transport: auto}
     estimate: {batch_size: 2, image_size: [800, 1333], micro_batches: 2, feature_dtype: float32}
 """
 
@@ -30,7 +30,9 @@ from maskrcnn_launcher.fieldcheck import FieldProblems, as_mapping, is_int, sugg
 from maskrcnn_launcher.yamlfile import load_yaml
 
 ENGINES = ("pipeline", "ddp")
-TRANSPORTS = ("cpu", "device_maps")
+# auto (default): device maps on every edge between two GPU stages, host memory elsewhere; device_maps: the
+# same, and a topology without GPU workers is an error; cpu: every tensor staged through host memory.
+TRANSPORTS = ("auto", "device_maps", "cpu")
 FEATURE_DTYPES = ("float32", "bfloat16")
 DEFAULT_TOPOLOGY = "three-machines"
 
@@ -293,25 +295,6 @@ def _check_placement(topology: Topology, errs: FieldProblems) -> None:
                 "device_maps needs GPUs: no worker has devices > 0 (TensorPipe device maps move CUDA "
                 "tensors); use transport: cpu, or give the stage workers devices",
             )
-        _check_device_map_replicas(topology, errs)
-
-
-def _check_device_map_replicas(topology: Topology, errs: FieldProblems) -> None:
-    """TensorPipe device maps are one-to-one per peer pair (see devicemaps.py): with the identity-by-
-    replica-index rule, every replica device of stage k needs a landing device on stage k+1's worker,
-    so stage k+1 needs at least as many replicas as stage k when both sides have GPUs."""
-    by_name = {w.stage: w for w in topology.workers if w.stage is not None}
-    for prev, nxt in zip(topology.stages, topology.stages[1:], strict=False):
-        a, b = by_name.get(prev.name), by_name.get(nxt.name)
-        if a is None or b is None or a.devices == 0 or b.devices == 0:
-            continue
-        if a.replicas > b.replicas:
-            errs.add(
-                f"workers[{b.index}].replicas",
-                f"transport device_maps: stage {nxt.name!r} has {b.replicas} replica(s) but stage "
-                f"{prev.name!r} has {a.replicas}; every {prev.name} replica device needs its own landing "
-                "device (device maps are one-to-one): give it more replicas, or use transport: cpu",
-            )
 
 
 def _network(raw: Any, errs: FieldProblems) -> Network:
@@ -324,7 +307,7 @@ def _network(raw: Any, errs: FieldProblems) -> Network:
     if interface is not None and (not isinstance(interface, str) or not interface):
         errs.add("network.interface", f"expected an interface name such as eth0, got {interface!r}")
         interface = None
-    transport = raw.get("transport", "cpu")
+    transport = raw.get("transport", "auto")
     if transport not in TRANSPORTS:
         errs.add("network.transport", f"{transport!r} is not one of {', '.join(TRANSPORTS)}")
     return Network(port, interface, transport)
