@@ -190,7 +190,6 @@ TRAIN_CASES = [
         ["--engine", "pipeline", "--micro-batches", "8", "--batch-size", "2"],
         ["--micro-batches 8 > --batch-size 2"],
     ),
-    ("fp16-pipeline", ["--engine", "pipeline", "--amp", "--amp-dtype", "float16"], ["--engine pipeline"]),
     ("overwrite-and-resume", ["--overwrite", "--resume", "auto"], ["--overwrite and --resume"]),
     ("ddp-outside-torchrun", ["--engine", "ddp", "--synthetic-images", "4"], ["--engine ddp", "RANK"]),
     ("pipeline-outside-launcher", ["--engine", "pipeline"], ["--engine pipeline", "MASKRCNN_POD_PLAN"]),

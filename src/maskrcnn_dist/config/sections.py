@@ -25,6 +25,7 @@ __all__ = [
     "EXIF_ORIENTATIONS",
     "LR_SCHEDULERS",
     "MODEL_NAMES",
+    "PIPELINE_SCHEDULES",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
@@ -43,6 +44,7 @@ DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/transforms/augment.p
 # Those that give the model its training sizes: the model's own resize would undo them.
 SIZED_BY_DATA = ("multiscale", "lsj")
 LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # engines/pipeline/schedule.py says what each one does
 
 
 def cache_folder_problem(value: str) -> str | None:
@@ -242,5 +244,13 @@ class PeersConfig:
 @dataclass
 class PipelineConfig:
     micro_batches: int = option(2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096)
+    # engines/pipeline/schedule.py; the default by bench_pipeline.py's measurement (docs/performance.md).
+    schedule: str = option(
+        "1f1b",
+        "pipeline: the order of each stage's forwards and backwards: 1f1b (at most as many micro-batches in flight "
+        "per stage as there are stages) or gpipe (every forward, then every backward)",
+        choices=PIPELINE_SCHEDULES,
+        flag="pipeline-schedule",
+    )
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
     bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
