@@ -7,8 +7,9 @@ The benchmark script (this checkout's) runs once per version and round, in a fre
 version's `src` (and the launcher beside it) first on PYTHONPATH; the rounds alternate which version runs
 first, so a shared machine's drift falls on both alike. Each run writes its JSON report (`--json-out`, which
 the script must take); from each report the figures are read as rows (`--rows`, a list of objects) keyed by
-`--key`, each row's `--value` a number or a list of numbers. Printed: for every key, the median of every
-figure each version gave over all rounds, and after / before.
+`--key`, each row's `--value` a number or a list of numbers (several values: comma separated, one table
+each). Printed: for every key, the median of every figure each version gave over all rounds, and after /
+before.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import common
 
 
 def figures(report: dict[str, Any], rows: str, key: str, value: str) -> dict[str, list[float]]:
-    """`key` -> the numbers of `value` in each row of `report[rows]`."""
+    """`key` -> the numbers of `value` in each row of `report[rows]` that has it."""
     found: dict[str, list[float]] = {}
     for row in report[rows]:
+        if value not in row:
+            continue
         numbers = row[value] if isinstance(row[value], list) else [row[value]]
         found.setdefault(str(row[key]), []).extend(float(n) for n in numbers)
     return found
@@ -51,30 +54,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", default="results", help="the report's list of rows")
     parser.add_argument("--key", default="variant", help="what names a row")
-    parser.add_argument("--value", default="round_s", help="a row's figure (a number or a list of them)")
+    parser.add_argument("--value", default="round_s", help="a row's figure (a number or a list of them); a,b: several")
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- the benchmark script and its arguments")
     args = parser.parse_args()
     script = [a for a in args.script if a != "--"]
     if not script:
         parser.error("name the benchmark script after --")
     versions = {"before": args.before, "after": args.after}
-    collected: dict[str, dict[str, list[float]]] = {name: {} for name in versions}
+    values = args.value.split(",")
+    collected = {value: {name: {} for name in versions} for value in values}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             order = list(versions) if round_index % 2 == 0 else list(reversed(versions))
             for name in order:
                 report = run_version(versions[name], script, Path(tmp) / f"{name}-{round_index}.json")
-                for key, numbers in figures(report, args.rows, args.key, args.value).items():
-                    collected[name].setdefault(key, []).extend(numbers)
+                for value in values:
+                    for key, numbers in figures(report, args.rows, args.key, value).items():
+                        collected[value][name].setdefault(key, []).extend(numbers)
                 print(f"round {round_index + 1}: {name} done", file=sys.stderr, flush=True)
-    rows = []
-    for key in collected["before"]:
-        if key not in collected["after"]:
-            continue
-        before, after = statistics.median(collected["before"][key]), statistics.median(collected["after"][key])
-        rows.append([key, f"{before:.4g}", f"{after:.4g}", f"{after / before:.3f}"])
     print(json.dumps(collected, indent=2))
-    print(common.render_markdown([args.key, f"before {args.value}", f"after {args.value}", "after / before"], rows))
+    for value in values:
+        rows = []
+        for key, before_numbers in collected[value]["before"].items():
+            if key not in collected[value]["after"]:
+                continue
+            before, after = statistics.median(before_numbers), statistics.median(collected[value]["after"][key])
+            rows.append([key, f"{before:.4g}", f"{after:.4g}", f"{after / before:.3f}"])
+        print(common.render_markdown([args.key, f"before {value}", f"after {value}", "after / before"], rows))
 
 
 if __name__ == "__main__":
