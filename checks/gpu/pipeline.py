@@ -119,7 +119,7 @@ def launch(
     topology = work / "topology.yaml"
     topology.write_text(json.dumps(pipeline_topology((gpus, gpus * replicas), (1, replicas), transport)))
     flags = base_flags(env, env.data, work / "pipeline", micro_batches=replicas, rpc_timeout=60, **(flags or {}))
-    flags.pop("threads", None)  # stage workers take 1 thread each (process.setup_process)
+    flags.pop("threads", None)  # stage workers take 1 thread each (perf.setup_process)
     # The master holds no model (the stages use the topology's devices); "auto", as --amp-dtype float16
     # is refused with --device cpu.
     flags["device"] = "auto"
