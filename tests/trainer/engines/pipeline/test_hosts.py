@@ -3,6 +3,7 @@ the wire), and each replica's work on its own stream (streams recorded on CPU)."
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from maskrcnn_dist.engines.pipeline import guard, hosts
 from maskrcnn_dist.engines.pipeline.host import StageHost, completed
 from maskrcnn_dist.engines.pipeline.rounds import Ticket
+from maskrcnn_dist.engines.pipeline.schedule import BACKWARD, FORWARD, Op
 from maskrcnn_dist.engines.pipeline.transport import Activation, tensors_in
 
 from .inprocess import LocalLinks, placements
@@ -111,6 +113,34 @@ def test_every_entry_point_runs_on_its_replicas_stream() -> None:
     host.load(host.state()["model"], None, None)
     for lane in ("lane0", "lane1"):
         assert ("wait", lane, CALLER) in streams.log and ("wait_event", CALLER, f"event@{lane}") in streams.log
+
+
+def test_a_backward_that_arrives_before_its_turn_waits_for_it() -> None:
+    """1F1B on stage 1 of 2 at M=4 runs F0 F1 B0 F2 ...: B0's gradients, come after F0 only, wait at the
+    replica's turnstile (seen waiting there before anything of B0 ran) and run after F1."""
+    links = Captured()
+    host = StageHost(small_config(), placements(), 0, NUM_CLASSES, 4, links=links)
+    tickets = [Ticket(1, 0, k, 4, "train", "1f1b") for k in range(4)]
+    host.forward(tickets[0], inputs(0)).wait()
+    cond, waiting = host.replicas[0].turnstile._cond, threading.Event()
+    wait_for = cond.wait_for
+
+    def seen_waiting(predicate, timeout=None):
+        waiting.set()
+        return wait_for(predicate, timeout)
+
+    cond.wait_for = seen_waiting
+    sent = links.sent[0]
+    grads = [torch.ones_like(tensors_in(sent.state)[i]) for i in sent.wants_grad]
+    backward = threading.Thread(target=host.backward, args=(tickets[0], grads))
+    backward.start()
+    try:
+        assert waiting.wait(60), "the backward never reached the turnstile"
+        assert host.rounds.current.log == [(0, Op(FORWARD, 0))]
+    finally:
+        host.forward(tickets[1], inputs(1)).wait()
+        backward.join(60)
+    assert host.rounds.current.log == [(0, Op(FORWARD, 0)), (0, Op(FORWARD, 1)), (0, Op(BACKWARD, 0))]
 
 
 def test_the_registry_keeps_hosts_by_run_and_stage() -> None:

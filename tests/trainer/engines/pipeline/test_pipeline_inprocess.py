@@ -160,6 +160,20 @@ def test_fp16_overflow_skips_the_step_on_every_stage_and_replica() -> None:
     assert pipe.state_dict()["scaler"]["scale"] == pytest.approx(1.5e38)
 
 
+@pytest.mark.parametrize("stage", [0, 1])
+def test_an_inf_on_one_stage_only_skips_the_step_on_every_stage(stage: int) -> None:
+    """One parameter's gradient on one replica of one stage turns inf (a hook: nothing upstream or
+    downstream sees it): that stage's check alone finds it, and no weight or momentum moves anywhere."""
+    cfg, batch = small_config(micro_batches=2), make_batch(2)
+    pipe = inprocess.engine(cfg, replicas=(2, 1))
+    replica = pipe.stage_hosts[stage].replicas[-1]
+    replica.trainable[-1].register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    before = params_and_momenta(inprocess.weights_and_momenta(pipe), pipe)
+    losses = read_losses(pipe.train_step(0, *batch))
+    assert bool(pipe.skipped()) and all(abs(v) < float("inf") for v in losses.values())
+    assert_bitwise(params_and_momenta(inprocess.weights_and_momenta(pipe), pipe), before)
+
+
 def test_a_non_finite_loss_skips_the_step_where_gradients_stay_finite(monkeypatch) -> None:
     """A loss term that is nan while backward still gives finite gradients (a nan constant added to it)
     never updates a weight: the last stage folds its loss's finiteness into the step's check."""
