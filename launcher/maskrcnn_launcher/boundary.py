@@ -34,6 +34,7 @@ from typing import Any
 import click
 
 from maskrcnn_launcher.errors import LauncherError, PeerTimeout
+from maskrcnn_launcher.strict import StrictCommand, refuse_repeated_options
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -167,7 +168,10 @@ def report(failure: Failure, exc: BaseException, debug: bool, stream: Any = None
 
 class GuardedGroup(click.Group):
     """A click group whose every command runs inside the boundary: the console script, `python -m`, and
-    click's CliRunner in tests all go through `main`. `classify` adds the package's own exceptions."""
+    click's CliRunner in tests all go through `main`. `classify` adds the package's own exceptions. Its
+    commands, and the group itself, refuse an option given twice (strict.py)."""
+
+    command_class = StrictCommand
 
     def __init__(self, *args: Any, classify: Classifier | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -180,6 +184,10 @@ class GuardedGroup(click.Group):
                 help=f"on a failure, print the traceback too (also {DEBUG_ENV}=1; may be given anywhere)",
             )
         )
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        refuse_repeated_options(self, ctx, args)
+        return super().parse_args(ctx, args)
 
     def main(  # type: ignore[override]
         self,

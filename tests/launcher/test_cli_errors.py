@@ -49,6 +49,40 @@ CASES = [
         ["launch", "--role", "master", "--dry-run", "--", "--engine=ddp"],
         ["--engine ddp contradicts the topology's engine pipeline"],
     ),
+    (  # strict parsing: an option `launch` does not have is refused, and nothing after it reaches the trainer
+        "launch-unknown-option-before-dashes",
+        ["launch", "--role", "master", "--restart-workers", "1", "--dry-run", "--", "--epochs", "1"],
+        ["no such option: --restart-workers", "the trainer's arguments go after `--`"],
+    ),
+    (
+        "launch-trainer-option-without-dashes",
+        ["launch", "--role", "master", "--dry-run", "--epochs", "1"],
+        ["no such option: --epochs", "after `--`"],
+    ),
+    ("launch-stray-word", ["launch", "--role", "master", "worker", "--dry-run"], ["unexpected argument 'worker'"]),
+    (
+        "local-misspelt-option",
+        ["local", "--topology", "ddp", "--restart-worker", "1", "--", "--epochs", "1"],
+        ["no such option: --restart-worker", "--restart-workers"],
+    ),
+    (  # every option given twice, whatever the command: click would keep the last one silently
+        "launch-option-twice",
+        ["launch", "--topology", "ddp", "--role", "master", "--topology=three-machines", "--dry-run"],
+        ["--topology is given more than once (--topology ddp, --topology=three-machines)", "give it once"],
+    ),
+    ("local-flag-twice", ["local", "--grace", "5", "--grace", "6", "--", "-x"], ["--grace is given more than once"]),
+    ("plan-flag-twice", ["plan", "--json", "--json"], ["--json is given more than once (--json, --json)"]),
+    ("plan-option-twice", ["plan", "--namespace", "a", "--namespace", "b"], ["--namespace is given more than once"]),
+    (
+        "local-engine-that-no-topology-has",
+        ["local", "--topology", "ddp", "--", "--engine", "local"],
+        ["--engine local contradicts the topology's engine ddp", "one process", "`maskrcnn-dist train --engine local"],
+    ),
+    (
+        "launch-engine-that-does-not-exist",
+        ["launch", "--role", "master", "--dry-run", "--", "--engine", "dpp"],
+        ["--engine 'dpp' (did you mean 'ddp'?) is not an engine", "the topology's, pipeline, is passed"],
+    ),
     (
         "trainer-cmd-unclosed-quote",
         ["launch", "--role", "master", "--dry-run", "--trainer-cmd", "'python -m x"],
