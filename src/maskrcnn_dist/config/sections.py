@@ -222,11 +222,13 @@ class OptimConfig:
 class PeersConfig:
     """How long this process waits for the others: shared by the ddp process group and the pipeline's RPC."""
 
+    # At least a second: the store's first connection and a group's bootstrap bound by it take that long on a
+    # busy host, and a bound below it fails a healthy start deep inside torch's rendezvous.
     timeout: float = option(
         120.0,
         "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
         flag="rpc-timeout",
-        above=0,
+        minimum=1,
     )
     # Off by default: an elastic group adds a heartbeat thread and one store round trip per step.
     elastic: bool = option(
@@ -235,12 +237,17 @@ class PeersConfig:
     )
     # torch's own bound on forming the group is 30 minutes.
     join_timeout: float = option(
-        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero", above=0
+        600.0,
+        "pipeline: seconds to wait for every process to join RPC before exiting non-zero",
+        above=0,
+        engines=("pipeline",),
     )
 
 
 @dataclass
 class PipelineConfig:
-    micro_batches: int = option(2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096)
+    micro_batches: int = option(
+        2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096, engines=("pipeline",)
+    )
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
-    bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
+    bf16_transport: bool = option(False, "pipeline: send features in bfloat16", engines=("pipeline",))
