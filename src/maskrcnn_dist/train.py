@@ -37,7 +37,6 @@ from .data import (
     CocoInstanceDataset,
     ParseAhead,
     flagged_sources,
-    layout_of_run,
     open_data,
     sources_of,
     train_loaders,
@@ -63,6 +62,7 @@ from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, 
 from .training.loop import HookBase, RunCheckpointer, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
+from .training.resume_plan import RunPlan, run_plan
 from .training.samples import SampleRecordHook
 from .training.state import Position
 
@@ -135,9 +135,9 @@ def _run(
 ) -> TrainResult:
     train_set, val_set = datasets
     # The checkpoint's global batch at any world size (data/plan.py): its steps per epoch set the schedule.
-    saved = load_resume(cfg.resume, cfg.output_dir)
-    layout = layout_of_run(saved[0] if saved else None, cfg.data.batch_size, data_world_size, is_main_process(cfg))
-    iters = layout.steps_per_epoch(len(train_set))
+    saved = load_resume(cfg.resume, cfg.output_dir)  # (one written before the plan: training/resume_plan.py)
+    plan = run_plan(saved, len(train_set), cfg.data.batch_size, data_world_size, is_main_process(cfg))
+    iters = plan.layout.steps_per_epoch(len(train_set))
     engine = make_engine(train_set.num_classes, iters)
     if cfg.test_only and val_set is None:
         raise DatasetError(
@@ -145,7 +145,7 @@ def _run(
         )
     total = cfg.total_steps(iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main and record, total)) as metrics:
-        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, layout)
+        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, plan)
         if saved is not None:  # --resume: every hook's state and the pending hooks the checkpoint holds
             trainer.restore(*saved)
         if cfg.test_only:
@@ -183,15 +183,15 @@ def build_trainer(
     metrics: MetricsWriter,
     stop: StopRequest | None = None,
     grace_s: float | None = None,
-    layout: BatchLayout | None = None,
+    plan: RunPlan | None = None,
 ) -> Trainer:
-    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`; `layout` (default:
+    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`; `plan` (default:
     this launch's) the run's global batch, kept with the world size in its checkpoints."""
-    layout = layout or BatchLayout(engine.data_world_size, cfg.data.batch_size)
-    loader = train_loaders(cfg, train_set, engine, layout)  # the epoch's steps: augmented, batched
+    plan = plan or RunPlan(BatchLayout(engine.data_world_size, cfg.data.batch_size))
+    loader = train_loaders(cfg, train_set, engine, plan.layout, plan.old_order)  # the epoch's steps, batched
     categories = Categories.of_dataset(train_set)
     run_facts = {
-        **{LAYOUT_KEY: layout.to_state(), WORLD_SIZE_KEY: engine.data_world_size},
+        **{LAYOUT_KEY: plan.layout.to_state(), WORLD_SIZE_KEY: engine.data_world_size, **plan.facts()},
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
         "categories": categories.to_state(),

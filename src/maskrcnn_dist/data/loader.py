@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..lifetime.stop import leave_process_group
-from .plan import BatchLayout, RankShare, epoch_plan, grouped_batches, rank_share
+from .plan import BatchLayout, GlobalBatch, RankShare, epoch_plan, grouped_batches, rank_share
 
 Batch = tuple[list[torch.Tensor], list[dict[str, Any]]]
 
@@ -212,17 +212,20 @@ def build_step_loader(
     groups: Sequence[int] | None = None,
     start_batch: int = 0,
     share: tuple[int, int] = (0, 1),
+    plan: Sequence[GlobalBatch] | None = None,
     **options: Any,
 ) -> StepLoader:
     """Rank r of n's (`share`) part of every global batch of `epoch` (plan.py) from global batch
     `start_batch` on. `groups`: each image's aspect-ratio group (aspect_ratio_groups; None: no grouping);
-    `options`: the DataLoader's (num_workers, pin_memory, collate_fn).
+    `plan`: the epoch's global batches where they are not the plan's (old_order.py); `options`: the
+    DataLoader's (num_workers, pin_memory, collate_fn).
 
     Build one per epoch. `len(loader)` is the number of steps left in the epoch, the same on every rank.
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)  # flips depend on the epoch; set before workers copy the dataset
-    plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
+    if plan is None:
+        plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
     if not 0 <= start_batch <= len(plan):
         raise ValueError(f"start_batch {start_batch} is outside the epoch's {len(plan)} global batches")
     shares = [rank_share(batch, *share) for batch in plan[start_batch:]]
