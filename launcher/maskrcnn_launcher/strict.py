@@ -79,9 +79,8 @@ class PassThroughCommand(StrictCommand):
                 exc.possibilities,
                 ctx,
             ) from None
-        except click.UsageError:
-            opts, stray = {}, []  # the parse below reports it
-        # A word before `--` that no option took: the variadic argument would swallow it.
+        # (Any other error of its own words is raised here, as they stand: an option's missing value must not
+        # become the `--` after it.) A word before `--` that no option took: the variadic argument would take it.
         taken = [opts.get(p.name) for p in self.params if isinstance(p, click.Argument)]
         stray = [*stray, *(word for words in taken if isinstance(words, (list, tuple)) for word in words)]
         if stray:
@@ -90,4 +89,4 @@ class PassThroughCommand(StrictCommand):
                 "trainer's arguments after it",
                 ctx,
             )
-        return super().parse_args(ctx, [*own, END_OF_OPTIONS, *passed])
+        return super().parse_args(ctx, [*own, END_OF_OPTIONS, *passed] if END_OF_OPTIONS in args else own)

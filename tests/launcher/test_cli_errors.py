@@ -70,6 +70,7 @@ CASES = [
         ["launch", "--topology", "ddp", "--role", "master", "--topology=three-machines", "--dry-run"],
         ["--topology is given more than once (--topology ddp, --topology=three-machines)", "give it once"],
     ),
+    ("local-option-without-its-value", ["local", "--grace", "--", "-x"], ["Option '--grace' requires an argument"]),
     ("local-flag-twice", ["local", "--grace", "5", "--grace", "6", "--", "-x"], ["--grace is given more than once"]),
     ("plan-flag-twice", ["plan", "--json", "--json"], ["--json is given more than once (--json, --json)"]),
     ("plan-option-twice", ["plan", "--namespace", "a", "--namespace", "b"], ["--namespace is given more than once"]),
