@@ -27,7 +27,7 @@ import torch
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.data import load_datasets, write_train_val
 from maskrcnn_dist.engines.torch_engine import TorchEngine
-from maskrcnn_dist.train import build_trainer, run_metrics
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 
 # (label, flags) of each augmentation measured.
 AUGMENTATIONS = [

@@ -35,7 +35,7 @@ from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.outputs.export import FORMATS, export_model
 from maskrcnn_dist.outputs.export.command import exportable_model
 from maskrcnn_dist.outputs.export.parity import table_lines
-from maskrcnn_dist.outputs.predict import load_predictor
+from maskrcnn_dist.outputs.predictor import load_predictor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (a sibling script's module, not a package)

@@ -1,5 +1,5 @@
 """The cost of an epoch's batch list at COCO's size (118,287 images): one rank's per-rank list as the
-loader built it before data/plan.py (`epoch_batches`: DistributedSampler's shard, grouped per rank), beside
+loader built it before data/plan.py (DistributedSampler's shard, grouped per rank: `per_rank_list`), beside
 the epoch's global batches and this rank's share of each (`epoch_plan` + `rank_share`, what
 `build_step_loader` does at every epoch start), measured in one run, interleaved.
 
@@ -19,9 +19,10 @@ import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
+from torch.utils.data import DistributedSampler
 
-from maskrcnn_dist.data.loader import aspect_ratio_groups, epoch_batches
-from maskrcnn_dist.data.plan import BatchLayout, epoch_plan, rank_share
+from maskrcnn_dist.data.loader import aspect_ratio_groups
+from maskrcnn_dist.data.plan import BatchLayout, epoch_plan, grouped_batches, rank_share
 
 
 def coco_like_ratios(n: int, seed: int = 0) -> list[float]:
@@ -32,12 +33,14 @@ def coco_like_ratios(n: int, seed: int = 0) -> list[float]:
     return np.clip(ratios, 0.25, 4.0).tolist()
 
 
-def today(ratios: list[float], batch_size: int, world: int, rank: int) -> int:
-    batches = epoch_batches(
-        len(ratios), batch_size, epoch=1, seed=0, shuffle=True, rank=rank, world_size=world,
-        aspect_ratios=ratios, group_factor=3,
-    )  # fmt: skip
-    return len(batches)
+def per_rank_list(ratios: list[float], batch_size: int, world: int, rank: int) -> int:
+    """The baseline, the loader's list before the plan: this rank's DistributedSampler shard of the epoch
+    (padded to ceil(n / world) images), cut into batches grouped by aspect ratio."""
+    sampler = DistributedSampler(range(len(ratios)), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(1)
+    order = list(sampler)
+    groups = aspect_ratio_groups(ratios, 3)
+    return len(grouped_batches(order, [groups[i] for i in order], batch_size))
 
 
 def planned(ratios: list[float], batch_size: int, launch: int, world: int, rank: int) -> int:
@@ -71,12 +74,12 @@ def main() -> None:
     ratios = coco_like_ratios(args.images)
     b, n = args.batch_size, args.world
     cases: dict[str, Callable[[], int]] = {
-        f"today: per-rank list, {n} ranks (rank 0)": lambda: today(ratios, b, n, 0),
+        f"before the plan: per-rank list, {n} ranks (rank 0)": lambda: per_rank_list(ratios, b, n, 0),
         f"plan: global batches + rank 0's share, {n} ranks": lambda: planned(ratios, b, n, n, 0),
         f"plan: the same, resumed on {max(1, n // 2)} ranks": lambda: planned(ratios, b, n, max(1, n // 2), 0),
         "plan: the same, resumed on 1 rank": lambda: planned(ratios, b, n, 1, 0),
     }
-    assert today(ratios, b, n, 0) == planned(ratios, b, n, n, 0)  # the same steps per epoch
+    assert per_rank_list(ratios, b, n, 0) == planned(ratios, b, n, n, 0)  # the same steps per epoch
     seconds: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.repeat):  # interleaved: each round runs every case once
         for name, run in cases.items():

@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, to_argv
-from maskrcnn_dist.lifetime.process import setup_process
+from maskrcnn_dist.modeling.perf import setup_process
 from maskrcnn_dist.profile.candidates import Candidate
 from maskrcnn_dist.profile.command import real_batches
 from maskrcnn_dist.profile.cost_model import Setting, predict

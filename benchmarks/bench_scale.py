@@ -17,8 +17,9 @@ it; `new`: this checkout) and engine (local: 1 process; ddp: 2 ranks through mas
             `--resume auto`: seconds from its start to its first train record. Peak PSS of each
             process while it runs.
   loading   the run's data path alone, in the train run's output dir (so the new code finds the cache
-            that run wrote, as a restart does): load_datasets, then build_train_loader (2 workers,
-            batches of 8) over `--fraction` (default half) of each rank's epoch, every sample built
+            that run wrote, as a restart does): load_datasets, then training's loader (build_step_loader:
+            the plan's global batches, 8 images per rank, 2 workers) over `--fraction` (default half) of
+            each rank's epoch, every sample built
             in a worker as in training but only the batch's size sent back (no tensors through
             shared memory: that is IPC, not the dataset). No data check here (its fork pool in this
             bare process hangs the loader's tensor passing); each worker decides a frame at first
@@ -426,7 +427,7 @@ def _load_child(data: Path, out: Path, rank: int, world: int, fraction: float) -
     import logging
 
     from maskrcnn_dist.config import TrainConfig
-    from maskrcnn_dist.data import build_train_loader, load_datasets
+    from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
 
     logging.basicConfig(level=logging.WARNING)
     cfg = TrainConfig()
@@ -448,12 +449,12 @@ def _load_child(data: Path, out: Path, rank: int, world: int, fraction: float) -
     if not hasattr(train_set, "set_epoch"):  # the flip is a transform (data/transforms/flip.py), not the dataset's
         from maskrcnn_dist.data.transforms.flip import Flipped
 
-        train_set = Flipped(train_set, cfg.seed)
-    loader = build_train_loader(
-        train_set, 8, epoch=0, seed=0, rank=rank, world_size=world, num_workers=2, collate_fn=_batch_size
+        train_set = Flipped(train_set, cfg.seed, uint8=True)  # as data.train_loaders wraps it for hflip
+    steps = build_step_loader(
+        train_set, BatchLayout(world, 8), epoch=0, seed=0, share=(rank, world), num_workers=2, collate_fn=_batch_size
     )
-    batches = int(len(loader) * fraction)
-    iterator = iter(loader)
+    batches = int(len(steps) * fraction)
+    iterator = iter(steps.loader)  # its micro-batches as the workers hand them over: here only their sizes
     workers = [w.pid for w in iterator._workers]  # (private, but the benchmark must tell them from the check's pool)
     for done, _ in enumerate(iterator, start=1):
         if done >= batches:

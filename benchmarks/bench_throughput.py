@@ -124,19 +124,33 @@ def run_engine(
 # -- the data loader alone -----------------------------------------------------------------------
 
 
-def bench_loader(data: Path, batch_size: int, workers: tuple[int, ...], seed: int) -> dict[str, Any]:
-    """Images/s of the training loader alone (no model), and the per-image cost of its parts."""
-    from maskrcnn_dist.data import CocoInstanceDataset, build_train_loader
-    from maskrcnn_dist.data.dataset import _load_image
+@dataclass(frozen=True)
+class OneProcess:
+    """What data.train_loaders asks of the engine it feeds: here one process, no GPU."""
 
-    dataset = CocoInstanceDataset(data / "train" / "images", data / "train" / "annotations.json", train=True)
+    data_rank: int = 0
+    data_world_size: int = 1
+    pin_memory: bool = False
+
+
+ONE_PROCESS = OneProcess()
+
+
+def bench_loader(cfg: bench_engines.BenchConfig, data: Path, workers: tuple[int, ...]) -> dict[str, Any]:
+    """Images/s of the training loader alone (no model): the one a local run of `cfg` builds
+    (data.train_loaders: the plan's steps, --data-augmentation, collate), and the per-image cost of its parts."""
+    from maskrcnn_dist.config import build_config
+    from maskrcnn_dist.data import load_datasets, train_loaders
+
+    flags = bench_engines.train_flags(cfg, data, data / "unused")
+    dataset, _ = load_datasets(build_config(None, flags))  # through the front door, checked, as a run does
     result: dict[str, Any] = {"images": len(dataset), "loaders": []}
     for count in workers:
-        loader = build_train_loader(dataset, batch_size, epoch=0, seed=seed, num_workers=count)
+        loader = train_loaders(build_config(None, {**flags, "workers": count}), dataset, ONE_PROCESS)(0, 0)
         started = time.perf_counter()
         first_s, images = None, 0
-        for batch_images, _ in loader:
-            images += len(batch_images)
+        for step in loader:
+            images += step.images
             if first_s is None:
                 first_s, steady_from, steady_images = time.perf_counter() - started, time.perf_counter(), images
         total = time.perf_counter() - started
@@ -151,19 +165,19 @@ def bench_loader(data: Path, batch_size: int, workers: tuple[int, ...], seed: in
         )
     # Per-image parts, in this process: JPEG decode + float conversion, and the target (RLE -> masks).
     image_s, target_s, instances = [], [], 0
-    samples = dataset._samples  # noqa: SLF001 (a benchmark may look inside)
-    for sample in samples:
+    rows = [int(row) for row in dataset._rows]  # noqa: SLF001 (a benchmark may look inside)
+    for row in rows:
         t0 = time.perf_counter()
-        _load_image(sample)
+        dataset._read(row)  # noqa: SLF001
         t1 = time.perf_counter()
-        target = dataset._target(sample)  # noqa: SLF001
+        target = dataset._target(row)  # noqa: SLF001
         image_s.append(t1 - t0)
         target_s.append(time.perf_counter() - t1)
         instances += len(target["labels"])
     result["per_image_ms"] = {
         "image_decode": round(1000 * statistics.mean(image_s), 3),
         "target_with_mask_decode": round(1000 * statistics.mean(target_s), 3),
-        "instances_per_image": round(instances / len(samples), 2),
+        "instances_per_image": round(instances / len(rows), 2),
     }
     return result
 
@@ -292,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             data = bench_engines.make_dataset(
                 replace(cfg, batch_size=max(cfg.batch_size, MICRO_BATCHES)), work / name / "data", processes=2
             )
-            loaders[name] = bench_loader(data, cfg.batch_size, args.loader_workers, cfg.seed)
+            loaders[name] = bench_loader(cfg, data, args.loader_workers)
             print(f"{name}: loader {loaders[name]}", file=sys.stderr, flush=True)
             plan = [(e, p) for e in args.engines for p in args.precisions]
             results: dict[tuple[str, str], list[bench_engines.EngineResult]] = {}

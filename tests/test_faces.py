@@ -2,14 +2,17 @@
 declares its public names in `__all__`, once, and the face star-imports every module and composes its
 `__all__` from theirs. Here: every module is part of the face, every exported name resolves, none is
 private or exported twice, and the face binds nothing public beyond `__all__` and its modules.
+`maskrcnn_dist.data` imports its names lazily: its TYPE_CHECKING block names the same homes.
 """
 
 from __future__ import annotations
 import __future__
 
+import ast
 import importlib
 import pkgutil
 import types
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +72,40 @@ def test_the_face_binds_nothing_public_beyond_its_all(name: str) -> None:
     }
     unexported = sorted(bound - set(face.__all__))
     assert not unexported, f"{name} binds public names its __all__ does not export: {unexported}"
+
+
+# --- maskrcnn_dist.data: names imported when first asked for, and the same names for readers ------------
+
+
+def type_checking_homes(path: Path) -> dict[str, str]:
+    """name -> its module (relative to the package, dotted) for each `from .module import name` under the
+    face's `if TYPE_CHECKING:`."""
+    homes: dict[str, str] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imported in (n for n in node.body if isinstance(n, ast.ImportFrom) and n.level == 1):
+                for alias in imported.names:
+                    homes[alias.asname or alias.name] = imported.module or ""
+    return homes
+
+
+def test_the_data_face_names_every_lazy_name_for_readers_where_it_lives() -> None:
+    """data/__init__.py maps names to modules at run time (_HOME, PEP 562) so that the command line can
+    import sources/ before torch; its TYPE_CHECKING block imports the same names from the same modules,
+    so that a reader or an editor can follow them."""
+    face = importlib.import_module("maskrcnn_dist.data")
+    assert type_checking_homes(Path(face.__file__)) == face._HOME
+    for name, home in face._HOME.items():
+        assert getattr(face, name) is getattr(importlib.import_module(f"{face.__name__}.{home}"), name), name
+
+
+def test_the_type_checking_reader_sees_each_name_and_its_module(tmp_path: Path) -> None:
+    face = tmp_path / "face.py"
+    face.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from .elsewhere import not_read\n"  # not under TYPE_CHECKING
+        "if TYPE_CHECKING:\n"
+        "    from .plan import a, b as c\n"
+        "    from .images.check import d\n"
+    )
+    assert type_checking_homes(face) == {"a": "plan", "c": "plan", "d": "images.check"}

@@ -22,35 +22,50 @@ def _module_name(path: Path, package_dir: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, module: str) -> Iterator[str]:
-    """Absolute names of what `path` imports; `from package import name` yields package.name."""
+def _imports(path: Path, module: str, runtime: bool = False) -> Iterator[str]:
+    """Absolute names of what `path` imports; `from package import name` yields package.name. `runtime`:
+    only what importing it runs (not the names under `if TYPE_CHECKING:`)."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _nodes(ast.parse(path.read_text(), filename=str(path)), runtime):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _absolute(node, module, is_package) if node.level else node.module or ""
             yield target
             yield from (f"{target}.{alias.name}" for alias in node.names)
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a relative `from ... import` in `module` names."""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _nodes(tree: ast.AST, runtime: bool) -> Iterator[ast.AST]:
+    """Every node of `tree`; `runtime`: leaving out the bodies of `if TYPE_CHECKING:` (their else runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if runtime and isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(package_dir: Path, runtime: bool = False) -> dict[str, set[str]]:
     """module -> the modules of the same package it imports (only names that are modules)."""
     files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
     return {
-        module: {name for name in _imports(path, module) if name in files and name != module}
+        module: {name for name in _imports(path, module, runtime) if name in files and name != module}
         for module, path in files.items()
     }
 
 
-def external_imports(package_dir: Path) -> dict[str, set[str]]:
+def external_imports(package_dir: Path, runtime: bool = False) -> dict[str, set[str]]:
     files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
-    return {module: set(_imports(path, module)) for module, path in files.items()}
+    return {module: set(_imports(path, module, runtime)) for module, path in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -88,11 +103,61 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def unresolved_relative_imports(package_dir: Path) -> dict[str, list[str]]:
+    """module -> the modules its relative imports name that the package lacks (`from .train import x` in
+    a package that has no train module: the graph would silently leave it out, and it fails only when run)."""
+    files = {_module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
+    found = {}
+    for module, path in files.items():
+        relative = (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level)
+        targets = (_absolute(node, module, path.name == "__init__.py") for node in relative)
+        if missing := [target for target in targets if target not in files]:
+            found[module] = missing
+    return found
+
+
+@pytest.mark.parametrize("package", [TRAINER, LAUNCHER], ids=["trainer", "launcher"])
+def test_every_relative_import_names_a_module_of_the_package(package: Path) -> None:
+    assert unresolved_relative_imports(package) == {}
+
+
+def test_the_relative_import_reader_finds_a_module_the_package_lacks(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "train.py": "",
+            "cli/run.py": "def run():\n    from .train import train\n    from ..train import train\n",
+            "cli/__init__.py": "from .run import run\nfrom . import run\n",
+        },
+    )
+    assert unresolved_relative_imports(package) == {"pkg.cli.run": ["pkg.cli.train"]}
+
+
 @pytest.mark.parametrize("package", [TRAINER, LAUNCHER], ids=["trainer", "launcher"])
 def test_no_import_cycle(package: Path) -> None:
     """A package that re-exports its modules counts: `from pkg import mod` inside pkg/x.py imports pkg,
     whose __init__ may import x."""
     assert cycles(import_graph(package)) == []
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same imports between the packages' first floors: pkg.data.loader -> pkg.lifetime.stop is
+    data -> lifetime (a top-level module is its own floor; the package's own __init__ is one too)."""
+
+    def floor(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    found: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        found.setdefault(floor(module), set()).update(floor(i) for i in imported if floor(i) != floor(module))
+    return found
+
+
+@pytest.mark.parametrize("package", [TRAINER, LAUNCHER], ids=["trainer", "launcher"])
+def test_no_loop_between_packages(package: Path) -> None:
+    """Modules may import each other without a cycle and still tie their packages in a loop (modeling ->
+    data -> lifetime -> modeling): then no package can be read, tested or moved without the others."""
+    assert cycles(package_graph(import_graph(package))) == []
 
 
 def test_engines_never_import_the_run_the_composition_root_the_tools_or_the_cli() -> None:
@@ -111,6 +176,7 @@ ABOVE_ENGINES = (
     "engines",
     "training",  # the run: the loop, its hooks and what they keep
     "train",
+    "trainer_parts",  # the composition root's builder of the Trainer and its hooks
     "cli",
     "torchrun",
     "outputs",  # predict and the report's gallery run the local engine, beside the loop
@@ -136,7 +202,7 @@ def test_lower_layers_never_import_engines_or_above() -> None:
 #: The tools: commands beside the loop that run a model or measure one, never train it.
 TOOLS = ("outputs", "profile")
 #: The training path, which no tool imports: the composition root and the run (training/).
-TRAINING_PATH = ("train", "training")
+TRAINING_PATH = ("train", "trainer_parts", "training")
 #: What the engines share; every other module of engines/ (a module or a package) is one engine.
 ENGINES_SHARE = ("base", "prefetch")
 
@@ -177,7 +243,7 @@ def engines_importing_another_engine(graph: dict[str, set[str]], package: str) -
 
 
 def test_tools_never_import_the_training_path() -> None:
-    """predict, report, the gallery and profile build what they need (process.setup_process, an engine);
+    """predict, report, the gallery and profile build what they need (perf.setup_process, an engine);
     they never reach into train.py or the loop."""
     assert tools_importing_the_training_path(import_graph(TRAINER), "maskrcnn_dist") == {}
 
@@ -236,6 +302,24 @@ def test_the_graph_reader_finds_a_cycle_and_an_upward_import(tmp_path: Path) -> 
     assert "pkg.train" in graph["pkg.engines.e"]
 
 
+def test_the_package_rule_finds_a_loop_of_packages_whose_modules_have_no_cycle(tmp_path: Path) -> None:
+    package = _write_package(
+        tmp_path,
+        {
+            "modeling/trained.py": "from ..data.sources import resolve\n",
+            "modeling/perf.py": "",
+            "data/sources/resolve.py": "from ...lifetime.cores import count\n",
+            "lifetime/cores.py": "",
+            "lifetime/process.py": "from ..modeling.perf import setup\n",
+            "config.py": "",
+            "train.py": "from .modeling import trained\nfrom . import config\n",  # above the loop: not in it
+        },
+    )
+    graph = import_graph(package)
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph)) == [["pkg.data", "pkg.lifetime", "pkg.modeling"]]
+
+
 def _write_package(root: Path, files: dict[str, str]) -> Path:
     """A package `pkg` under root: module path -> source; every folder gets an empty __init__.py."""
     package = root / "pkg"
@@ -255,10 +339,10 @@ def test_the_tools_rule_finds_a_tool_importing_the_training_path(tmp_path: Path)
             "train.py": "",
             "training/loop.py": "",
             "training_data.py": "",  # not the training room: a name that starts the same
-            "lifetime/process.py": "",
+            "modeling/perf.py": "",
             "outputs/predict.py": "from ..train import setup_process\n",
             # allowed: a lower room, and a module whose name only starts like the training room's
-            "outputs/draw.py": "from ..lifetime.process import setup_process\nfrom .. import training_data\n",
+            "outputs/draw.py": "from ..modeling.perf import setup_process\nfrom .. import training_data\n",
             "profile/command.py": "def run():\n    from ..training import loop\n",  # lazy, still counted
         },
     )
@@ -339,8 +423,9 @@ def upward_data_imports(graph: dict[str, set[str]], package: str, rooms: tuple[s
 
 def torch_reached(package_dir: Path, package: str, rooms: tuple[str, ...]) -> dict[str, list[str]]:
     """module of those rooms -> the torch imports found in it or in any trainer module it reaches
-    (its own imports, transitively, and the packages that hold them: importing a module runs them)."""
-    graph, external = import_graph(package_dir), external_imports(package_dir)
+    (its own imports, transitively, and the packages that hold them: importing a module runs them).
+    What runs only for a type checker (`if TYPE_CHECKING:`) is left out: importing never runs it."""
+    graph, external = import_graph(package_dir, runtime=True), external_imports(package_dir, runtime=True)
     found = {}
     for module in graph:
         if room_of(module, package) not in rooms:
@@ -433,6 +518,11 @@ def test_the_data_rules_find_an_upward_import_torch_and_a_mutator(tmp_path: Path
             "data/annotations/masks.py": "from ...lifetime import heavy\n",  # torch, one module away
             "lifetime/heavy.py": "import torch\n",
             "data/sources/resolve.py": "from ..annotations import masks\nfrom ..cache import x\n",
+            # for readers only: never run, so detect.py reaches no torch through its package
+            "data/sources/__init__.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ...lifetime import heavy\n"
+            ),
+            "data/sources/detect.py": "",
             "data/dataset.py": (
                 "class CocoInstanceDataset:\n"
                 "    def __init__(self):\n        self.rows = []\n"
@@ -445,6 +535,7 @@ def test_the_data_rules_find_an_upward_import_torch_and_a_mutator(tmp_path: Path
     graph = import_graph(package)
     rooms = ("cache", "annotations", "sources", "dataset")
     assert upward_data_imports(graph, "pkg", rooms) == {"pkg.data.annotations.store": ["pkg.data.dataset"]}
+    assert "pkg.lifetime.heavy" in graph["pkg.data.sources"]  # a reader's dependency all the same
     assert torch_reached(package, "pkg", ("annotations", "sources")) == {
         "pkg.data.annotations.masks": ["torch"],
         "pkg.data.sources.resolve": ["torch"],

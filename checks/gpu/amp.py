@@ -157,7 +157,7 @@ def problems(report: dict[str, Any]) -> list[str]:
 def check_amp(env: Env, dtype: str) -> dict[str, Any]:
     """The comparison on the profile's model and data; leaves the fp32 weights it ended with for eval_amp."""
     from maskrcnn_dist.checkpoint import save_checkpoint
-    from maskrcnn_dist.data import build_train_loader, load_datasets
+    from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
     from maskrcnn_dist.engines.base import to_device
     from maskrcnn_dist.engines.torch_engine import TorchEngine
 
@@ -167,10 +167,11 @@ def check_amp(env: Env, dtype: str) -> dict[str, Any]:
     cfg = train_config(base_flags(env, env.data, Path(env.work) / f"amp-{dtype}", lr=0.005))
     train_set, _ = load_datasets(cfg)
     engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=100)
-    loader = build_train_loader(train_set, p.batch_size, epoch=0, seed=cfg.seed)
+    loader = build_step_loader(train_set, BatchLayout(1, p.batch_size), epoch=0, seed=cfg.seed)  # training's loader
     batches = []
-    for images, targets in loader:
-        batches.append(to_device(images, targets, engine.device))
+    for step in loader:
+        (micro,) = step.micro_batches  # one rank: the whole global batch
+        batches.append(to_device(micro.images, micro.targets, engine.device))
         if len(batches) == p.amp_batches:
             break
     report = compare_amp(engine, batches, dtype, repeat_floor=env.device == "cuda")

@@ -47,7 +47,7 @@ def check_checkpoint_devices(env: Env) -> dict[str, Any]:
     """Saved on one device kind, loaded on the other, through checkpoint.py; weights equal, one more step.
     On CPU (the self-test) the same round trip runs CPU to CPU, so the code path cannot rot unseen."""
     from maskrcnn_dist.checkpoint import load_checkpoint, save_checkpoint
-    from maskrcnn_dist.data import build_train_loader, load_datasets
+    from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
     from maskrcnn_dist.engines.torch_engine import TorchEngine
 
     figures: dict[str, Any] = {}
@@ -58,9 +58,9 @@ def check_checkpoint_devices(env: Env) -> dict[str, Any]:
             cfg = train_config(base_flags(env, env.data, Path(env.work) / f"ckpt-{source}", device=device))
             train_set, _ = load_datasets(cfg)
             engines[device] = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=4)
-        images, targets = next(iter(build_train_loader(train_set, 2, epoch=0, seed=0)))
+        first = next(iter(build_step_loader(train_set, BatchLayout(1, 2), epoch=0, seed=0)))  # training's loader
         saver = engines[source]
-        saver.train_step(0, images, targets)
+        saver.train_micro_batches(0, first.micro_batches)
         # CPU to CPU: a fresh engine loads, not the one that saved.
         loader = engines[target] if source != target else TorchEngine(cfg, train_set.num_classes, iters_per_epoch=4)
         path = save_checkpoint({**saver.state_dict(), "step": 1}, Path(env.work) / f"ckpt-{source}", 1, keep=1)
@@ -68,7 +68,7 @@ def check_checkpoint_devices(env: Env) -> dict[str, Any]:
         diff = max_abs_diff(loader.model.state_dict(), saver.model.state_dict())
         if diff != 0.0:
             raise AssertionError(f"{source} -> {target}: weights differ by {diff:g} after loading")
-        losses = loader.train_step(1, images, targets)
+        losses = loader.train_micro_batches(1, first.micro_batches)
         if not all(map(math.isfinite, losses.values())):
             raise AssertionError(f"{source} -> {target}: non-finite loss after loading: {losses}")
         # The step returns device tensors (it reads nothing back): one read here, for the record.

@@ -110,7 +110,7 @@ def run_child(check: Check, env: Env) -> int:
 
         from maskrcnn_dist.modeling.perf import set_flush_denormal
 
-        # What process.setup_process does for every run (--flush-denormal is on by default), before any
+        # What perf.setup_process does for every run (--flush-denormal is on by default), before any
         # computation: without it the CPU steps of a fresh model are 3-6x slower.
         if env.device == "cpu":
             torch.set_num_threads(2)

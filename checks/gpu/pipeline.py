@@ -114,7 +114,7 @@ def launch(env: Env, name: str, transport: str, replicas: int = 1, **variables: 
     topology = work / "topology.yaml"
     topology.write_text(json.dumps(pipeline_topology((gpus, gpus * replicas), (1, replicas), transport)))
     flags = base_flags(env, env.data, work / "pipeline", micro_batches=replicas, rpc_timeout=60)
-    flags.pop("threads", None)  # stage workers take 1 thread each (process.setup_process)
+    flags.pop("threads", None)  # stage workers take 1 thread each (perf.setup_process)
     flags["device"] = "cpu"  # the master's: it holds no model; the stages use the topology's devices
     command = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(topology)]
     command += ["--master-port", str(free_port()), "--wait-timeout", "60", "--grace", "5", "--", *to_argv(flags)]

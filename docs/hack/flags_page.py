@@ -2,7 +2,7 @@
 
 The flags of train, eval, check-data, report, predict and profile are the config tables' fields
 (src/maskrcnn_dist/config/: default, range, choices and help declared once); the few options declared
-in cli.py alone (synth-data, demo, report's own, the launcher's) are read from the click commands. The
+in cli/ alone (synth-data, demo, report's own, the launcher's) are read from the click commands. The
 page is never edited by hand: `make docs` runs this, and tests/test_docs.py fails when the page differs
 from what this writes (`--check` does the same here).
 
@@ -27,6 +27,7 @@ from maskrcnn_launcher import cli as launcher_cli  # noqa: E402
 
 from maskrcnn_dist import cli as trainer_cli  # noqa: E402
 from maskrcnn_dist import config  # noqa: E402
+from maskrcnn_dist.cli.options import FieldType  # noqa: E402
 
 HEADER = """# Flags reference
 
@@ -76,8 +77,8 @@ def click_range(param: click.Parameter) -> str:
 
 def field_spec(program: str, command: str, param: click.Option) -> config.FieldSpec | None:
     """The config field an option was made from (cli.field_options: a field's converter, or a boolean
-    `--x/--no-x` left unset), or None for an option cli.py declares itself."""
-    if isinstance(param.type, trainer_cli._FieldType):
+    `--x/--no-x` left unset), or None for an option cli/ declares itself."""
+    if isinstance(param.type, FieldType):
         return param.type.spec
     if program != "maskrcnn-dist" or not (param.is_flag and param.secondary_opts and param.default is None):
         return None

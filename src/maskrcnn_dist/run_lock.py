@@ -2,8 +2,8 @@
 anything there until it ends.
 
 The invariant: while a process holds the lock, no other process of any machine that sees the same
-folder trains or evaluates into it. Who holds it is the process that writes the run's files (train.py:
-`is_main_process`): the local engine's process, the pipeline's master (its stage workers write nothing),
+folder trains or evaluates into it. Who holds it is the process that writes the run's files (its engine's
+entry: `is_main_process`): the local engine's process, the pipeline's master (its stage workers write nothing),
 ddp's global rank 0. ddp's other ranks, on its machine or on others, belong to that run and take nothing;
 on machines that do not share the folder they write nothing into it either.
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
-from maskrcnn_dist.data import write_train_val
+from maskrcnn_dist.data import BatchLayout, build_step_loader, write_train_val
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +56,10 @@ def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConf
     cfg = apply_overrides(TrainConfig(), values, "test")
     cfg.validate()
     return cfg
+
+
+def first_steps(dataset: Any, batch_size: int, count: int, seed: int = 0) -> list[tuple[list, list]]:
+    """The first `count` steps of epoch 0 of training's loader (data.build_step_loader, the plan) at one
+    rank, each as the (images, targets) that engine.train_step takes."""
+    steps = itertools.islice(build_step_loader(dataset, BatchLayout(1, batch_size), epoch=0, seed=seed), count)
+    return [(step.micro_batches[0].images, step.micro_batches[0].targets) for step in steps]

@@ -11,7 +11,7 @@ from maskrcnn_dist.checkpoint import load_resume
 from maskrcnn_dist.config import TrainConfig
 from maskrcnn_dist.engines.base import Engine
 from maskrcnn_dist.lifetime.stop import StopRequest
-from maskrcnn_dist.train import build_trainer, run_metrics
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.loop import Trainer
 
 

@@ -23,11 +23,10 @@ import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, build_config
-from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
 from maskrcnn_dist.engines.base import read_losses
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.evaluation import evaluate
-from maskrcnn_dist.lifetime.process import setup_process
 from maskrcnn_dist.modeling.fold_bn import FoldedConv2d
 from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.modeling.perf import (
@@ -36,6 +35,7 @@ from maskrcnn_dist.modeling.perf import (
     autocast_context,
     grad_scaler,
     set_flush_denormal,
+    setup_process,
 )
 
 from .conftest import fast_config
@@ -57,9 +57,9 @@ def loss_curve(
     losses: list[float] = []
     epoch = 0
     while len(losses) < steps:
-        loader = build_train_loader(train_set, cfg.data.batch_size, epoch=epoch, seed=cfg.seed)
-        for images, targets in loader:
-            losses.append(sum(read_losses(engine.train_step(len(losses), images, targets)).values()))
+        loader = build_step_loader(train_set, BatchLayout(1, cfg.data.batch_size), epoch=epoch, seed=cfg.seed)
+        for batch in loader:
+            losses.append(sum(read_losses(engine.train_micro_batches(len(losses), batch.micro_batches)).values()))
             if len(losses) == steps:
                 break
         epoch += 1
@@ -201,7 +201,7 @@ def test_flush_denormal_reaches_every_intra_op_thread(flag):
         f"""
         import torch
         from maskrcnn_dist.config import build_config
-        from maskrcnn_dist.lifetime.process import setup_process
+        from maskrcnn_dist.modeling.perf import setup_process
         setup_process(build_config(None, {{"threads": 2, "flush-denormal": {flag == "--flush-denormal"}}}))
         values = torch.full((1 << 20,), 1e-39) * 1.0
         print(int(torch.count_nonzero(values)), values.numel())

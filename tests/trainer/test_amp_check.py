@@ -10,8 +10,10 @@ import torch
 
 from checks.gpu.amp import compare_amp, problems
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
-from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
+
+from .conftest import first_steps
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +22,7 @@ def engine_and_batches(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory
     values = small_cpu_run(64, data_path=tiny_coco, output_dir=tmp_path_factory.mktemp("amp"), batch_size=2, lr=0.005)
     cfg = apply_overrides(TrainConfig(), {**values, "workers": 0, "aspect-ratio-group-factor": -1}, "test")
     train_set, _ = load_datasets(cfg)
-    batches = list(build_train_loader(train_set, 2, epoch=0, seed=0))[:2]
+    batches = first_steps(train_set, 2, 2)
     return lambda: TorchEngine(cfg, train_set.num_classes, iters_per_epoch=10), batches
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from maskrcnn_dist import checkpoint
-from maskrcnn_dist import train as composition
+from maskrcnn_dist import checkpoint, trainer_parts
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.errors import ConfigError
@@ -138,8 +137,8 @@ def test_one_checkpoint_a_boundary_holds_the_verdict_whatever_the_order_of_the_h
     """No hook needs another to run after it: with the periodic checkpoint before the evaluation (the
     hooks in reverse), each epoch end still writes one checkpoint, after both, and best.pt holds the
     evaluation's verdict."""
-    build = composition.build_hooks
-    monkeypatch.setattr(composition, "build_hooks", lambda *args: list(reversed(build(*args))))
+    build = trainer_parts.build_hooks
+    monkeypatch.setattr(trainer_parts, "build_hooks", lambda *args: list(reversed(build(*args))))
     write = checkpoint.save_checkpoint
     written: list[int] = []
     monkeypatch.setattr(

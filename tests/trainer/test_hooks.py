@@ -1,4 +1,4 @@
-"""The loop's hook contract (loop.py HookBase): a hook added in train.py's `build_hooks` alone is called at
+"""The loop's hook contract (loop.py HookBase): a hook added in trainer_parts.py's `build_hooks` alone is called at
 every point, its periodic work runs when due, its state rides in the checkpoint under "hooks" by its name
 (and is read from a checkpoint that kept it flat, as checkpoints did before), and a stop leaves its due
 work pending by name for the resumed run to do first. The counting engine stands in for the model; the
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from maskrcnn_dist import train
+from maskrcnn_dist import trainer_parts
 from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
@@ -72,11 +72,11 @@ class Tally(HookBase):
 
 @pytest.fixture
 def added(monkeypatch: pytest.MonkeyPatch):
-    """added(hook): `hook` added to what train.build_hooks returns as a user would add it there: before the
+    """added(hook): `hook` added to what trainer_parts.build_hooks returns as a user would add it there: before the
     periodic checkpoint, the last hook, so that the checkpoint holds what it did at its step."""
     monkeypatch.setattr(hooks, "evaluate", lambda *args, **kwargs: {"segm_AP": 0.5, "bbox_AP": 0.5, "images": 2.0})
     monkeypatch.setattr(hooks, "validation_loss", lambda *args, **kwargs: {"loss": 1.0})
-    build = train.build_hooks
+    build = trainer_parts.build_hooks
 
     def add(hook: HookBase) -> HookBase:
         def build_with_it(*args: Any) -> list[HookBase]:
@@ -84,7 +84,7 @@ def added(monkeypatch: pytest.MonkeyPatch):
             assert isinstance(checkpoint, hooks.PeriodicCheckpointer)
             return [*before, hook, checkpoint]
 
-        monkeypatch.setattr(train, "build_hooks", build_with_it)
+        monkeypatch.setattr(trainer_parts, "build_hooks", build_with_it)
         return hook
 
     return add

@@ -21,7 +21,7 @@ import pytest
 from published_schemas import SCHEMAS, crd_schema
 
 from maskrcnn_dist.config import TrainConfig
-from maskrcnn_dist.train import run_metrics
+from maskrcnn_dist.trainer_parts import run_metrics
 from maskrcnn_dist.training.metrics import read_metrics
 from maskrcnn_dist.training.progress_post import Endpoint, ProgressPoster, send_status
 

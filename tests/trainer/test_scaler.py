@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
-from maskrcnn_dist.data import build_train_loader, load_datasets
+from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling import perf
+
+from .conftest import first_steps
 
 
 def fp16_config(data: Path, out: Path, **flags: object) -> TrainConfig:
@@ -27,7 +29,7 @@ def fp16_config(data: Path, out: Path, **flags: object) -> TrainConfig:
 def batches(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory):
     cfg = fp16_config(tiny_coco, tmp_path_factory.mktemp("data"))
     train_set, _ = load_datasets(cfg)
-    return train_set.num_classes, list(build_train_loader(train_set, 2, epoch=0, seed=0))[:2]
+    return train_set.num_classes, first_steps(train_set, 2, 2)
 
 
 def engine_for(cfg: TrainConfig, num_classes: int) -> TorchEngine:

@@ -14,7 +14,7 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import TrainingError
 from maskrcnn_dist.modeling.perf import autocast_context
-from maskrcnn_dist.train import build_trainer, run_metrics
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config

@@ -11,7 +11,7 @@ from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
-from maskrcnn_dist.train import build_trainer, run_metrics
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.loop import Trainer
 from maskrcnn_dist.training.metrics import read_metrics
 

@@ -1,4 +1,4 @@
-"""Who holds the stop request: the engines get it at construction (from engines.engine_session),
+"""Who holds the stop request: the engines get it at construction (from their engine's entry, engines.ENGINES),
 and a pipeline process's RPC handlers reach it through the registration its session makes, not through
 the signal table. In-process, no training, no RPC group."""
 
@@ -11,7 +11,7 @@ import signal
 import pytest
 from maskrcnn_launcher.contract import PodPlan, StagePlacement
 
-from maskrcnn_dist.engines import engine_session, pipeline, torch_engine
+from maskrcnn_dist.engines import engine_entry, pipeline, torch_engine
 from maskrcnn_dist.engines.pipeline import runtime
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest, stop_on_signals
@@ -42,7 +42,7 @@ def test_the_composition_root_builds_torch_engines_with_the_process_s_request(mo
     monkeypatch.setattr(torch_engine, "process_group", lambda cfg: contextlib.nullcontext(2))
     cfg = fast_config(tmp_path, tmp_path / "out", engine=engine)
     stop = StopRequest()
-    with engine_session(cfg, None, stop) as (make_engine, _world_size):
+    with engine_entry(cfg).session(cfg, None, stop) as (make_engine, _world_size):
         built = make_engine(3, 4)
     assert built.kwargs["stop"] is stop
 
@@ -60,7 +60,7 @@ def test_the_pipeline_master_s_engine_and_session_get_the_process_s_request(monk
     cfg = fast_config(tmp_path, tmp_path / "out", engine="pipeline")
     plan = _plan("master")
     stop = StopRequest()
-    with engine_session(cfg, plan, stop) as (make_engine, _world_size):
+    with engine_entry(cfg).session(cfg, plan, stop) as (make_engine, _world_size):
         built = make_engine(3, 4)
     assert built.kwargs["stop"] is stop and sessions == [stop]
 

@@ -13,7 +13,8 @@ from maskrcnn_dist.checkpoint import load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.outputs.report import draw_report
-from maskrcnn_dist.train import build_trainer, run_metrics, train
+from maskrcnn_dist.train import train
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .conftest import fast_config

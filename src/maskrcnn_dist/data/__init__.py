@@ -6,13 +6,14 @@ whole, and their loaders. The rooms below it import downward only (tests/test_la
 
 The names below are imported when first asked for (PEP 562), not with the package: annotations/,
 sources/, cache and parse_ahead need no torch, and the command line starts parsing a large annotation
-file with them while torch is still being imported (parse_ahead.py).
+file with them while torch is still being imported (parse_ahead.py). The TYPE_CHECKING block names
+the same homes for readers and editors (tests/test_faces.py keeps the two equal).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Each public name and the module of this package that defines it.
 _HOME = {
@@ -37,13 +38,9 @@ _HOME = {
     "hflip": "transforms.flip",
     "aspect_ratio_groups": "loader",
     "build_eval_loader": "loader",
-    "build_train_loader": "loader",
     "collate": "loader",
-    "epoch_batches": "loader",
     "eval_indices": "loader",
     "eval_rounds": "loader",
-    "num_train_batches": "loader",
-    "rank_indices": "loader",
     "build_step_loader": "loader",
     "StepBatch": "loader",
     "MicroBatch": "loader",
@@ -62,6 +59,36 @@ _HOME = {
 }
 
 __all__ = sorted(_HOME)
+
+if TYPE_CHECKING:  # the same names from their homes, for readers and type checkers (tests/test_faces.py)
+    from .dataset import CocoInstanceDataset, Split
+    from .images.check import raise_if_bad
+    from .images.image_file import read_image
+    from .loader import (
+        MicroBatch,
+        StepBatch,
+        aspect_ratio_groups,
+        build_eval_loader,
+        build_step_loader,
+        collate,
+        eval_indices,
+        eval_rounds,
+    )
+    from .parse_ahead import ParseAhead
+    from .plan import LAYOUT_KEY, WORLD_SIZE_KEY, BatchLayout, epoch_plan, layout_of_run, rank_share, share_at
+    from .prepare import (
+        OpenedData,
+        check_split,
+        flagged_sources,
+        load_datasets,
+        open_data,
+        open_split,
+        sources_of,
+        train_loaders,
+    )
+    from .sources import DataSources, SplitSource
+    from .synthetic import SyntheticCoco, SyntheticSplits, ensure_synthetic, generate_synthetic_coco, write_train_val
+    from .transforms.flip import flip_decision, hflip
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Large annotation files parsed while torch is imported: the command line (cli.py) forks, before it
+"""Large annotation files parsed while torch is imported: the command line (cli/run.py) forks, before it
 imports torch, a child per annotation file the run will read that has no cache yet; the child parses it
 (annotations/read.py) and, once the trainer releases it, writes the cache file the trainer then maps
 (cache.load_or_build waits for it rather than parsing again). docs/performance.md has the overlap's figures.

@@ -1,14 +1,12 @@
-"""The Engine interface: how Mask R-CNN's steps run (one process, DDP, or a pipeline over RPC), and
-what every engine shares: the device --device names, a batch moved there, the finite-loss check.
-
-An engine knows how to run one optimizer step, inference, and validation losses in its own way. The
-training loop around it (loop.py) owns epochs, the data position, metrics, evaluation and
-checkpoints; engines never import it, nor each other: what two engines share lives here.
+"""The Engine interface (an optimizer step, inference, validation losses, each engine its own way) and what
+every engine shares: the device --device names, a batch moved there, the finite-loss check, the weight
+checksum. Engines never import the loop around them (training/), nor each other: what they share is here.
 """
 
 from __future__ import annotations
 
 import abc
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -140,6 +138,17 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     if not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible to this process")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def checksum(tensors: Iterable[torch.Tensor]) -> str:
+    """A digest of the exact bytes of `tensors`, with their dtypes and shapes: equal only where they are
+    bitwise equal (NaN payloads included). Replicas compare theirs to prove they never drifted apart."""
+    digest = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        digest.update(str((t.dtype, tuple(t.shape))).encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()
 
 
 def read_losses(losses: dict[str, torch.Tensor]) -> dict[str, float]:

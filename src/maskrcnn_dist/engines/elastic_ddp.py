@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import logging
 import os
 import pickle
@@ -34,7 +33,7 @@ from ..errors import UserError
 from ..lifetime.elastic import BoundaryDecision, ElasticGroup, LeaderLost, StepAborted
 from ..lifetime.membership import ElasticPolicy
 from ..lifetime.stop import RunOver, StopRequest
-from .base import check_finite
+from .base import check_finite, checksum
 from .torch_engine import TorchEngine, ddp_backend
 
 log = logging.getLogger(__name__)
@@ -169,10 +168,7 @@ class ElasticTorchEngine(TorchEngine):
     def weights_digest(self) -> str:
         """A digest of the model's parameters, bit for bit. Not its buffers: BatchNorm's running statistics
         follow each rank's own batches after DDP's broadcast of the leader's at every forward."""
-        digest = hashlib.blake2b(digest_size=16)
-        for value in self.model.parameters():
-            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()
+        return checksum(self.model.parameters())
 
 
 class ElasticEngines:

@@ -1,12 +1,6 @@
-"""The `local` and `ddp` engines: the whole model lives in this process.
-
-`ddp` is `local` with the model wrapped in DistributedDataParallel, inside the process group that
-`process_group` opens (torchrun's environment contract), and three collectives: the
-gradient all-reduce inside backward, one small all-reduce of the loss terms per step (for logging,
-and so that every rank sees a non-finite loss at once and stops together, rather than one rank
-raising while the others wait in the next all-reduce), and the gathers of evaluation. The stop flag
-(stop.py) rides in the loss all-reduce, after backward: every rank sees the same sum, so a stop
-requested on any rank before it stops every rank after that step, one requested later after the next.
+"""The `local` and `ddp` engines: the whole model in this process; ddp wraps it in DistributedDataParallel
+inside `process_group`'s group. Per step ddp adds one small all-reduce of the loss terms, which carries the
+stop flag too: every rank sees the same non-finite loss or stop at once, and they stop together.
 """
 
 from __future__ import annotations
@@ -283,3 +277,17 @@ class TorchEngine(Engine):
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+
+class TorchEngines:
+    """The local and ddp engines' factory (engines.EngineFactory); `on_rank0` runs the data check once, on
+    rank 0, its result broadcast to every rank (an elastic group's factory keeps it in the job's store)."""
+
+    def __init__(self, cfg: TrainConfig, distributed: bool, stop: StopRequest) -> None:
+        self.cfg, self.distributed, self.stop = cfg, distributed, stop
+
+    def __call__(self, num_classes: int, iters_per_epoch: int) -> TorchEngine:
+        return TorchEngine(self.cfg, num_classes, iters_per_epoch, distributed=self.distributed, stop=self.stop)
+
+    def on_rank0(self, compute: Callable[[], T]) -> T:
+        return on_rank0(compute)

@@ -20,7 +20,7 @@ torchrun.py). It never counts as a second signal, so a rank that gets a stop bot
 to every process of the job, and the wrapper's forward) stops once.
 
 A process has one StopRequest, made and installed for these signals once, by its entry point, with
-`stop_on_signals()`: cli.py's train and eval (pipeline stage workers run train too) and demo's local
+`stop_on_signals()`: cli/run.py's train and eval (pipeline stage workers run train too) and demo's local
 run; the torchrun wrapper takes them itself and forwards them to its ranks (RankStopper). From there
 it is handed down: `train()` and the Trainer receive it, the engines at their construction, and on a
 pipeline process the runtime's session registers it for its peers' RPC calls for as long as the

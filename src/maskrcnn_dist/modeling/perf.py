@@ -1,23 +1,6 @@
-"""Speed settings in one place: mixed precision, memory format, denormal floats.
-
-Every engine (local, ddp and the pipeline's stage hosts) takes these from here, so a stage of the
-pipeline computes exactly what the same modules compute in the local engine.
-
-Mixed precision. Under `--amp`, convolutions and linear layers run in bf16 on CPU (AMX/AVX-512 BF16
-units) and in fp16 (with a gradient scaler) or bf16 on CUDA. What needs fp32 stays fp32:
-- the loss functions: autocast's own fp32 list (cross entropy, BCE with logits, smooth L1) on both
-  device kinds;
-- RoIAlign and NMS: torchvision registers autocast kernels for both (CPU and CUDA) that cast their
-  inputs to fp32 (RoIAlign's result returns in the features' dtype);
-- box decoding, proposal filtering, mask pasting and the losses' inputs: torchvision's BoxCoder casts
-  the anchors/proposals to the dtype of the regression output (`boxes.to(rel_codes.dtype)`), so with
-  bf16 head outputs an 800 px image would have its box corners rounded to multiples of 4 px (bf16
-  keeps 8 significant bits). `keep_head_outputs_fp32` casts the outputs of the RPN head and of the
-  box and mask predictors to fp32; everything downstream of them is then fp32;
-- the optimizer: parameters and gradients stay fp32 (autocast casts copies, never the weights).
-
-Memory format. channels_last (NHWC) lets oneDNN use its fast bf16 convolution kernels on CPU (and
-tensor-core kernels on CUDA); `CHANNELS_LAST_MODULES` says which parts get it, and why.
+"""The process's numeric settings (threads, denormal floats, CUDA math: `setup_process`) and the model's
+speed settings (mixed precision, memory format), in one place: every engine and tool takes them from here,
+so a pipeline stage computes exactly what the same modules compute in the local engine.
 """
 
 from __future__ import annotations
@@ -31,11 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import TrainConfig
+
 log = logging.getLogger(__name__)
 
 AMP_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# The modules converted to channels_last by `--channels-last` (names in torchvision's GeneralizedRCNN).
+# The modules converted to channels_last by `--channels-last` (names in torchvision's GeneralizedRCNN): NHWC
+# lets oneDNN use its fast bf16 convolution kernels on CPU (and tensor-core kernels on CUDA).
 # The backbone (ResNet body + FPN) is where the convolutions on large maps are; the RPN head runs its
 # 3x3 convolution on the same FPN maps. Measured (R50-FPN, 800 px, batch 2, forward + backward,
 # 2 threads, variants interleaved on one model): fp32 16.8 s, fp32 channels_last 14.4 s (1.17x);
@@ -43,7 +29,15 @@ AMP_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16
 # (14x14 RoI crops that RoIAlign returns in NCHW) measured 8.05 s: within noise, so it stays NCHW.
 CHANNELS_LAST_MODULES = ("backbone", "rpn")
 
-# Modules whose floating-point outputs are cast to fp32 (see the module docstring).
+# Under --amp, convolutions and linear layers run in bf16 on CPU (AMX/AVX-512 BF16 units) and in fp16
+# (with a gradient scaler) or bf16 on CUDA. What needs fp32 stays fp32:
+# - the losses: autocast's own fp32 list (cross entropy, BCE with logits, smooth L1) on both device kinds;
+# - RoIAlign and NMS: torchvision's autocast kernels cast their inputs to fp32 (CPU and CUDA);
+# - box decoding, proposal filtering, mask pasting and the losses' inputs: torchvision's BoxCoder casts the
+#   anchors/proposals to the regression output's dtype, so with bf16 head outputs an 800 px image would have
+#   its box corners rounded to multiples of 4 px (bf16 keeps 8 significant bits). These modules' outputs are
+#   cast to fp32 (keep_head_outputs_fp32): everything downstream of them is then fp32;
+# - the optimizer: parameters and gradients stay fp32 (autocast casts copies, never the weights).
 FP32_OUTPUT_MODULES = ("rpn.head", "roi_heads.box_predictor", "roi_heads.mask_predictor")
 
 
@@ -122,6 +116,20 @@ def grad_scaler(device: torch.device, enabled: bool, dtype: str = "auto") -> tor
     if scales_loss(device, enabled, dtype):
         return torch.amp.GradScaler(device.type)
     return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**31 - 1)
+
+
+def setup_process(cfg: TrainConfig, default_threads: int | None = None) -> None:
+    """Per-process numeric settings that must precede any model code, set by every command that runs the
+    model (train, eval, predict, report --gallery, profile), so that its numbers are training's.
+    `default_threads` applies when --threads is not given (a pipeline stage worker shares its machine: 1)."""
+    threads = cfg.threads or default_threads
+    if threads:
+        torch.set_num_threads(threads)
+    # A randomly initialised Mask R-CNN produces denormal floats that make some CPU iterations 3-6x
+    # slower; flushing them to zero changes nothing a detector can notice. Before any computation:
+    # intra-op threads copy the setting when they start (set_flush_denormal checks they did).
+    set_flush_denormal(cfg.flush_denormal)
+    set_device_math(cfg.tf32)
 
 
 def set_device_math(tf32: bool) -> None:

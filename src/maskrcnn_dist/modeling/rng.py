@@ -22,7 +22,9 @@ RANDOM_MODULES = ("transform", "rpn", "roi_heads")
 
 
 def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from any printable parts (Python's hash() is salted per process)."""
+    """A stable 63-bit seed from any printable parts (Python's hash() is salted per process). Not
+    seeds.draw_seed (sha256 of other text): moving to it would change every run's samples, a resumed
+    checkpoint's included."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 

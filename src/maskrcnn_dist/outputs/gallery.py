@@ -21,15 +21,9 @@ from ..data.images.check import CheckRules
 from ..data.images.orientation import to_display
 from ..errors import ConfigError
 from .draw import draw_detections, to_uint8
-from .predict import (
-    NOTHING_PREDICTED,
-    data_config,
-    dataset_frames,
-    dataset_images,
-    draw_prediction,
-    legible_scale,
-    load_predictor,
-)
+from .inputs import NOTHING_PREDICTED, dataset_frames, dataset_images
+from .predict import draw_prediction, legible_scale
+from .predictor import data_config, load_predictor
 from .report import pyplot, save_figure
 
 GALLERY_BATCH = 1  # one image per forward pass, as predict: each drawn as it is detected alone, not padded

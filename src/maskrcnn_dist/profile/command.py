@@ -16,7 +16,7 @@ from ..data import open_split
 from ..data.sources.resolve import names_data
 from ..engines.base import resolve_device
 from ..errors import UserError
-from ..lifetime.process import setup_process
+from ..modeling.perf import setup_process
 from ..run_dir import output_file_problem
 from .candidates import Candidate, candidates
 from .cost_model import Prediction, Setting, predict

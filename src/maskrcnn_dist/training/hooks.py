@@ -1,6 +1,6 @@
 """The hooks a training run is made of (detectron2's engine/hooks.py): each is one concern around the
 step, given its collaborators when it is made, with its own state in the checkpoint. The composition
-root (train.py `build_hooks`) makes them; the loop (loop.py) calls them.
+root (trainer_parts.py `build_hooks`) makes them; the loop (loop.py) calls them.
 
 No hook relies on another running before or after it: the periodic checkpoint and the evaluation that
 finds a new best ask the run's checkpointer for their step's checkpoint, which the loop writes once, after

@@ -12,20 +12,19 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from maskrcnn_dist.config import ModelConfig
-from maskrcnn_dist.data import load_datasets
-from maskrcnn_dist.data.loader import build_train_loader
+from maskrcnn_dist.data import BatchLayout, build_step_loader, load_datasets
 from maskrcnn_dist.data.transforms.augment import (
     AugmentedDataset,
     FixedSizeCrop,
     augment_batch,
     build_augmentation,
-    draw_seed,
     lsj_side,
     multiscale_sides,
 )
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling.model import build_model, side_effect_free_losses
-from maskrcnn_dist.train import build_trainer, run_metrics
+from maskrcnn_dist.seeds import draw_seed
+from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 
 from ..conftest import fast_config
 
@@ -110,7 +109,7 @@ def test_the_same_draws_give_torchvisions_images_boxes_and_masks(name: str):
     for index in range(6):
         image, target = sample(index)
         got_image, got = kit(image, target, 7, 2, index)
-        want_image, want = oracle(name, image, target, draw_seed(7, 2, index))
+        want_image, want = oracle(name, image, target, draw_seed(7, 2, index, "augment"))
         torch.testing.assert_close(got_image, want_image.as_subclass(torch.Tensor), rtol=0, atol=0)
         torch.testing.assert_close(got["boxes"], want["boxes"].as_subclass(torch.Tensor), rtol=0, atol=0)
         assert torch.equal(got["masks"], want["masks"].as_subclass(torch.Tensor))
@@ -201,8 +200,10 @@ def test_loader_workers_and_a_resumed_epoch_see_the_same_batches(tiny_coco, tmp_
     augmented = AugmentedDataset(train_set, build_augmentation("lsj", 96, 96), seed=0)
 
     def batches(workers: int, start: int):
-        loader = build_train_loader(augmented, 2, epoch=1, seed=0, num_workers=workers, start_batch=start)
-        return [(images, [t["boxes"] for t in targets]) for images, targets in loader]
+        loader = build_step_loader(
+            augmented, BatchLayout(1, 2), epoch=1, seed=0, num_workers=workers, start_batch=start
+        )
+        return [(m.images, [t["boxes"] for t in m.targets]) for step in loader for m in step.micro_batches]
 
     augmented.set_epoch(4)
     kit = build_augmentation("lsj", 96, 96)

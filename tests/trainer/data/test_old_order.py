@@ -1,5 +1,5 @@
 """A checkpoint written before the batch plan: the order its epoch began in (data/old_order.py), checked
-against torch's DistributedSampler as the old loader used it (loader.epoch_batches), and the plan a resume of
+against torch's DistributedSampler as the old loader used it (`old_loader_batches`), and the plan a resume of
 it takes (training/resume_plan.py): the world size that wrote it, its global batch, its notice."""
 
 from __future__ import annotations
@@ -10,13 +10,27 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from torch.utils.data import DistributedSampler
 
-from maskrcnn_dist.data.loader import aspect_ratio_groups, epoch_batches
+from maskrcnn_dist.data.loader import aspect_ratio_groups
 from maskrcnn_dist.data.old_order import OLD_ORDER_KEY, OldOrder, old_epoch_plan, repeated_images
-from maskrcnn_dist.data.plan import LAYOUT_KEY, BatchLayout, epoch_plan, rank_share
+from maskrcnn_dist.data.plan import LAYOUT_KEY, BatchLayout, epoch_plan, grouped_batches, rank_share
 from maskrcnn_dist.training.resume_plan import old_world_size, run_plan
 
 RATIOS = [0.6, 1.4, 0.7, 1.3, 1.0, 0.5, 1.8, 0.9, 1.2, 0.8, 1.5, 0.75, 1.1, 0.65, 1.6, 0.95, 1.25]
+
+
+def old_loader_batches(
+    num_samples: int, batch_size: int, *, epoch: int, seed: int, rank: int, world_size: int, groups: list[int] | None
+) -> list[list[int]]:
+    """Rank `rank`'s batches of `epoch` as the loader before the plan made them: torch's DistributedSampler
+    (padded by repeating its first samples), the rank's share grouped by aspect ratio on its own."""
+    sampler = DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    order = list(sampler)
+    if groups is None:
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return grouped_batches(order, [groups[i] for i in order], batch_size)
 
 
 @pytest.mark.parametrize("num_samples", [16, 17])
@@ -28,12 +42,9 @@ def test_the_old_order_is_distributed_samplers_per_rank_batches_without_its_repe
     ratios = RATIOS[:num_samples]
     groups = aspect_ratio_groups(ratios, group_factor) if group_factor >= 0 else None
     old = [
-        epoch_batches(
-            num_samples, 2, epoch=3, seed=7, shuffle=True, rank=r, world_size=world_size,
-            aspect_ratios=ratios, group_factor=group_factor,
-        )
+        old_loader_batches(num_samples, 2, epoch=3, seed=7, rank=r, world_size=world_size, groups=groups)
         for r in range(world_size)
-    ]  # fmt: skip
+    ]
     plan = old_epoch_plan(num_samples, 2, world_size, epoch=3, seed=7, groups=groups)
     assert len(plan) == len(old[0]) == BatchLayout(world_size, 2).steps_per_epoch(num_samples)
     # Every image once in the epoch: the old order's repeats (its padding) are left out, nothing else.

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig
-from maskrcnn_dist.data.loader import aspect_ratio_groups, epoch_batches
+from maskrcnn_dist.data.loader import aspect_ratio_groups
 from maskrcnn_dist.data.plan import (
     LAYOUT_KEY,
     WORLD_SIZE_KEY,
     BatchLayout,
     epoch_plan,
+    grouped_batches,
     layout_change,
     layout_of_run,
     rank_share,
@@ -59,7 +60,8 @@ def test_at_the_launch_world_size_rank_r_gets_the_batches_distributed_sampler_ga
         layout = BatchLayout(world, batch_size)
         plan = epoch_plan(n, layout, epoch=3, seed=7)
         for rank in range(world):
-            old = epoch_batches(n, batch_size, epoch=3, seed=7, shuffle=True, rank=rank, world_size=world)
+            order = _distributed_sampler(n, rank, world, epoch=3, seed=7)
+            old = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
             for j, batch in enumerate(plan):
                 if batch.images == layout.global_batch_size:
                     (micro,) = rank_share(batch, rank, world).micro_batches
@@ -67,11 +69,20 @@ def test_at_the_launch_world_size_rank_r_gets_the_batches_distributed_sampler_ga
 
 
 def test_one_rank_grouped_keeps_the_old_batches() -> None:
+    """One rank, grouped: DistributedSampler's order of the epoch, grouped by aspect ratio as it fills."""
     ratios = [0.5 + (i % 7) / 3 for i in range(50)]
     groups = aspect_ratio_groups(ratios, 2)
     plan = epoch_plan(50, BatchLayout(1, 4), epoch=1, seed=2, groups=groups)
-    old = epoch_batches(50, 4, epoch=1, seed=2, shuffle=True, aspect_ratios=ratios, group_factor=2)
-    assert [list(b.micro_batches[0]) for b in plan] == old
+    order = _distributed_sampler(50, 0, 1, epoch=1, seed=2)
+    assert [list(b.micro_batches[0]) for b in plan] == grouped_batches(order, [groups[i] for i in order], 4)
+    assert sum(len({groups[i] for i in b.micro_batches[0]}) > 1 for b in plan) <= 2  # leftovers only
+
+
+def _distributed_sampler(n: int, rank: int, world: int, *, epoch: int, seed: int) -> list[int]:
+    """The order torch's DistributedSampler gives `rank` of `world` in `epoch`: what ddp trained on before."""
+    sampler = torch.utils.data.DistributedSampler(range(n), num_replicas=world, rank=rank, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
 
 
 def test_a_world_that_does_not_divide_the_global_batch_runs_zero_weight_fillers() -> None:

@@ -26,7 +26,7 @@ from maskrcnn_dist.outputs.export import (
     export_model,
 )
 from maskrcnn_dist.outputs.export import formats as formats_module
-from maskrcnn_dist.outputs.predict import load_predictor
+from maskrcnn_dist.outputs.predictor import load_predictor
 
 from .conftest import write_png
 

@@ -22,13 +22,9 @@ from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.data.prepare import open_split
 from maskrcnn_dist.errors import UserError
 from maskrcnn_dist.evaluation import coco_ap
-from maskrcnn_dist.outputs.predict import (
-    IMAGES_FILE,
-    RESULTS_FILE,
-    collect_images,
-    load_predictor,
-    predict_images,
-)
+from maskrcnn_dist.outputs.inputs import collect_images
+from maskrcnn_dist.outputs.predict import IMAGES_FILE, RESULTS_FILE, predict_images
+from maskrcnn_dist.outputs.predictor import load_predictor
 from maskrcnn_dist.train import train
 
 from ..conftest import fast_config

@@ -20,7 +20,7 @@ from maskrcnn_dist.config import build_config
 from maskrcnn_dist.data.prepare import open_split
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.modeling.trained import TRAINED_MODEL_KEY, TrainedModel, train_command_config
-from maskrcnn_dist.outputs.predict import load_predictor
+from maskrcnn_dist.outputs.predictor import load_predictor
 from maskrcnn_dist.train import train
 from maskrcnn_dist.training.metrics import read_metrics
 

@@ -5,13 +5,13 @@ anything is read or written."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from ...config import DataConfig, TrainConfig
 from ...errors import ConfigError, DatasetError
+from ...seeds import draw_order
 from ..annotations.json_read import image_ids
 from ..annotations.read import cached_store
 from . import DataSources, SplitSource, input_folder_problem
@@ -134,7 +134,7 @@ def carve_val(sources: DataSources, fraction: float, seed: int, cache: Path | No
             f"--val-fraction {fraction:g}: the dataset has a val split ({val.describe()}); leave --val-fraction out"
         )
     ids = listed_ids(train.annotations, cache)
-    order = sorted(ids, key=lambda iid: hashlib.sha256(f"{seed}:{iid}".encode()).digest())
+    order = draw_order(seed, ids)
     count = round(fraction * len(ids))
     if not 0 < count < len(ids):
         raise ConfigError(

@@ -1,29 +1,11 @@
-"""--data-augmentation multiscale|lsj: torchvision's detection references' training augmentations, on
-torchvision.transforms.v2 with tv_tensors (image, boxes and masks transformed together).
-
-The references' presets, per image, before the model:
-
-- multiscale: `RandomShortestSize` (short side drawn from 480, 512, ..., 800, long side at most
-  --max-size), then a horizontal flip;
-- lsj (large-scale jitter): `ScaleJitter` to a square target (scale 0.1-2.0), the references' fixed-size
-  crop (`FixedSizeCrop` here: v2 has none) to that square, padded right and bottom with the references'
-  mean colour, then a horizontal flip: every image leaves with the same size.
-
-Sizes follow --min-size: the references' 480-800 and 1024 are for the model's 800, so they scale by
---min-size / 800 (the same numbers at the default). With either, the model keeps the sizes the data
-gives it in training (torchvision's `_skip_resize`, as the references set it for these two): its own
-resize would undo the jitter. `hflip`, the default, is no object here: transforms/flip.py.
-
-Every draw is a pure function of (seed, epoch, image index): each image's transforms draw from torch's
-generator seeded with a hash of the three, inside `fork_rng`, so a resumed run, a second run and any
-number of loader workers see the same augmentations, and nothing else's random numbers move.
-`SanitizeBoundingBoxes` then drops a box cropped to under a pixel with its mask and label; an image left
-without objects still trains (empty targets).
+"""--data-augmentation multiscale|lsj: torchvision's detection references' presets on transforms.v2 (image,
+boxes and masks together), sized by --min-size / 800; the model keeps the sizes they give (`_skip_resize`).
+Each image draws from seeds.draw_seed(seed, epoch, index, "augment") inside `fork_rng`: a resumed run and
+any number of loader workers see the same augmentations, and nothing else's random numbers move.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +14,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from ...seeds import draw_seed
 from .samples import EpochSamples
 
 __all__ = [
@@ -40,7 +23,6 @@ __all__ = [
     "augment_batch",
     "FixedSizeCrop",
     "build_augmentation",
-    "draw_seed",
     "lsj_side",
     "multiscale_sides",
 ]
@@ -64,13 +46,6 @@ def multiscale_sides(min_size: int) -> list[int]:
 def lsj_side(min_size: int) -> int:
     """The square lsj crops and pads every image to at the model's --min-size."""
     return max(1, round(LSJ_SIDE * min_size / REFERENCE_MIN_SIZE))
-
-
-def draw_seed(seed: int, epoch: int, index: int, what: str = "augment") -> int:
-    """The seed of image `index`'s draws of `what` in `epoch`: a hash, so no generator state to carry or
-    restore."""
-    digest = hashlib.sha256(f"{seed}:{epoch}:{index}:{what}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 class ScaleJitter(v2.ScaleJitter):
@@ -114,7 +89,11 @@ class FixedSizeCrop(v2.Transform):
 
 
 def build_transform(name: str, min_size: int, max_size: int) -> v2.Compose:
-    """The references' composition for `name` (multiscale or lsj) at the model's sizes."""
+    """The references' composition for `name` at the model's sizes, then a horizontal flip: multiscale draws
+    a short side from 480, 512, ..., 800 (long side at most --max-size); lsj jitters to a square (scale
+    0.1-2.0), crops to it and pads right and bottom with the references' mean colour (every image leaves
+    with the same size). SanitizeBoundingBoxes then drops a box cropped to under a pixel with its mask and
+    label; an image left without objects still trains."""
     if name == "multiscale":
         resize: list[v2.Transform] = [v2.RandomShortestSize(multiscale_sides(min_size), max_size=max_size)]
     elif name == "lsj":
@@ -136,7 +115,7 @@ class Augmentation:
         boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=tuple(image.shape[-2:]))
         inputs = {"boxes": boxes, "masks": tv_tensors.Mask(target["masks"]), "labels": target["labels"]}
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(draw_seed(seed, epoch, index))
+            torch.manual_seed(draw_seed(seed, epoch, index, "augment"))
             out_image, out = self.transform(tv_tensors.Image(image), inputs)
         masks = out["masks"].as_subclass(torch.Tensor)
         return out_image.as_subclass(torch.Tensor), {

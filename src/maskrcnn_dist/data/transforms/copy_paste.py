@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torchvision.ops import masks_to_boxes
 
+from ...seeds import draw_seed
 from ..loader import Batch, collate
-from .augment import draw_seed
 
 __all__ = ["CopyPaste", "blend_weights", "copy_paste"]
 

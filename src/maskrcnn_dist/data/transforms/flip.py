@@ -4,18 +4,17 @@ flip the same images."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 
+from ...seeds import draw_seed
 from .samples import EpochSamples, Target
 
 
 def flip_decision(seed: int, epoch: int, index: int) -> bool:
-    """Whether sample `index` is flipped in `epoch`."""
-    digest = hashlib.sha256(f"{seed}:{epoch}:{index}".encode()).digest()
-    return digest[0] < 128
+    """Whether sample `index` is flipped in `epoch`: one bit of its draw."""
+    return draw_seed(seed, epoch, index) & 0x80 == 0
 
 
 def hflip(image: torch.Tensor, target: Target) -> tuple[torch.Tensor, Target]:

@@ -1,6 +1,6 @@
 """A training dataset's samples through a per-sample transform drawn from (seed, epoch, index): the base
 of the flip (flip.py) and the augmentations (augment.py). The loader sets the epoch
-(loader.build_train_loader) before its workers copy the wrapper; the dataset under it never changes."""
+(loader.build_step_loader) before its workers copy the wrapper; the dataset under it never changes."""
 
 from __future__ import annotations
 

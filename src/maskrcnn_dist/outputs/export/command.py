@@ -32,15 +32,8 @@ from ...data.images.orientation import Frame
 from ...errors import ConfigError, DatasetError, ParityError, UserError, one_line
 from ...modeling.model import build_model
 from ...run_dir import output_file_problem, tmp_name
-from ..predict import (
-    InputImage,
-    Predictor,
-    check_readable,
-    collect_images,
-    data_config,
-    dataset_images,
-    load_predictor,
-)
+from ..inputs import InputImage, check_readable, collect_images, dataset_images
+from ..predictor import Predictor, data_config, load_predictor
 from .formats import FORMATS, ExportError, ExportFormat, quiet
 from .parity import Cut, ImageParity, run_parity, table_lines, worst_problem
 

@@ -1,0 +1,5 @@
+"""`python -m maskrcnn_dist.cli`: what torchrun and the launcher start."""
+
+from . import main
+
+main()
