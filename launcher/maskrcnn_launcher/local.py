@@ -242,7 +242,8 @@ class _Job:
         if failed is None:
             return LocalResult(EXIT_OK)
         name, code = failed
-        return LocalResult(exit_status(code), name, self.group.errors.get(name))
+        killed = f"{exit_words(code)} (exit {exit_status(code)})" if code < 0 else None  # its status alone hides why
+        return LocalResult(exit_status(code), name, self.group.errors.get(name) or killed)
 
 
 def exit_status(code: int) -> int:
