@@ -22,7 +22,7 @@ from maskrcnn_launcher.launch import launch as run_launch
 from maskrcnn_launcher.launch import must_wait, parse_trainer_cmd, trainer_command
 from maskrcnn_launcher.peers import WaitPolicy, free_port, wait_until_master_reachable
 from maskrcnn_launcher.plan import derive_pod
-from maskrcnn_launcher.strict import PassThroughCommand, StrictCommand
+from maskrcnn_launcher.strict import PassThroughCommand, StrictCommand, refuse_own_options_passed_on
 from maskrcnn_launcher.topology import Topology, load_topology
 from maskrcnn_launcher.trainjob import explain
 
@@ -78,11 +78,13 @@ def launch(
     The trainer replaces this process (exec), so signals such as SIGTERM reach it directly.
     """
     env = dict(os.environ)
+    command = parse_trainer_cmd(trainer_cmd, env)
+    if command is None:  # the kit's trainer: none of this command's options is one of its
+        refuse_own_options_passed_on(click.get_current_context(), trainer_args, "the trainer")
     topology = load_topology(topology_ref)
     identity = resolve_identity(IdentityInputs(role, index, master_addr, master_port), env, topology)
     pod = derive_pod(topology, identity)
     plan = pod.plan
-    command = parse_trainer_cmd(trainer_cmd, env)
     if dry_run:
         doc = {
             "identity_source": identity.source,
@@ -150,6 +152,8 @@ def local(
     (another program may take it before the master binds it: rare, and the group then stops)."""
     from maskrcnn_launcher.local import local_pods, run_local
 
+    if parse_trainer_cmd(None, os.environ) is None:  # the kit's trainer
+        refuse_own_options_passed_on(click.get_current_context(), trainer_args, "the trainer")
     port = master_port if master_port is not None else free_port()
     pods = local_pods(topology_ref, port, trainer_args, wait_timeout, restart_workers, (HOST_CHECKED,))
     topology = load_topology(topology_ref)

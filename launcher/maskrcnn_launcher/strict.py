@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import click
 
-__all__ = ["PassThroughCommand", "StrictCommand", "refuse_repeated_options"]
+__all__ = ["PassThroughCommand", "StrictCommand", "refuse_own_options_passed_on", "refuse_repeated_options"]
 
 END_OF_OPTIONS = "--"
 
@@ -51,6 +51,20 @@ def _occurrences(param: click.Option, args: Sequence[str]) -> list[str]:
         takes_value = not param.is_flag and "=" not in word and i + 1 < len(words)
         shown.append(f"{word} {words[i + 1]}" if takes_value else word)
     return shown
+
+
+def refuse_own_options_passed_on(ctx: click.Context, passed: Sequence[str], program: str) -> None:
+    """UsageError for an option of this command given after `--`, where `program` gets it instead: call it
+    when `program` is one known to have no option of that name (`launch -- --dry-run` would start the job,
+    and the trainer refuse --dry-run only once it runs)."""
+    own = {name for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden for name in p.opts}
+    for word in passed:
+        if (name := word.split("=", 1)[0]) in own:
+            raise click.UsageError(
+                f"{name} after `--` goes to {program}, which has no such option: it is this command's own; give it "
+                "before `--`",
+                ctx,
+            )
 
 
 class StrictCommand(click.Command):

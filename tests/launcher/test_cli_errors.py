@@ -60,6 +60,16 @@ CASES = [
         ["no such option: --epochs", "after `--`"],
     ),
     ("launch-stray-word", ["launch", "--role", "master", "worker", "--dry-run"], ["unexpected argument 'worker'"]),
+    (  # after `--` the trainer would get it (and start): the kit's trainer has none of the launcher's options
+        "launch-own-option-after-dashes",
+        ["launch", "--role", "master", "--", "--epochs", "1", "--dry-run"],
+        ["--dry-run after `--` goes to the trainer, which has no such option", "give it before `--`"],
+    ),
+    (
+        "local-own-option-after-dashes",
+        ["local", "--topology", "ddp", "--", "--restart-workers=1"],
+        ["--restart-workers after `--` goes to the trainer"],
+    ),
     (
         "local-misspelt-option",
         ["local", "--topology", "ddp", "--restart-worker", "1", "--", "--epochs", "1"],
@@ -129,3 +139,14 @@ def test_a_trainer_engine_argument_that_agrees_with_the_topology_is_passed_on():
     check_engine_args("ddp", ["--engine=ddp"])
     with pytest.raises(LauncherError, match="--engine ddp contradicts the topology's engine pipeline"):
         check_engine_args("pipeline", ["--lr", "0.01", "--engine", "ddp"])
+
+
+def test_an_option_of_the_launcher_after_dashes_reaches_a_trainer_of_the_user_s_own(console) -> None:
+    """--trainer-cmd is the user's program, whose options the launcher cannot know: passed on as given."""
+    import json
+
+    result = console(
+        "maskrcnn-launch", "launch", "--role", "master", "--trainer-cmd", "mine", "--dry-run", "--", "--dry-run"
+    )
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["argv"] == ["mine", "--dry-run"]
