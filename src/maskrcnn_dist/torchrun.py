@@ -46,8 +46,11 @@ from maskrcnn_launcher.contract import (
     EXIT_STOPPED,
     EXIT_USER_ERROR,
     FORWARDED_STOP,
+    RANK,
     STOP_SIGNALS,
     child_pids,
+    parent_pid,  # noqa: F401 (re-exported: tests and benchmarks find a rank's torchrun by it)
+    process_tree,
     signal_handlers,
 )
 
@@ -65,6 +68,27 @@ def without_stop_signals(signals_to_handle: str) -> str:
     """torchrun's --signals-to-handle without SIGTERM and SIGINT, which RankStopper takes."""
     names = {signal.Signals(s).name for s in STOP_SIGNALS}
     return ",".join(name for name in signals_to_handle.split(",") if name.strip() not in names)
+
+
+def descendant_pids(root: int) -> list[int]:
+    """`root`'s descendants, nearest first (its children, then theirs, ...)."""
+    return process_tree(root)[1:]
+
+
+def trainer_pid(root: int, rank: int) -> int:
+    """The trainer process of launch rank `rank` among `root`'s descendants (`root`: a torchrun, a pod, or
+    `maskrcnn-launch local`): the nearest one with RANK=`rank` in its environment. torchrun sets RANK for
+    each rank process it starts, and the launcher for a pipeline pod's trainer, which replaced it; neither
+    exports it to a ddp pod's torchrun, and a rank's own children (DataLoader workers) lie deeper."""
+    wanted = f"{RANK}={rank}".encode()
+    for pid in descendant_pids(root):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if wanted in handle.read().split(b"\0"):
+                    return pid
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    raise LookupError(f"no process with {RANK}={rank} under process {root}")
 
 
 class RankStopper:

@@ -65,7 +65,7 @@ def _train(
     entry.check_device(cfg)
     check_model_files(cfg)
     # Where the data is, before anything is written: a wrong data flag leaves the output dir untouched.
-    sources = flagged_sources(cfg)
+    sources = flagged_sources(cfg, parsing)
     main = entry.is_main_process()
     # Held by the writing process from before anything is written there until the run ends (run_dir.py).
     folder = cfg.output_dir, cfg.resume, cfg.test_only, cfg.overwrite

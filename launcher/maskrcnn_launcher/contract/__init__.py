@@ -19,7 +19,7 @@ once, in a module of its own:
   (`process_group_backend`) and the pipeline edges' device maps (`edge_device_map`);
 - `progress.py`: the trainer's console progress line (`format_progress_line`, `parse_progress_line`:
   the trainer writes it, `status` reads it back);
-- `processes.py`: the processes under a supervisor (`child_pids`, `process_tree`, `stopped_pids`,
+- `processes.py`: the processes under a supervisor (`child_pids`, `parent_pid`, `process_tree`, `stopped_pids`,
   `end_process_tree`): the torchrun wrapper's ranks and `local`'s pods, which leave their process groups;
 - `signals.py`: the signals that stop a trainer and the forwarded one (`STOP_SIGNALS`, `FORWARDED_STOP`),
   and `signal_handlers`, the one way both packages take signals for a block and give them back.

@@ -235,6 +235,16 @@ class PeersConfig:
         False,
         "ddp: a lost or drained worker leaves and the others train on; a replacement rejoins (docs/elastic.md)",
     )
+    # torchft's Manager takes the same rule (min_replica_size): below it the survivors hold, state saved.
+    elastic_min_size: int = option(
+        1,
+        "--elastic: the fewest members that train on; with fewer, they hold at the step boundary (checkpoint "
+        "written) and wait --elastic-min-wait for replacements, then stop (exit 75)",
+        minimum=1,
+    )
+    elastic_min_wait: float = option(
+        300.0, "--elastic: seconds a group below --elastic-min-size waits for replacements before it stops", above=0
+    )
     # torch's own bound on forming the group is 30 minutes.
     join_timeout: float = option(
         600.0,
@@ -242,6 +252,11 @@ class PeersConfig:
         above=0,
         engines=("pipeline",),
     )
+
+    def elastic_rules_set(self) -> bool:
+        """Whether an elastic group's rules (--elastic-min-size, --elastic-min-wait) differ from their defaults."""
+        default = PeersConfig()
+        return (self.elastic_min_size, self.elastic_min_wait) != (default.elastic_min_size, default.elastic_min_wait)
 
 
 @dataclass

@@ -24,7 +24,7 @@ _HOME = {
     "load_datasets": "prepare",
     "open_split": "prepare",
     "check_split": "prepare",
-    "train_loaders": "prepare",
+    "train_loaders": "transforms.training",
     "sources_of": "prepare",
     # what it builds and the pieces its callers name
     "CocoInstanceDataset": "dataset",
@@ -84,11 +84,11 @@ if TYPE_CHECKING:  # the same names from their homes, for readers and type check
         open_data,
         open_split,
         sources_of,
-        train_loaders,
     )
     from .sources import DataSources, SplitSource
     from .synthetic import SyntheticCoco, SyntheticSplits, ensure_synthetic, generate_synthetic_coco, write_train_val
     from .transforms.flip import flip_decision, hflip
+    from .transforms.training import train_loaders
 
 
 def __getattr__(name: str) -> Any:

@@ -52,7 +52,7 @@ def old_epoch_plan(
     """The epoch as `world_size` ranks trained it before the plan, as global batches (module docstring)."""
     if not 1 <= world_size <= num_samples:
         raise ValueError(f"an old order needs 1 <= world size <= images, got {world_size} for {num_samples}")
-    order = epoch_order(num_samples, epoch=epoch, seed=seed, shuffle=shuffle)
+    order = epoch_order(num_samples, epoch=epoch, seed=seed, shuffle=shuffle).tolist()
     per_rank = math.ceil(num_samples / world_size)
     padded = order + order[: per_rank * world_size - num_samples]  # DistributedSampler's padding
     rank_batches = []
