@@ -19,12 +19,8 @@ from its asking to join to the step boundary that admits it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,79 +29,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from maskrcnn_launcher.contract import RANK  # noqa: E402
+from local_job import THREE_CPU_PODS, LocalJob  # noqa: E402
 
 from maskrcnn_dist.config import small_cpu_run, to_argv  # noqa: E402
 from maskrcnn_dist.data import write_train_val  # noqa: E402
-from maskrcnn_dist.torchrun import child_pids  # noqa: E402
-from maskrcnn_dist.training.metrics import read_metrics  # noqa: E402
 
-# A master and two workers, one CPU rank each (JSON is YAML).
-TOPOLOGY = json.dumps({"engine": "ddp", "workers": [{"devices": 0}] * 2, "network": {"interface": "lo"}})
 GLOBAL_BATCH = 6  # the launch's 3 ranks x --batch-size 2
 LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
 
-class Job:
-    """One `maskrcnn-launch local` job; `seen` keeps (step, wall time) of every train record as it comes
-    (a restart's resume drops the records after its checkpoint from the file)."""
-
-    def __init__(self, work: Path, data: Path, out: Path, *extra: str, local: tuple[str, ...] = ()) -> None:
-        flags = small_cpu_run(64, data_path=data, output_dir=out, epochs=4, batch_size=2, threads=1, workers=0)
-        flags |= {"warmup-iters": 5, "aspect-ratio-group-factor": -1, "print-freq": 1, "rpc-timeout": 60}
-        flags |= {"eval-every-epoch": False}  # validation at each epoch end only: the loss is the figure
-        argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(work / "topology.yaml")]
-        argv += ["--wait-timeout", "120", "--grace", "30", *local, "--", *to_argv(flags)]
-        self.out, self.log_path = out, work / f"local-{time.monotonic_ns()}.log"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [*argv, *extra], stdout=self.log_path.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-    def records(self) -> list[dict[str, Any]]:
-        """The train records so far (read while the master appends: a torn last line is skipped)."""
-        path = self.out / "metrics.jsonl"
-        return [r for r in read_metrics(path) if r["kind"] == "train"] if path.exists() else []
-
-    def wait_for(self, done: Any, timeout: float = 600) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while not done(records := self.records()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"job ended or timed out:\n{self.log()[-3000:]}")
-            time.sleep(0.02)
-        return records
-
-    def kill_trainer(self, rank: int) -> float:
-        """SIGKILL to launch rank `rank`'s trainer (below its pod's torchrun); the wall time of the kill."""
-        tree, found = [self.proc.pid], None
-        while tree and found is None:
-            pid = tree.pop()
-            tree += child_pids(pid)
-            try:
-                is_trainer = b"maskrcnn_dist.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                found = (
-                    pid
-                    if is_trainer and f"{RANK}={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
-                    else None
-                )
-            except OSError:
-                continue
-        if found is None:
-            raise RuntimeError(f"no trainer of rank {rank} under the runner")
-        killed = time.time()
-        os.kill(found, signal.SIGKILL)
-        return killed
-
-    def finish(self, timeout: float = 900) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-    def log(self) -> str:
-        return self.log_path.read_text()
+def start_job(work: Path, data: Path, out: Path, *extra: str, local: tuple[str, ...] = ()) -> LocalJob:
+    """One `maskrcnn-launch local` job of the 3-pod topology, 4 epochs of `data` (a restart's resume drops
+    the records after its checkpoint from the file)."""
+    flags = small_cpu_run(64, data_path=data, output_dir=out, epochs=4, batch_size=2, threads=1, workers=0)
+    flags |= {"warmup-iters": 5, "aspect-ratio-group-factor": -1, "print-freq": 1, "rpc-timeout": 60}
+    flags |= {"eval-every-epoch": False}  # validation at each epoch end only: the loss is the figure
+    return LocalJob(work, out, THREE_CPU_PODS, [*to_argv(flags), *extra], local)
 
 
 def step_seconds(records: list[dict[str, Any]]) -> float:
@@ -119,10 +58,10 @@ def global_images_per_s(records: list[dict[str, Any]]) -> float:
 
 
 def in_place(work: Path, data: Path, kill_after: int) -> dict[str, float]:
-    job = Job(work, data, work / "in-place", "--elastic")
-    before = job.wait_for(lambda rs: any(r["step"] >= kill_after for r in rs))
+    job = start_job(work, data, work / "in-place", "--elastic")
+    before = job.wait_for_step(kill_after, 600)
     killed = job.kill_trainer(2)
-    after = job.wait_for(lambda rs: any(r.get("world_size") == 2 for r in rs))
+    after = job.wait_for(lambda rs: any(r.get("world_size") == 2 for r in rs), 600)
     code = job.finish()
     records = job.records()
     first = next(r for r in after if r.get("world_size") == 2)
@@ -143,13 +82,13 @@ def in_place(work: Path, data: Path, kill_after: int) -> dict[str, float]:
 
 def restart(work: Path, data: Path, kill_after: int, period: int) -> dict[str, float]:
     out = work / "restart"
-    job = Job(work, data, out, "--no-elastic", "--checkpoint-period", str(period))
-    before = job.wait_for(lambda rs: any(r["step"] >= kill_after for r in rs))
+    job = start_job(work, data, out, "--no-elastic", "--checkpoint-period", str(period))
+    before = job.wait_for_step(kill_after, 600)
     killed = job.kill_trainer(2)
     first_code = job.finish()
     last_before = max(r["step"] for r in job.records() if r["time"] <= killed)
-    again = Job(work, data, out, "--no-elastic", "--checkpoint-period", str(period), "--resume", "auto")
-    after = again.wait_for(lambda rs: any(r["time"] > killed and r["step"] <= last_before + 1 for r in rs))
+    again = start_job(work, data, out, "--no-elastic", "--checkpoint-period", str(period), "--resume", "auto")
+    after = again.wait_for(lambda rs: any(r["time"] > killed and r["step"] <= last_before + 1 for r in rs), 600)
     first = min((r for r in after if r["time"] > killed), key=lambda r: r["time"])
     code = again.finish()
     return {
@@ -163,11 +102,11 @@ def restart(work: Path, data: Path, kill_after: int, period: int) -> dict[str, f
 
 def rejoin(work: Path, data: Path, kill_after: int) -> dict[str, float]:
     """Seconds from the replacement asking in to the boundary that admits it, and the step time then."""
-    job = Job(work, data, work / "rejoin", "--elastic", local=("--restart-workers", "1"))
-    job.wait_for(lambda rs: any(r["step"] >= kill_after for r in rs))
+    job = start_job(work, data, work / "rejoin", "--elastic", local=("--restart-workers", "1"))
+    job.wait_for_step(kill_after, 600)
     job.kill_trainer(2)
     code = job.finish()
-    log = job.log()
+    log = job.output()
     asked = _log_time(log, "asks to join")
     joined = _log_time(log, "joined after step")
     return {"exit": code, "asked_to_admitted_s": joined - asked, "step_s": step_seconds(job.records()[2:])}
@@ -188,7 +127,6 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-elastic-loss-") as tmp:
         work = Path(tmp)
-        (work / "topology.yaml").write_text(TOPOLOGY)
         write_train_val(work / "coco", num_train=24, num_val=3, seed=5, image_size=(48, 64), max_objects=2)
         place = in_place(work, work / "coco", args.kill_after)
         again = restart(work, work / "coco", args.kill_after, args.checkpoint_period)

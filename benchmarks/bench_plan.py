@@ -1,7 +1,8 @@
 """The cost of an epoch's batch list at COCO's size (118,287 images): one rank's per-rank list as the
 loader built it before data/plan.py (DistributedSampler's shard, grouped per rank: `per_rank_list`), beside
-the epoch's global batches and this rank's share of each (`epoch_plan` + `rank_share`, what
-`build_step_loader` does at every epoch start), measured in one run, interleaved.
+the epoch's global batches and this rank's share of each (`epoch_plan` + `rank_share` over the whole
+epoch: what `build_step_loader` did at every epoch start until issue 57; now it makes each step's when
+the step comes), measured in one run, interleaved.
 
     PYTHONPATH=src:launcher python benchmarks/bench_plan.py [--images 118287] [--world 8] [--batch-size 2]
 

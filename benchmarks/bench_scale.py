@@ -1,8 +1,12 @@
 """COCO-scale data: start to first step, a preemption's restart, and memory per process, for two checkouts
-of the kit measured in one run (today's code beside the new one).
+of the kit measured in one run (today's code beside the new one), each beside one plain json.load of the
+annotation file measured just before it (the floor its goals are ratios to).
 
     PYTHONPATH=src:launcher .venv/bin/python benchmarks/bench_scale.py --images 10000 \\
         --work /scratch/bench --baseline /path/to/other-checkout/src [--engines local,ddp] [--keep]
+
+benchmarks/before_after.py --before COMMIT --scale 20000 runs it against an older commit (the check to run
+before a change to data/, the plan or the loader: docs/performance-data.md).
 
 Writes a COCO 2017 layout (annotations/instances_train2017.json + train2017/) of N images (default COCO
 train's 118,287) with COCO's annotation statistics: ~7.3 annotations per image (1% images without any),
@@ -12,10 +16,16 @@ decoding). Then, for each code version (`--baseline`: another checkout's src fol
 it; `new`: this checkout) and engine (local: 1 process; ddp: 2 ranks through maskrcnn_dist.torchrun), with
 2 DataLoader workers per process:
 
-  train     the small CPU model (64 px): seconds from start to the first train record (`--repeat N`:
-            the median of N such first starts, each on a fresh output dir); SIGTERM after step 2, then
-            `--resume auto`: seconds from its start to its first train record. Peak PSS of each
-            process while it runs.
+  floor     one json.load of the annotation file in a fresh process: its seconds and the PSS it adds
+            (the parsed objects), just before each version's train phase.
+  train     the small CPU model (64 px) at the trainer's --print-freq (its default, 20: the records a
+            user's run writes): seconds from start to the first train record in metrics.jsonl
+            (`--repeat N`: the median of N such first starts, each on a fresh output dir); SIGTERM
+            once a record is there, then `--resume auto`: seconds from its start to its first train
+            record. Peak PSS of each process while it runs; the data's share: the resumed run's
+            processes' peak PSS together (the ranks and their loader workers: no parse, no check pool
+            once cached) less that of the same runs on a 64-image set (the same processes, torch, the
+            model and its checkpoint: all but the data).
   loading   the run's data path alone, in the train run's output dir (so the new code finds the cache
             that run wrote, as a restart does): load_datasets, then training's loader (build_step_loader:
             the plan's global batches, 8 images per rank, 2 workers) over `--fraction` (default half) of
@@ -26,8 +36,11 @@ it; `new`: this checkout) and engine (local: 1 process; ddp: 2 ranks through mas
             read instead. Peak PSS and USS of every process (/proc/PID/smaps_rollup), and each
             DataLoader worker's USS growth from its first sample to its last.
 
-A tiny set's time to first step is measured too (the model's build and the process start, data aside).
-Prints JSON and a table.
+The same train phase on a 64-image set, per version and engine, is the floor of the data's share (and
+its first step the process start and the model's build, data aside).
+Prints JSON (`--json-out`: also to a file, rows as before_after.py reads them), a table, and each row
+against the goals (issue 57): first step <= 1.2 x json.load + 5 s, resumed step <= 0.2 x json.load + 15 s,
+the data's share of PSS <= 0.35 x json.load's.
 """
 
 from __future__ import annotations
@@ -51,10 +64,18 @@ import numpy as np
 from PIL import Image
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(HERE / "src"), str(HERE / "launcher")]  # this tree's trainer and launcher
+
+from maskrcnn_dist.torchrun import parent_pid  # noqa: E402
+
 COCO_TRAIN_IMAGES = 118_287
 SIZE = (64, 48)  # annotated = stored size of every (tiny) image
 MiB = 1 << 20
 _LINKS_PER_FILE = 50_000
+# The goals, against one json.load of the annotation file in the same run (issue 57): (factor, seconds).
+FIRST_STEP_GOAL = (1.2, 5.0)
+RESUMED_STEP_GOAL = (0.2, 15.0)
+DATA_SHARE_GOAL = 0.35  # of the PSS json.load's parsed objects take
 
 
 # --- the set -------------------------------------------------------------------------------------------
@@ -194,7 +215,7 @@ class Sampler:
                     continue
                 total += mem["pss"]
                 rec = self.seen.setdefault(
-                    pid, {"role": role, "first_uss": mem["uss"], "samples": 0, "parent": _parent(pid)}
+                    pid, {"role": role, "first_uss": mem["uss"], "samples": 0, "parent": parent_pid(pid)}
                 )
                 rec["samples"] += 1
                 rec["last_uss"] = mem["uss"]
@@ -252,19 +273,59 @@ def _is_rank(cmd: bytes) -> bool:
     return (b"maskrcnn_dist.cli" in cmd or b"--load-phase" in cmd) and b"maskrcnn_dist.torchrun" not in cmd
 
 
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def _role(pid: int, depth: int) -> str:
     """rank, worker (a fork of a rank: DataLoader workers, and the data check's pool) or other."""
     if not _is_rank(_cmdline(pid)):
         return "other"
-    parent = _parent(pid)
+    parent = parent_pid(pid)
     return "worker" if parent and _is_rank(_cmdline(parent)) else "rank"
+
+
+# --- the floor: one json.load ------------------------------------------------------------------------
+
+_JSON_LOAD = """
+import json, sys, time
+def pss():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+before = pss()
+started = time.monotonic()
+with open(sys.argv[1]) as f:
+    parsed = json.load(f)
+seconds = time.monotonic() - started
+print(json.dumps({"json_load_s": seconds, "json_load_mib": (pss() - before) / 2**20}))
+"""
+
+
+def json_load_floor(annotations: Path) -> dict[str, float]:
+    """Seconds of one plain json.load of `annotations` in a fresh process, and the PSS its parsed objects
+    add (MiB): what any reader of the file pays, the floor the goals are ratios to."""
+    done = subprocess.run([sys.executable, "-c", _JSON_LOAD, str(annotations)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"json.load of {annotations} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def against_goals(row: dict[str, Any], floor_pss_mib: float | None) -> dict[str, Any]:
+    """A row's figures as ratios to its json.load, and whether each goal is met. `floor_pss_mib`: the
+    resumed 64-image run's processes' peak PSS together (None: not measured)."""
+    load_s, load_mib = row["json_load_s"], row["json_load_mib"]
+    out: dict[str, Any] = {
+        "first_ratio": row["first_step_s"] / load_s,
+        "resumed_ratio": row["resumed_step_s"] / load_s,
+        "first_goal_s": FIRST_STEP_GOAL[0] * load_s + FIRST_STEP_GOAL[1],
+        "resumed_goal_s": RESUMED_STEP_GOAL[0] * load_s + RESUMED_STEP_GOAL[1],
+    }
+    out["first_met"] = row["first_step_s"] <= out["first_goal_s"]
+    out["resumed_met"] = row["resumed_step_s"] <= out["resumed_goal_s"]
+    if floor_pss_mib is not None:
+        share = row["resumed_memory"]["total_pss_peak_mib"] - floor_pss_mib
+        out |= {
+            "data_share_mib": share,
+            "share_ratio": share / load_mib,
+            "share_met": share <= DATA_SHARE_GOAL * load_mib,
+        }
+    return out
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -280,12 +341,12 @@ class Version:
         return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
-def train_argv(engine: str, data: Path, out: Path, port: int) -> list[str]:
-    sys.path[:0] = [str(HERE / "src"), str(HERE / "launcher")]
+def train_argv(engine: str, data: Path, out: Path, port: int, print_freq: int = 20) -> list[str]:
     from maskrcnn_dist.config import small_stop_run, to_argv
 
     batch = 2 if engine == "local" else 1
-    args = to_argv(small_stop_run(data, out, batch_size=batch, workers=2, engine=engine, rpc_timeout=600))
+    flags = {"batch_size": batch, "workers": 2, "engine": engine, "rpc_timeout": 600, "print_freq": print_freq}
+    args = to_argv(small_stop_run(data, out, **flags))
     python = sys.executable
     if engine == "local":
         return [python, "-m", "maskrcnn_dist.cli", "train", *args]
@@ -355,21 +416,19 @@ def _stop(proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 def train_phase(
-    version: Version, engine: str, data: Path, work: Path, timeout: float, repeat: int = 1
+    version: Version, engine: str, data: Path, work: Path, timeout: float, repeat: int = 1, print_freq: int = 20
 ) -> dict[str, Any]:
     """The first start (`repeat` times, each on a fresh output dir: the median counts), then SIGTERM
-    after step 2 and `--resume auto` on the last one's output dir."""
+    once its first record is there and `--resume auto` on the last one's output dir."""
     firsts = [
-        first_start(version, engine, data, work / f"{version.name}-{engine}-first-{k}", timeout)
+        first_start(version, engine, data, work / f"{version.name}-{engine}-first-{k}", timeout, print_freq)["seconds"]
         for k in range(repeat - 1)
     ]
     out = work / f"{version.name}-{engine}-train"
-    argv = train_argv(engine, data, out, _port())
+    argv = train_argv(engine, data, out, _port(), print_freq)
     first = run_until(argv, version, work / f"{out.name}.log", out / "metrics.jsonl", 0, timeout)
     firsts.append(first["seconds"])
     proc = first.pop("proc")
-    while first_step_after(out / "metrics.jsonl", 0) < 2 and proc.poll() is None:
-        time.sleep(0.05)
     _stop(proc)
     trained = first_step_after(out / "metrics.jsonl", 0)
     resumed = run_until(
@@ -385,15 +444,17 @@ def train_phase(
     }
 
 
-def first_start(version: Version, engine: str, data: Path, out: Path, timeout: float) -> float:
-    """Seconds from a start on the fresh output dir `out` to its first step (the folder is removed after)."""
+def first_start(
+    version: Version, engine: str, data: Path, out: Path, timeout: float, print_freq: int = 20
+) -> dict[str, Any]:
+    """Seconds from a start on the fresh output dir `out` to its first step, and its peak memory (the folder
+    is removed after)."""
     shutil.rmtree(out, ignore_errors=True)
-    run = run_until(
-        train_argv(engine, data, out, _port()), version, out.with_suffix(".log"), out / "metrics.jsonl", 0, timeout
-    )
+    argv = train_argv(engine, data, out, _port(), print_freq)
+    run = run_until(argv, version, out.with_suffix(".log"), out / "metrics.jsonl", 0, timeout)
     _kill(run.pop("proc"))
     shutil.rmtree(out, ignore_errors=True)
-    return run["seconds"]
+    return run
 
 
 def load_phase(
@@ -482,12 +543,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def floor_phase(version: Version, work: Path, timeout: float) -> float:
-    """Seconds to the first step on a 64-image set: the process start and the model's build."""
+def floor_phase(version: Version, engine: str, work: Path, timeout: float, print_freq: int = 20) -> dict[str, Any]:
+    """The train phase on a 64-image set: the process start and the model's build, and the memory of the
+    processes, torch, the model and its checkpoint with (almost) no data."""
     data = work / "tiny-set"
     if not data.exists():
         write_set(data, 64, seed=1)
-    return first_start(version, "local", data, work / f"{version.name}-floor", timeout)
+    return train_phase(Version(f"{version.name}-floor", version.src), engine, data, work, timeout, 1, print_freq)
 
 
 def main() -> None:
@@ -499,12 +561,19 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=COCO_TRAIN_IMAGES)
     parser.add_argument("--work", type=Path, help="a folder for the set and the runs (default: a temporary one)")
     parser.add_argument("--baseline", type=Path, help="the src folder of the checkout to compare with")
+    parser.add_argument(
+        "--code", type=Path, default=HERE / "src", help="the src folder measured as new (default: this checkout's)"
+    )
     parser.add_argument("--engines", default="local,ddp")
+    parser.add_argument("--phases", default="train,load", help="train (first and resumed step), load (memory)")
+    parser.add_argument("--print-freq", type=int, default=20, help="the trainer's (default: its own default)")
     parser.add_argument("--fraction", type=float, default=0.5, help="of each rank's epoch the loading phase reads")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--keep", action="store_true", help="keep the runs and their logs in the work folder")
     parser.add_argument("--repeat", type=int, default=1, help="first starts per version and engine (the median counts)")
+    parser.add_argument("--json-out", type=Path, help="also write the report here")
     opts = parser.parse_args()
+    phases = set(opts.phases.split(","))
     work = opts.work or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     work.mkdir(parents=True, exist_ok=True)
     data = work / f"coco-{opts.images}"
@@ -523,25 +592,39 @@ def main() -> None:
         f"set: {opts.images} images, {ann.stat().st_size / MiB:.0f} MiB of JSON ({time.monotonic() - started:.0f} s)",
         file=sys.stderr,
     )
-    versions = [Version("new", HERE / "src")]
+    versions = [Version("new", opts.code.resolve())]
     if opts.baseline:
         versions.insert(0, Version("today", opts.baseline.resolve()))
     rows = []
     engines = opts.engines.split(",")
-    # Interleaved: each engine's versions back to back, so a busy machine weighs on both alike.
+    # Interleaved: each engine's versions back to back, each beside its own json.load, so a busy machine
+    # weighs on both alike.
     for engine in engines:
         for version in versions:
             for folder in work.glob(f"{version.name}-{engine}-*"):
                 if folder.is_dir():
                     shutil.rmtree(folder)
-            row: dict[str, Any] = {"version": version.name, "engine": engine, "images": opts.images}
-            row.update(train_phase(version, engine, data, work, opts.timeout, opts.repeat))
-            row["loading"] = load_phase(version, engine, data, work, opts.fraction, opts.timeout)
+            row: dict[str, Any] = {"name": f"{version.name} {engine}", "version": version.name, "engine": engine}
+            row |= {"images": opts.images, "load_average": os.getloadavg()[0], **json_load_floor(ann)}
+            if "train" in phases:
+                row.update(train_phase(version, engine, data, work, opts.timeout, opts.repeat, opts.print_freq))
+            if "load" in phases:
+                row["loading"] = load_phase(version, engine, data, work, opts.fraction, opts.timeout)
             row["cache_mib"] = sum(p.stat().st_size for p in work.glob(f"{version.name}-{engine}-*/cache/*")) / MiB
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
-    floors = {v.name: floor_phase(v, work, opts.timeout) for v in versions}
-    print(json.dumps({"rows": rows, "floor_s": floors}, indent=1))
+    floors = {}
+    if "train" in phases:
+        for engine in engines:
+            for version in versions:
+                floors[f"{version.name} {engine}"] = floor_phase(version, engine, work, opts.timeout, opts.print_freq)
+    for row in rows:
+        if "first_step_s" in row:
+            row.update(against_goals(row, floors[row["name"]]["resumed_memory"]["total_pss_peak_mib"]))
+    report = {"rows": rows, "floor": floors, "print_freq": opts.print_freq}
+    print(json.dumps(report, indent=1))
+    if opts.json_out:
+        opts.json_out.write_text(json.dumps(report, indent=1) + "\n")
     print_table(rows, floors)
     if not opts.keep:  # the runs go; a set in a --work folder stays for the next run
         for path in work.iterdir():
@@ -553,24 +636,47 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def print_table(rows: list[dict[str, Any]], floors: dict[str, float]) -> None:
-    print(
-        "version engine  first step  resumed step  train peak PSS/rank  load: rank PSS  rank USS  worker PSS  "
-        "worker USS  worker USS growth  rank+workers PSS  all PSS   (s, MiB)"
-    )
+def print_table(rows: list[dict[str, Any]], floors: dict[str, dict[str, Any]]) -> None:
+    print("version engine  json.load  first step  resumed step  data's PSS  (s, MiB; x: of json.load's)  load avg")
     for r in rows:
-        m, lm = r["train_memory"], r["loading"]["memory"]
+        if "first_step_s" not in r:
+            continue
         print(
-            f"{r['version']:<7} {r['engine']:<6} {r['first_step_s']:>10.1f}  {r['resumed_step_s']:>12.1f}  "
-            f"{m['rank_peak_pss_mib']:>19.0f}  {lm['rank_peak_pss_mib']:>14.0f}  {lm['rank_peak_uss_mib']:>8.0f}  "
+            f"{r['version']:<7} {r['engine']:<6} {r['json_load_s']:>8.1f}  {r['first_step_s']:>6.1f} "
+            f"({r['first_ratio']:.2f}x)  {r['resumed_step_s']:>6.1f} ({r['resumed_ratio']:.2f}x)  "
+            f"{r['data_share_mib']:>6.0f} ({r['share_ratio']:.2f}x)  {r['load_average']:.1f}"
+        )
+        goals = [("first step", "first"), ("resumed step", "resumed")]
+        met = [
+            f"{what} {'met' if r[key + '_met'] else 'MISSED'} (<= {r[key + '_goal_s']:.1f} s)" for what, key in goals
+        ]
+        met.append(
+            f"data's PSS {'met' if r['share_met'] else 'MISSED'} (<= {DATA_SHARE_GOAL} x {r['json_load_mib']:.0f} MiB)"
+        )
+        print("    goals: " + "; ".join(met))
+    loading = [r for r in rows if "loading" in r]
+    if loading:
+        print(
+            "version engine  train peak PSS/rank  load: rank PSS  rank USS  worker PSS  worker USS  worker USS growth  "
+            "rank+workers PSS  all PSS   (MiB)"
+        )
+    for r in loading:
+        m, lm = r.get("train_memory", {}), r["loading"]["memory"]
+        print(
+            f"{r['version']:<7} {r['engine']:<6} {m.get('rank_peak_pss_mib', 0):>19.0f}  "
+            f"{lm['rank_peak_pss_mib']:>14.0f}  {lm['rank_peak_uss_mib']:>8.0f}  "
             f"{lm['worker_peak_pss_mib']:>10.0f}  {lm['worker_peak_uss_mib']:>10.0f}  "
             f"{lm['worker_uss_growth_mib']:>17.0f}  {lm['rank_with_workers_pss_mib']:>16.0f}  "
             f"{lm['total_pss_peak_mib']:>7.0f}"
         )
-    print(
-        "first step on a 64-image set (process start + model build): "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in floors.items())
-    )
+    if floors:
+        print(
+            "first step on a 64-image set (process start + model build): "
+            + ", ".join(
+                f"{k} {v['first_step_s']:.1f} s, resumed PSS {v['resumed_memory']['total_pss_peak_mib']:.0f} MiB"
+                for k, v in floors.items()
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from maskrcnn_launcher.contract import RANK, TERMINATION_GRACE_SECONDS
+from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.config import small_stop_run, to_argv
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.torchrun import child_pids
+from maskrcnn_dist.torchrun import descendant_pids, trainer_pid
 from maskrcnn_dist.training.metrics import read_metrics
 
 ENGINES = ("local", "ddp", "pipeline")
@@ -70,11 +70,7 @@ def pod_to_signal(engine: str, proc: subprocess.Popen) -> tuple[int, str]:
     """(process group, what it is) that gets SIGTERM: see the module's docstring."""
     if engine != "pipeline":
         return proc.pid, "the trainer's group" if engine == "local" else "torchrun's group"
-    for pid in child_pids(proc.pid):  # the pods: the launcher exec'd the trainer in each, RANK in its environment
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if f"{RANK}=2".encode() in environ:
-            return pid, "stage worker 2's group"
-    raise RuntimeError("no pod with RANK=2 under maskrcnn-launch local")
+    return trainer_pid(proc.pid, 2), "stage worker 2's group"  # the launcher exec'd the trainer in its pod
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
@@ -85,11 +81,7 @@ def start(argv: list[str], log: Path) -> subprocess.Popen:
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL whatever of a run is left (the ranks and pods run in sessions of their own)."""
-    todo, found = [proc.pid], []
-    while todo:
-        children = child_pids(todo.pop())
-        found += children
-        todo += children
+    found = descendant_pids(proc.pid)
     for pid in [proc.pid, *found]:
         try:
             os.kill(pid, signal.SIGKILL)

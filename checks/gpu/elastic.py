@@ -36,6 +36,7 @@ def check_ddp_elastic(env: Env) -> dict[str, Any]:
     from maskrcnn_launcher.peers import free_port
 
     from maskrcnn_dist.config import to_argv
+    from maskrcnn_dist.torchrun import trainer_pid
 
     pods = min(env.gpus, 3) if env.device == "cuda" else 3
     out = Path(env.work) / "ddp_elastic"
@@ -47,7 +48,7 @@ def check_ddp_elastic(env: Env) -> dict[str, Any]:
     procs = [_start_pod(node, pods, port, argv, env, out / f"pod{node}.log") for node in range(pods)]
     try:
         _wait(lambda: _steps_done(out / "run") >= KILL_AFTER, procs, 600, "step 2")
-        victim = _trainer_of(procs[-1])
+        victim = trainer_pid(procs[-1].pid, pods - 1)  # the last pod's trainer, below its torchrun
         os.kill(victim, signal.SIGKILL)
         killed_at = time.time()
         codes = [proc.wait(timeout=600) for proc in procs[:-1]]
@@ -84,14 +85,6 @@ def _start_pod(node: int, pods: int, port: int, argv: list[str], env: Env, log: 
     command = [*torchrun, "-m", "maskrcnn_dist.cli", "train", *argv]
     with open(log, "w") as sink:
         return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=variables, start_new_session=True)
-
-
-def _trainer_of(pod: subprocess.Popen) -> int:
-    """The pod's trainer: its torchrun's child."""
-    children = Path(f"/proc/{pod.pid}/task/{pod.pid}/children").read_text().split()
-    if not children:
-        raise AssertionError("the last pod's torchrun has no trainer process")
-    return int(children[0])
 
 
 def _wait(done: Any, procs: list[subprocess.Popen], timeout_s: float, what: str) -> None:

@@ -27,6 +27,8 @@ Exit barrier. Every agent waits at the end until all have finished (it keeps the
 the others), 300 s by default. A ddp job goes on without a lost worker pod (docs/elastic.md), whose
 agent never comes to that barrier: here it waits EXIT_BARRIER_S. The trainers end together (their
 process group's last barrier), so the agents that are still there arrive within a second of each other.
+A barrier that ends early (a pod lost or drained before the end, or the master's gone first) is a planned
+end's: torch's traceback for it is replaced by one line that says which (`exit_barrier_line`).
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ from maskrcnn_launcher.contract import (
     EXIT_STOPPED,
     EXIT_USER_ERROR,
     FORWARDED_STOP,
+    RANK,
     STOP_SIGNALS,
+    child_pids,
+    parent_pid,  # noqa: F401 (re-exported: tests and benchmarks find a rank's torchrun by it)
+    process_tree,
     signal_handlers,
 )
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import parse_args, run
 
 
 def pod_exit_status(worker_exit_codes: Iterable[int]) -> int:
@@ -66,21 +70,25 @@ def without_stop_signals(signals_to_handle: str) -> str:
     return ",".join(name for name in signals_to_handle.split(",") if name.strip() not in names)
 
 
-def child_pids(parent: int) -> list[int]:
-    """The processes whose parent is `parent`, read from Linux's /proc (the agent's ranks are torchrun's children)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+def descendant_pids(root: int) -> list[int]:
+    """`root`'s descendants, nearest first (its children, then theirs, ...)."""
+    return process_tree(root)[1:]
+
+
+def trainer_pid(root: int, rank: int) -> int:
+    """The trainer process of launch rank `rank` among `root`'s descendants (`root`: a torchrun, a pod, or
+    `maskrcnn-launch local`): the nearest one with RANK=`rank` in its environment. torchrun sets RANK for
+    each rank process it starts, and the launcher for a pipeline pod's trainer, which replaced it; neither
+    exports it to a ddp pod's torchrun, and a rank's own children (DataLoader workers) lie deeper."""
+    wanted = f"{RANK}={rank}".encode()
+    for pid in descendant_pids(root):
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:  # gone meanwhile
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if wanted in handle.read().split(b"\0"):
+                    return pid
+        except OSError:  # gone meanwhile, or not ours to read
             continue
-        # pid (comm) state ppid ...: the name may hold spaces and parentheses, so split after the last ")".
-        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
-            found.append(int(entry.name))
-    return found
+    raise LookupError(f"no process with {RANK}={rank} under process {root}")
 
 
 class RankStopper:
@@ -148,6 +156,29 @@ def is_not_a_stop(record: logging.LogRecord) -> bool:
     return not (record.msg.startswith("failed (exitcode") and record.args and record.args[0] == EXIT_STOPPED)
 
 
+def exit_barrier_line(record: logging.LogRecord) -> str | None:
+    """The one line that says why the agent's exit barrier ended early (torch logs it as an error with a
+    traceback, C++ frames included), or None for any other record. It is a planned end's, not a failure's:
+    the pod's status is its ranks' whatever the barrier gave."""
+    if not (isinstance(record.msg, str) and record.msg.startswith("Error waiting on exit barrier")):
+        return None
+    failure = type(record.exc_info[1]).__name__ if record.exc_info and record.exc_info[1] else ""
+    if failure == "DistNetworkError":  # the master's agent hosted the store, and has gone
+        return "the master's pod ended first: nothing is left to wait for at the end; this pod ends too"
+    return (
+        f"not every pod reached the end within {EXIT_BARRIER_S:g} s (one was lost, drained or stopped "
+        "earlier): this pod ends without waiting for it"
+    )
+
+
+def quiet_exit_barrier(record: logging.LogRecord) -> bool:
+    """A logging filter: torch's exit-barrier traceback replaced by its one line (exit_barrier_line)."""
+    if (line := exit_barrier_line(record)) is None:
+        return True
+    RankStopper._say(line)
+    return False
+
+
 EXIT_BARRIER_S = 10.0
 
 
@@ -165,11 +196,34 @@ def with_short_exit_barrier() -> None:
     api.LocalElasticAgent = Agent
 
 
+#: torch's C++ log level, read once when torch loads (c10's TORCH_CPP_LOG_LEVEL): the agent's own warnings are a
+#: store's socket closing at a planned end, each with a page of C++ frames; its ranks keep the user's level.
+AGENT_CPP_LOG_LEVEL = "ERROR"
+CPP_LOG_LEVEL_VAR = "TORCH_CPP_LOG_LEVEL"
+
+
+@contextmanager
+def agent_cpp_log_level() -> Iterator[None]:
+    """AGENT_CPP_LOG_LEVEL while torch loads in this process (unless the user chose a level), then the
+    environment as it was, which the ranks inherit."""
+    chosen = os.environ.get(CPP_LOG_LEVEL_VAR)
+    os.environ[CPP_LOG_LEVEL_VAR] = chosen or AGENT_CPP_LOG_LEVEL
+    try:
+        yield
+    finally:
+        if chosen is None:
+            del os.environ[CPP_LOG_LEVEL_VAR]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with agent_cpp_log_level():
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     with_short_exit_barrier()
     args.signals_to_handle = without_stop_signals(args.signals_to_handle)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(is_not_a_stop)
+    logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(quiet_exit_barrier)
     # The ranks inherit this mask: a forward that comes before a rank has installed its handler (the
     # first seconds, while it imports torch) stays pending until stop.stop_on_signals() unblocks it.
     signal.pthread_sigmask(signal.SIG_BLOCK, {FORWARDED_STOP})

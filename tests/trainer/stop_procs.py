@@ -24,7 +24,7 @@ from maskrcnn_launcher.contract import EXIT_STOPPED
 
 from maskrcnn_dist.checkpoint import list_checkpoints, load_checkpoint
 from maskrcnn_dist.config import small_stop_run, to_argv
-from maskrcnn_dist.torchrun import child_pids
+from maskrcnn_dist.torchrun import descendant_pids
 from maskrcnn_dist.training.metrics import read_metrics
 
 from .procs import REPO
@@ -106,7 +106,7 @@ class Job:
         """SIGKILL this process and everything under it (in whatever session), children first found."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        tree = descendants(self.proc.pid)
+        tree = descendant_pids(self.proc.pid)
         for pid in [self.proc.pid, *tree]:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -123,28 +123,6 @@ def stop_after(job: Job, out: Path, kind: str, step: int, send) -> int:
         return job.finish(120)
     finally:
         job.kill()
-
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        children = child_pids(todo.pop())
-        found += children
-        todo += children
-    return found
-
-
-def rank_pids(parent: int) -> dict[int, int]:
-    """RANK -> pid of `parent`'s children: torchrun's ranks, the pods of `maskrcnn-launch local` (the launcher
-    exports RANK to a pipeline pod's trainer, which replaced it: same pid)."""
-    ranks = {}
-    for pid in child_pids(parent):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        ranks.update({int(item[5:]): pid for item in environ if item.startswith(b"RANK=")})
-    return ranks
 
 
 def records(metrics: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.lifetime.stop import Stopped, StopRequest
 from maskrcnn_dist.training import hooks
-from maskrcnn_dist.training.loop import Boundary, HookBase, Start
+from maskrcnn_dist.training.base import Boundary, HookBase, Start
 from maskrcnn_dist.training.losses import StepResult
 
 from .conftest import fast_config

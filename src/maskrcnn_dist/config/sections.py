@@ -224,33 +224,56 @@ class OptimConfig:
 class PeersConfig:
     """How long this process waits for the others: shared by the ddp process group and the pipeline's RPC."""
 
+    # At least a second: the store's first connection and a group's bootstrap bound by it take that long on a
+    # busy host, and a bound below it fails a healthy start deep inside torch's rendezvous.
     timeout: float = option(
         120.0,
         "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
         flag="rpc-timeout",
-        above=0,
+        minimum=1,
     )
     # Off by default: an elastic group adds a heartbeat thread and one store round trip per step.
     elastic: bool = option(
         False,
         "ddp: a lost or drained worker leaves and the others train on; a replacement rejoins (docs/elastic.md)",
     )
+    # torchft's Manager takes the same rule (min_replica_size): below it the survivors hold, state saved.
+    elastic_min_size: int = option(
+        1,
+        "--elastic: the fewest members that train on; with fewer, they hold at the step boundary (checkpoint "
+        "written) and wait --elastic-min-wait for replacements, then stop (exit 75)",
+        minimum=1,
+    )
+    elastic_min_wait: float = option(
+        300.0, "--elastic: seconds a group below --elastic-min-size waits for replacements before it stops", above=0
+    )
     # torch's own bound on forming the group is 30 minutes.
     join_timeout: float = option(
-        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero", above=0
+        600.0,
+        "pipeline: seconds to wait for every process to join RPC before exiting non-zero",
+        above=0,
+        engines=("pipeline",),
     )
+
+    def elastic_rules_set(self) -> bool:
+        """Whether an elastic group's rules (--elastic-min-size, --elastic-min-wait) differ from their defaults."""
+        default = PeersConfig()
+        return (self.elastic_min_size, self.elastic_min_wait) != (default.elastic_min_size, default.elastic_min_wait)
 
 
 @dataclass
 class PipelineConfig:
-    micro_batches: int = option(2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096)
-    # engines/pipeline/schedule.py; the default by bench_pipeline.py's measurement (docs/performance.md).
+    micro_batches: int = option(
+        2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096, engines=("pipeline",)
+    )
+    # engines/pipeline/schedule.py; the default by bench_pipeline.py's measurement (docs/performance-pipeline.md).
     schedule: str = option(
         "1f1b",
         "pipeline: the order of each stage's forwards and backwards: 1f1b (at most as many micro-batches in flight "
         "per stage as there are stages) or gpipe (every forward, then every backward)",
         choices=PIPELINE_SCHEDULES,
         flag="pipeline-schedule",
+        engines=("pipeline",),
     )
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
-    bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
+    bf16_transport: bool = option(False, "pipeline: send features in bfloat16", engines=("pipeline",))

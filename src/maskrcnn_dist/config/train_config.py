@@ -167,6 +167,11 @@ class TrainConfig:
                 f"--elastic is for --engine ddp: a lost worker's survivors regroup its data-parallel ranks, and "
                 f"--engine {self.engine} has none; leave out --elastic",
             ),
+            (
+                self.peers.elastic or not self.peers.elastic_rules_set(),
+                "--elastic-min-size and --elastic-min-wait are rules of an elastic group: add --elastic, or leave "
+                "them out",
+            ),
             (not (self.overwrite and self.resume is not None), "--overwrite and --resume: give one of them"),
             (
                 not self.test_only or self.resume is not None or self.model.weights is not None,

@@ -2,7 +2,7 @@
 whole, and their loaders. The rooms below it import downward only (tests/test_layering.py):
 
     cache < annotations/ < classes < sources/ < parse_ahead < images/ < check_ahead < synthetic
-          < dataset < plan < loader < transforms/ < prepare
+          < dataset < plan < old_order < loader < transforms/ < prepare
 
 The names below are imported when first asked for (PEP 562), not with the package: annotations/,
 sources/, cache and parse_ahead need no torch, and the command line starts parsing a large annotation
@@ -24,7 +24,7 @@ _HOME = {
     "load_datasets": "prepare",
     "open_split": "prepare",
     "check_split": "prepare",
-    "train_loaders": "prepare",
+    "train_loaders": "transforms.training",
     "sources_of": "prepare",
     # what it builds and the pieces its callers name
     "CocoInstanceDataset": "dataset",
@@ -84,11 +84,11 @@ if TYPE_CHECKING:  # the same names from their homes, for readers and type check
         open_data,
         open_split,
         sources_of,
-        train_loaders,
     )
     from .sources import DataSources, SplitSource
     from .synthetic import SyntheticCoco, SyntheticSplits, ensure_synthetic, generate_synthetic_coco, write_train_val
     from .transforms.flip import flip_decision, hflip
+    from .transforms.training import train_loaders
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..lifetime.stop import leave_process_group
-from .plan import BatchLayout, RankShare, epoch_plan, rank_share
+from .plan import BatchLayout, GlobalBatch, RankShare, RankShares, epoch_plan
 
 Batch = tuple[list[torch.Tensor], list[dict[str, Any]]]
 
@@ -81,7 +81,7 @@ class StepLoader:
     """The steps of an epoch from a global batch on: one StepBatch per step. One DataLoader reads every
     micro-batch of the rank in order (its workers prefetch across steps); this regroups them per step."""
 
-    def __init__(self, loader: DataLoader, shares: list[RankShare]) -> None:
+    def __init__(self, loader: DataLoader, shares: Sequence[RankShare]) -> None:
         self.loader, self.shares = loader, shares
 
     def __len__(self) -> int:
@@ -103,22 +103,37 @@ def build_step_loader(
     groups: Sequence[int] | None = None,
     start_batch: int = 0,
     share: tuple[int, int] = (0, 1),
+    plan: Sequence[GlobalBatch] | None = None,
     **options: Any,
 ) -> StepLoader:
     """Rank r of n's (`share`) part of every global batch of `epoch` (plan.py) from global batch
     `start_batch` on. `groups`: each image's aspect-ratio group (aspect_ratio_groups; None: no grouping);
-    `options`: the DataLoader's (num_workers, pin_memory, collate_fn).
+    `plan`: the epoch's global batches where they are not the plan's (old_order.py); `options`: the
+    DataLoader's (num_workers, pin_memory, collate_fn).
 
     Build one per epoch. `len(loader)` is the number of steps left in the epoch, the same on every rank.
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)  # flips depend on the epoch; set before workers copy the dataset
-    plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
-    if not 0 <= start_batch <= len(plan):
-        raise ValueError(f"start_batch {start_batch} is outside the epoch's {len(plan)} global batches")
-    shares = [rank_share(batch, *share) for batch in plan[start_batch:]]
-    micro_batches = [list(m.indices) for share in shares for m in share.micro_batches]
-    return StepLoader(_loader(dataset, micro_batches, **options), shares)
+    if plan is None:
+        plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
+    shares = RankShares(plan, *share, start=start_batch)  # each made as the loader reaches it
+    return StepLoader(_loader(dataset, MicroBatches(shares), **options), shares)
+
+
+class MicroBatches:
+    """The DataLoader's batches: every micro-batch of `shares`, in order, made as the loader asks for them."""
+
+    def __init__(self, shares: RankShares) -> None:
+        self.shares = shares
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for share in self.shares:
+            for micro in share.micro_batches:
+                yield list(micro.indices)
+
+    def __len__(self) -> int:
+        return self.shares.micro_batch_count()
 
 
 def build_eval_loader(
@@ -138,7 +153,7 @@ def build_eval_loader(
 
 def _loader(
     dataset: Dataset,
-    batches: list[list[int]],
+    batches: Iterable[list[int]],
     *,
     num_workers: int = 0,
     pin_memory: bool = False,

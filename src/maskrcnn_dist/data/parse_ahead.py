@@ -2,6 +2,7 @@
 imports torch, a child per annotation file the run will read that has no cache yet; the child parses it
 (annotations/read.py) and, once the trainer releases it, writes the cache file the trainer then maps
 (cache.load_or_build waits for it rather than parsing again). docs/performance.md has the overlap's figures.
+The splits it finds to know those files are the trainer's too: they are found once (ParseAhead.found_for).
 
 Invariants:
 - a refused run writes nothing: the trainer releases the children only after its flags and its output
@@ -31,12 +32,13 @@ from typing import NoReturn
 
 from maskrcnn_launcher.contract import PodPlan
 
-from ..config import TrainConfig
+from ..config import DataConfig, TrainConfig
 from ..errors import DatasetError, UserError
 from ..lifetime.cores import available_cores
 from .annotations.read import read_store, samples_file
 from .cache import CacheFile
-from .sources.resolve import cache_dir, names_data, resolve_sources
+from .sources import DataSources
+from .sources.resolve import cache_dir, data_flags, found_sources, names_data
 
 # Annotation files smaller than this parse in a fraction of a second: too little to overlap with anything,
 # for the cost of a fork (check_ahead.py's workers start from it too).
@@ -53,16 +55,23 @@ class _Child:
 
 
 class ParseAhead:
-    """Children parsing annotation files ahead: `release()` lets them write their caches, `close()` kills
-    those never released and waits for the others. Plain forks, not multiprocessing's: a process that
-    exits without closing this must not wait at its exit for a child that waits for it."""
+    """Children parsing annotation files ahead (none where every file is small or cached): `release()`
+    lets them write their caches, `close()` kills those never released and waits for the others. Plain
+    forks, not multiprocessing's: a process that exits without closing this must not wait at its exit for
+    a child that waits for it. `found`: the splits found for the data flags `flags` (found_sources),
+    which the trainer takes rather than finding them again (found_for)."""
 
-    def __init__(self, children: list[_Child]) -> None:
+    def __init__(self, children: list[_Child], found: DataSources, flags: tuple[Path | None, ...]) -> None:
         self._children = children
+        self._found, self._flags = found, flags
 
     @property
     def files(self) -> tuple[Path, ...]:
         return tuple(child.annotation_file for child in self._children)
+
+    def found_for(self, data: DataConfig) -> DataSources | None:
+        """The splits found for `data`'s flags (None: found for other flags)."""
+        return self._found if data_flags(data) == self._flags else None
 
     def release(self) -> None:
         """The run's flags and output folder are accepted: write what was parsed."""
@@ -108,8 +117,9 @@ def parse_ahead(
     cfg: TrainConfig, env: Mapping[str, str] = os.environ, worth_from_bytes: int | None = None
 ) -> ParseAhead | None:
     """Children parsing the annotation files `cfg`'s run will read (those of `worth_from_bytes`, default
-    WORTH_FROM_BYTES, or more with no cache yet, and not parsed ahead by another process of this node);
-    None where none starts."""
+    WORTH_FROM_BYTES, or more with no cache yet, and not parsed ahead by another process of this node),
+    with the splits found (none may start: then only those); None where parsing ahead cannot gain, and
+    where the data flags are refused (the trainer refuses them itself, in its order)."""
     least = WORTH_FROM_BYTES if worth_from_bytes is None else worth_from_bytes
     if cfg.test_only or cfg.data.synthetic_images or not names_data(cfg.data):
         return None
@@ -117,7 +127,9 @@ def parse_ahead(
     if folder is None or available_cores() < 2 or not _loads_data(cfg, env):
         return None
     try:
-        sources = resolve_sources(cfg.data, cfg.seed, ahead=True)
+        # Found once, here, and said here: the trainer takes them (ParseAhead.found_for). The val split
+        # --val-fraction carves is the trainer's: it may read the train file whole.
+        sources = found_sources(cfg.data)
     except UserError:  # the trainer refuses the flags itself, in its order
         return None
     files = dict.fromkeys(source.annotations for source in sources.splits.values())
@@ -125,7 +137,7 @@ def parse_ahead(
     for path in files:
         if file_size(path) >= least and (child := _start(path, folder, cfg.peers.timeout, children)) is not None:
             children.append(child)
-    return ParseAhead(children) if children else None
+    return ParseAhead(children, sources, data_flags(cfg.data))
 
 
 def _loads_data(cfg: TrainConfig, env: Mapping[str, str]) -> bool:

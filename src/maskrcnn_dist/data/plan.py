@@ -24,13 +24,15 @@ interleaved share), and a step the same step as before.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, overload
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,46 @@ class RankShare:
         return tuple(i for m in self.micro_batches if not m.filler for i in m.indices)
 
 
-def epoch_order(num_samples: int, *, epoch: int, seed: int, shuffle: bool) -> list[int]:
+def epoch_order(num_samples: int, *, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     """The epoch's order of all images: DistributedSampler's permutation (a generator seeded seed + epoch)."""
     if not shuffle:
-        return list(range(num_samples))
+        return np.arange(num_samples, dtype=np.int64)
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
-    return torch.randperm(num_samples, generator=generator).tolist()
+    return torch.randperm(num_samples, generator=generator).numpy()
+
+
+class EpochPlan(Sequence[GlobalBatch]):
+    """An epoch's global batches (epoch_plan), each made when it is asked for: the images in batch order
+    as one array and where each global batch starts in it. At COCO's size that is one 1 MiB array where
+    a list of 59k batches was ~6 objects each, built at every start and epoch and rescanned by the
+    garbage collector (docs/performance-data.md, issue 57)."""
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray, micro_batches: int) -> None:
+        self._order, self._starts, self._micro_batches = order, starts, micro_batches
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> GlobalBatch: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[GlobalBatch]: ...
+
+    def __getitem__(self, index: int | slice) -> GlobalBatch | list[GlobalBatch]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        b = range(len(self))[index]  # an IndexError past either end ends iteration
+        return _cut(self._order[self._starts[b] : self._starts[b + 1]].tolist(), self._micro_batches)
+
+    def shares(self, rank: int, world_size: int, start: int = 0) -> RankShares:
+        """Rank `rank` of `world_size`'s share of each global batch from `start` on (rank_share)."""
+        return RankShares(self, rank, world_size, start)
+
+    def micro_batch_counts(self) -> np.ndarray:
+        """How many micro-batches each global batch has (fewer than the layout's in a short last one)."""
+        return np.minimum(np.diff(self._starts), self._micro_batches)
 
 
 def epoch_plan(
@@ -123,7 +158,7 @@ def epoch_plan(
     shuffle: bool = True,
     groups: Sequence[int] | None = None,
     drop_last: bool = False,
-) -> list[GlobalBatch]:
+) -> EpochPlan:
     """The epoch's global batches. `groups`: each image's aspect-ratio group (None: no grouping); a
     global batch then holds one group's images where it can (grouped_batches)."""
     if groups is not None and len(groups) != num_samples:
@@ -131,12 +166,15 @@ def epoch_plan(
     order = epoch_order(num_samples, epoch=epoch, seed=seed, shuffle=shuffle)
     size = layout.global_batch_size
     if groups is not None:
-        batches = grouped_batches(order, [groups[i] for i in order], size)
+        listed = order.tolist()
+        batches = grouped_batches(listed, [groups[i] for i in listed], size)
+        order = np.fromiter(itertools.chain.from_iterable(batches), np.int64, num_samples)
+        starts = np.cumsum([0, *map(len, batches)], dtype=np.int64)
     else:
-        batches = [order[i : i + size] for i in range(0, len(order), size)]
-    if drop_last and batches and len(batches[-1]) < size:
-        batches.pop()
-    return [_cut(batch, layout.micro_batches) for batch in batches]
+        starts = np.append(np.arange(0, num_samples, size, dtype=np.int64), num_samples)
+    if drop_last and len(starts) > 1 and starts[-1] - starts[-2] < size:
+        starts = starts[:-1]
+    return EpochPlan(order, starts, layout.micro_batches)
 
 
 def _cut(batch: list[int], micro_batches: int) -> GlobalBatch:
@@ -170,8 +208,7 @@ def rank_share(batch: GlobalBatch, rank: int, world_size: int) -> RankShare:
     """Rank `rank` of `world_size` takes micro-batches rank, rank + n, ...; each weighs its images'
     share of the global batch. Every rank runs ceil(micro-batches / n) of them: a rank short of real
     ones runs fillers (the batch's first image, weight 0) so that collectives pair up."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+    _check_rank(rank, world_size)
     total, count = batch.images, len(batch.micro_batches)
     micro = batch.micro_batches
     mine = [MicroShare(k, micro[k], Fraction(len(micro[k]), total)) for k in range(rank, count, world_size)]
@@ -179,6 +216,45 @@ def rank_share(batch: GlobalBatch, rank: int, world_size: int) -> RankShare:
     # A filler's index is past the real ones' (its draws are nobody's), distinct per rank and round.
     fillers = [MicroShare(count + rank + i * world_size, micro[0][:1], Fraction(0)) for i in range(rounds - len(mine))]
     return RankShare(tuple(mine + fillers))
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+
+
+class RankShares(Sequence[RankShare]):
+    """A rank's share of each global batch of a plan from `start` on, each made when it is asked for (an
+    EpochPlan, or global batches listed whole: old_order.py's)."""
+
+    def __init__(self, plan: Sequence[GlobalBatch], rank: int, world_size: int, start: int = 0) -> None:
+        if not 0 <= start <= len(plan):
+            raise ValueError(f"start_batch {start} is outside the epoch's {len(plan)} global batches")
+        _check_rank(rank, world_size)
+        self.plan, self.rank, self.world_size, self.start = plan, rank, world_size, start
+
+    def __len__(self) -> int:
+        return len(self.plan) - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> RankShare: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RankShare]: ...
+
+    def __getitem__(self, index: int | slice) -> RankShare | list[RankShare]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return rank_share(self.plan[self.start + range(len(self))[index]], self.rank, self.world_size)
+
+    def micro_batch_count(self) -> int:
+        """The micro-batches this rank runs over these shares, fillers included (every rank runs as many)."""
+        plan = self.plan
+        if isinstance(plan, EpochPlan):
+            counts = plan.micro_batch_counts()
+        else:  # global batches listed whole
+            counts = np.array([len(batch.micro_batches) for batch in plan], dtype=np.int64)
+        return int((-(-counts[self.start :] // self.world_size)).sum())
 
 
 def share_at(
@@ -220,10 +296,28 @@ def layout_change(layout: BatchLayout, before: int, batch_size: int, world_size:
         notes.append(
             f"world size {before} -> {world_size}: the global batch stays {layout.global_batch_size} images "
             f"({layout.micro_batches} micro-batches of {layout.batch_size}), {rounds} micro-batch(es) per rank per step"
+            + _idle_ranks(layout.micro_batches, world_size)
         )
     if batch_size != layout.batch_size:
         notes.append(f"--batch-size {batch_size} is not used: the run's micro-batches hold {layout.batch_size}")
     return ("resume: " + "; ".join(notes)) if notes else None
+
+
+def _idle_ranks(micro_batches: int, world_size: int) -> str:
+    """What the ranks without a real micro-batch of their own do (rank_share's fillers), in words; empty when
+    every rank trains in every full step."""
+    idle = world_size - micro_batches
+    short = micro_batches % world_size
+    if idle > 0:
+        ranks = f"rank {micro_batches}" if idle == 1 else f"ranks {micro_batches}-{world_size - 1}"
+        return (
+            f"; {ranks} train{'s' if idle == 1 else ''} nothing: a filler of weight 0 each step keeps the "
+            "collectives paired (more ranks than micro-batches add no speed)"
+        )
+    if short:
+        ranks = f"rank {short}" if world_size - short == 1 else f"ranks {short}-{world_size - 1}"
+        return f"; {ranks} run{'s' if world_size - short == 1 else ''} a filler of weight 0 in the last round"
+    return ""
 
 
 #: The checkpoint's keys for the run's layout and the world size that wrote it.

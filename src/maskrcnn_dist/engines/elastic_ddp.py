@@ -29,9 +29,9 @@ from maskrcnn_launcher.contract import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 from ..config import TrainConfig
 from ..data.loader import MicroBatch
-from ..errors import UserError
-from ..lifetime.elastic import BoundaryDecision, ElasticGroup, LeaderLost, StepAborted
-from ..lifetime.membership import ElasticPolicy
+from ..errors import ConfigError, UserError
+from ..lifetime.elastic import BoundaryDecision, ElasticGroup, GroupFailure, LeaderLost
+from ..lifetime.membership import ElasticPolicy, admits_at
 from ..lifetime.stop import RunOver, StopRequest
 from .base import check_finite, checksum
 from .torch_engine import TorchEngine, ddp_backend
@@ -49,7 +49,7 @@ def is_group_failure(exc: BaseException) -> bool:
     The leader's loss is neither: it ends the group (LeaderLost propagates)."""
     if isinstance(exc, LeaderLost):
         return False
-    if isinstance(exc, (StepAborted, dist.DistError)):
+    if isinstance(exc, (GroupFailure, dist.DistError)):
         return True
     return type(exc) is RuntimeError and any(word in str(exc).lower() for word in _LOST_PEER_WORDS)
 
@@ -66,8 +66,14 @@ def elastic_session(cfg: TrainConfig, env: dict[str, str] | None = None) -> Iter
         # 2 aborts the communicator and raises in the waiting step, which the group recovers from.
         # Written for GPUs, not run here (docs/elastic.md, "NCCL").
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-    policy = ElasticPolicy(timeout_s=cfg.peers.timeout)
-    group = ElasticGroup(env[MASTER_ADDR], int(env[MASTER_PORT]), int(env[RANK]), int(env[WORLD_SIZE]), backend, policy)
+    peers, launch_world = cfg.peers, int(env[WORLD_SIZE])
+    if peers.elastic_min_size > launch_world:
+        raise ConfigError(
+            f"--elastic-min-size {peers.elastic_min_size} is more than the job's {launch_world} ranks: "
+            f"the group could never train; give at most {launch_world}"
+        )
+    policy = ElasticPolicy(timeout_s=peers.timeout, min_size=peers.elastic_min_size, min_wait_s=peers.elastic_min_wait)
+    group = ElasticGroup(env[MASTER_ADDR], int(env[MASTER_PORT]), int(env[RANK]), launch_world, backend, policy)
     finished = False
     try:
         if group.start() is None:
@@ -115,6 +121,7 @@ class ElasticTorchEngine(TorchEngine):
     ) -> None:
         self.group = group
         super().__init__(cfg, num_classes, iters_per_epoch, distributed=True, stop=stop)
+        self.total_steps = cfg.total_steps(iters_per_epoch)  # the policy admits no newcomer after the last
         self.wrapped_in = group._generation().number  # the generation DDP's constructor ran in
         self.decision = BoundaryDecision(stop_all=False, leaving=(), admit=False)
 
@@ -145,7 +152,8 @@ class ElasticTorchEngine(TorchEngine):
         weighted = self.accumulate(step, micro_batches)  # each loss x its weight x the generation's size
         names = sorted(weighted)
         asked = self.stop is not None and self.stop.requested
-        flags = self.group.boundary_flags(leave=asked, stop=asked).to(self.device)
+        admit = admits_at(step + 1, self.total_steps)
+        flags = self.group.boundary_flags(leave=asked, stop=asked, admit=admit).to(self.device)
         terms = torch.stack([weighted[n].detach().float() for n in names])
         values = self.all_reduce_sum(torch.cat([terms, flags]))
         self.decision = self.group.read_boundary(values[len(names) :].cpu())

@@ -1,7 +1,8 @@
 """An elastic ddp group: survivors of a lost member go on in a new process group, a replacement joins at a
-step boundary, a drained member leaves at one (docs/elastic.md). Membership is agreed through the
-job's TCPStore (membership.py); each generation is torch's default process group, so the engines'
-collectives (DDP, all_reduce, gather_object) use it unchanged.
+step boundary, a drained member leaves at one, and a group below its minimum size holds for replacements
+(docs/elastic.md). Membership is agreed through the job's TCPStore and decided by the policy's functions
+(membership.py); each generation is torch's default process group, so the engines' collectives (DDP,
+all_reduce, gather_object) use it unchanged.
 
 The step's protocol, on every member:
   1. the step's collectives (DDP's gradient all-reduce, the loss all-reduce with `boundary_flags`);
@@ -9,20 +10,20 @@ The step's protocol, on every member:
      the generation or on none (the store's compare_set decides), so the replicas never diverge;
   3. the optimizer step; then at the boundary `read_boundary` says who leaves and whether the leader
      admits joiners, and `regroup` forms the next generation.
-A failure in 1 or 2 (a collective that errors, an aborted commit) goes to `recover()`: the generation
-is marked ended (which releases every member's commit), the old group dropped (which releases peers
-blocked on this process's sockets), and the leader forms the next generation of those still here.
-The step in flight was committed nowhere: the caller redoes it in the new generation. The caller drops
-whatever holds the old group (a DistributedDataParallel wrapper) before `recover()` and `regroup()`,
-so that dropping it closes the sockets, and wraps the model again in the new generation; after every
-new generation it calls `share_state` (a newcomer receives the leader's state there).
+A failure in 1 or 2 (a collective that errors, an aborted commit), or a generation that does not form
+(a member that never comes), goes to `recover()`: the generation is marked ended (which releases every
+member's commit), the old group dropped (which releases peers blocked on this process's sockets), and
+the leader forms the next generation of those still here. The step in flight was committed nowhere: the
+caller redoes it in the new generation. The caller drops whatever holds the old group (a
+DistributedDataParallel wrapper) before `recover()`, `regroup()` and `hold()`, so that dropping it closes
+the sockets, and wraps the model again in the new generation; after every new generation it calls
+`share_state` (a newcomer receives the leader's state there).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import pickle
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,28 +32,42 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from maskrcnn_launcher.contract import format_membership_line
 
+from ..errors import PeerLostError
+from . import transfer
+from .leader import Desk
 from .membership import (
     COMMITTED,
     LEADER,
+    REFUSED,
     ElasticPolicy,
     Generation,
-    Watcher,
+    Hold,
+    after_waiting,
     connect,
     current_generation,
+    heartbeat,
     next_members,
     publish_generation,
     read_generation,
     store_wait,
 )
+from .watcher import Watcher
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
 
 
-class StepAborted(RuntimeError):
+class GroupFailure(RuntimeError):
+    """The generation lost a member: recover, then redo what was in flight."""
+
+
+class StepAborted(GroupFailure):
     """The step in flight was not committed: a member was lost. Recover, then redo it."""
+
+
+class FormationFailed(GroupFailure):
+    """A generation did not form: one of its members never came to it."""
 
 
 class LeaderLost(RuntimeError):
@@ -83,11 +98,11 @@ class ElasticGroup:
         self.policy = policy = policy or ElasticPolicy()
         self.store = connect(host, port, policy.timeout_s)
         self.watcher = Watcher(host, port, me, policy)
-        self.generation: Generation | None = None
+        self.generation: Generation | None = None  # the newest this member was in, formed or forming
+        self.formed: Generation | None = None  # the newest that formed (the leader's announcements' base)
         self.newcomers: tuple[int, ...] = ()  # members the last generation admitted (they need the state)
-        self.lost: tuple[int, ...] = ()  # members the last recovery left behind
         self.steps_done = 0  # steps committed in this process's generations
-        self._joins_seen = 0
+        self.desk = Desk(self.store, self.watcher, policy)  # the leader's reads behind its decisions
 
     # -- the generation -------------------------------------------------------------------------
 
@@ -108,20 +123,36 @@ class ElasticGroup:
         a lost one), wait to be admitted at the leader's next step boundary; None when the leader's run
         ended meanwhile (nothing left to join)."""
         if current_generation(self.store) is None:
+            self.watcher.beat_as(heartbeat(self.me))
             return self._form(Generation(0, tuple(range(self.launch_world))), newcomers=())
         return self._join()
 
     def _join(self) -> Generation | None:
-        number = self.store.add("joins", 1)
-        self.store.set(f"join/{number}", str(self.me))
-        log.info("elastic: member %d asks to join; waiting for a step boundary", self.me)
+        """Ask in with a new ticket and wait for the leader's answer as long as it beats. Admitted, form the
+        generation within the group's timeout or leave (PeerLostError): a healthy member never waits on it."""
+        ticket = self.store.add("joins", 1)
+        self.watcher.beat_as(heartbeat(self.me, ticket))  # not its id's: that may be its lost predecessor's
+        self.store.set(f"join/{ticket}", str(self.me))
+        log.info("elastic: member %d asks to join (ticket %d); waiting for a step boundary", self.me, ticket)
         self.watcher.watch(None, [LEADER])
-        if not self._wait_for_leader(f"admitted/{self.me}"):
+        if not self._wait_for_leader(f"admitted/{ticket}", timeout_s=float("inf")):
             return None
-        generation = read_generation(self.store, int(self.store.get(f"admitted/{self.me}")))
-        return self._form(generation, newcomers=(self.me,))
+        answer = self.store.get(f"admitted/{ticket}").decode()
+        if answer.startswith(REFUSED):
+            raise PeerLostError(f"elastic: member {self.me} was not admitted: {answer.removeprefix(REFUSED)}")
+        self.watcher.beat_as(heartbeat(self.me))
+        try:
+            return self._form(read_generation(self.store, int(answer)), newcomers=(self.me,))
+        except (GroupFailure, dist.DistError) as exc:
+            self._drop_group()
+            raise PeerLostError(f"elastic: member {self.me} was admitted but could not join: {exc}") from None
 
-    def _form(self, generation: Generation, newcomers: Iterable[int]) -> Generation:
+    def _form(self, generation: Generation, newcomers: Iterable[int], leaving: Iterable[int] = ()) -> Generation:
+        """This member in `generation`: every member met (`_gather`, after the launch's), then the process
+        group; the leader then announces the change (`leaving`: the members that left at the boundary)."""
+        self.generation, self.newcomers = generation, tuple(newcomers)
+        if generation.number > 0:
+            self._gather(generation)
         prefix = dist.PrefixStore(f"g{generation.number}/pg", self.store)
         dist.init_process_group(
             self.backend,
@@ -132,9 +163,30 @@ class ElasticGroup:
         )
         if self.is_leader and generation.number == 0:  # later ones the leader published before forming
             publish_generation(self.store, generation, ())
-        self.generation, self.newcomers = generation, tuple(newcomers)
+        if self.is_leader:
+            self.desk.announce(self.formed or generation, generation, leaving, self.steps_done)
+        self.formed = generation
         self.watcher.watch(generation.number, generation.members)
         return generation
+
+    def _gather(self, generation: Generation) -> None:
+        """Wait until every member of `generation` has come to form it, before the process group's
+        rendezvous (which would wait the group's timeout for a member that never comes): a member silent
+        for the dead time, or absent for the group's timeout, ends the generation (FormationFailed)."""
+        number, policy = generation.number, self.policy
+        self.store.set(f"g{number}/here/{self.me}", "1")
+        self.watcher.watch(number, generation.members)
+        deadline = time.monotonic() + policy.timeout_s
+        missing = [m for m in generation.members if m != self.me]
+        while missing := [m for m in missing if not self.store.check([f"g{number}/here/{m}"])]:
+            if self.watcher.ended(number):
+                raise FormationFailed(f"generation {number} ended before it formed: {self._abort_reason(number)}")
+            silent = [m for m in missing if self.watcher.silent_for(m) > policy.dead_after_s]
+            if silent or time.monotonic() > deadline:
+                why = f"member {(silent or missing)[0]} did not come to form generation {number}"
+                self.store.compare_set(f"g{number}/abort", "", why)
+                raise FormationFailed(why)
+            time.sleep(POLL_S)
 
     def _generation(self) -> Generation:
         if self.generation is None:
@@ -143,13 +195,14 @@ class ElasticGroup:
 
     # -- the step -------------------------------------------------------------------------------
 
-    def boundary_flags(self, leave: bool, stop: bool) -> torch.Tensor:
+    def boundary_flags(self, leave: bool, stop: bool, admit: bool = True) -> torch.Tensor:
         """This member's part of the step's flags, to be summed over the generation with the loss terms:
-        [the leader asked to stop, the leader admits joiners, one slot per rank: that rank leaves]."""
+        [the leader asked to stop, the leader admits joiners, one slot per rank: that rank leaves].
+        `admit`: the policy's word on this boundary (membership.admits_at)."""
         flags = torch.zeros(2 + self.size)
         if self.is_leader:
             flags[0] = float(stop)
-            flags[1] = float(self._joiners_waiting())
+            flags[1] = float(admit and self.desk.joiners_waiting(self._generation().members))
         elif leave:
             flags[2 + self.rank] = 1.0
         return flags
@@ -175,10 +228,11 @@ class ElasticGroup:
 
     # -- changes of membership ------------------------------------------------------------------
 
-    def recover(self, cause: str) -> Generation | None:
-        """After a failed collective or an aborted commit (`cause`: what failed, in words): the next
-        generation of those still here (and the joiners waiting). A member the leader left out (counted
-        lost while it was only slow) joins again; None if the leader's run ended meanwhile.
+    def recover(self, cause: str, admit: bool = True) -> Generation | None:
+        """After a failed collective, an aborted commit or a generation that did not form (`cause`: what
+        failed, in words): the next generation of those still here (and, if `admit`, the joiners waiting).
+        A member the leader left out (counted lost while it was only slow) joins again; None if the
+        leader's run ended meanwhile.
 
         Call it after the `except` block, not inside: a live exception keeps the failed collective's
         frames, and through them the old group and its sockets, which peers blocked on them wait for."""
@@ -186,49 +240,57 @@ class ElasticGroup:
         self.store.compare_set(f"g{old.number}/abort", "", f"member {self.me}: {cause[:200]}")
         self._drop_group()  # closes this process's sockets: peers blocked on them are released
         self.store.set(f"g{old.number}/alive/{self.me}", "1")
-        if self.is_leader:
-            staying = self._survivors(old)
-            self.lost = tuple(m for m in old.members if m not in staying)
-            joiners = self._take_joiners()
-            generation = Generation(old.number + 1, next_members(old, staying, joiners))
-            publish_generation(self.store, generation, [j for j in joiners if j in generation.members])
-            log.warning("elastic: generation %d ended: %s", old.number, self._abort_reason(old.number))
-            self._announce(old, generation)
-            return self._form(generation, newcomers=joiners)
-        return self._follow(old.number + 1)
+        if not self.is_leader:
+            return self._follow(old.number + 1)
+        staying = self.desk.survivors(old, self.me)
+        log.warning("elastic: generation %d ended: %s", old.number, self._abort_reason(old.number))
+        return self._lead(old, staying, self.desk.take_joiners(staying) if admit else {})
 
     def regroup(self, decision: BoundaryDecision) -> Generation | None:
         """At a step boundary, on every member: the next generation without the members leaving and with
         the joiners the leader admits. None on a member that leaves (it is out of the group now)."""
         old = self._generation()
         if self.me in decision.leaving:
-            self.store.set(f"gone/{self.me}", str(old.number))
+            self.store.set(f"g{old.number}/gone/{self.me}", "1")
             self._drop_group()
             self.generation = None
             return None
         self._drop_group()
         if not self.is_leader:
             return self._follow(old.number + 1)
-        joiners = self._take_joiners() if decision.admit else []
         staying = [m for m in old.members if m not in decision.leaving]
-        generation = Generation(old.number + 1, next_members(old, staying, joiners))
-        publish_generation(self.store, generation, joiners)
-        self.lost = ()
-        self._announce(old, generation, leaving=decision.leaving)
-        return self._form(generation, newcomers=joiners)
+        return self._lead(old, staying, self.desk.take_joiners(staying) if decision.admit else {}, decision.leaving)
+
+    def hold(self) -> Generation | None:
+        """Below the policy's minimum size, at a step boundary, on every member: wait for replacements up to
+        the policy's `min_wait_s`. The next generation with them once there are enough, or None: too few
+        came, and the group stops (the caller has saved the state)."""
+        old = self._generation()
+        self._drop_group()
+        if not self.is_leader:
+            came = self._wait_for_leader([f"g{old.number + 1}/members", f"g{old.number}/stop"], self.policy.min_wait_s)
+            return None if came in (None, f"g{old.number}/stop") else self._follow(old.number + 1)
+        started, joiners = time.monotonic(), {}
+        while True:
+            staying = [m for m in old.members if m == self.me or self.watcher.silent_for(m) <= self.policy.dead_after_s]
+            joiners |= self.desk.take_joiners(staying)
+            outcome = after_waiting(len(staying) + len(joiners), time.monotonic() - started, self.policy)
+            if outcome is Hold.GO_ON:
+                return self._lead(old, staying, joiners)
+            if outcome is Hold.STOP:
+                self.desk.refuse(joiners, "the group stopped below its minimum size")
+                self.store.set(f"g{old.number}/stop", "1")
+                return None
+            time.sleep(POLL_S)
 
     def share_state(self, state: Any) -> Any:
         """After a generation that admitted newcomers: the leader sends `state` (its checkpoint's dict) to
         each; a newcomer returns what it received, every other member its own `state`."""
         generation = self._generation()
-        if not self.newcomers and not self.is_leader:
-            return state
         if self.is_leader:
-            payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL) if self.newcomers else b""
-            for member in self.newcomers:
-                _send_bytes(payload, generation.rank_of(member))
+            transfer.send(state, [generation.rank_of(m) for m in self.newcomers])
             return state
-        return pickle.loads(_recv_bytes(generation.rank_of(LEADER)))
+        return transfer.receive(generation.rank_of(LEADER)) if self.me in self.newcomers else state
 
     def close(self, finished: bool = False) -> None:
         """Leave for good; `finished` (the leader's run ended): a joiner still waiting exits."""
@@ -239,59 +301,13 @@ class ElasticGroup:
 
     # -- the leader's side ----------------------------------------------------------------------
 
-    def _joiners_waiting(self) -> bool:
-        return self.store.add("joins", 0) > self._joins_seen
-
-    def _take_joiners(self) -> list[int]:
-        """The ids of the replacements that asked since the last look and still beat: one that died while
-        it waited would hold the next group's formation until the group timeout."""
-        count = self.store.add("joins", 0)
-        ids = [int(self.store.get(f"join/{n}")) for n in range(self._joins_seen + 1, count + 1)]
-        self._joins_seen = count
-        alive = sorted(m for m in set(ids) if self._beating(m))
-        if dead := sorted(set(ids) - set(alive)):
-            log.warning("elastic: members %s asked to join but fell silent: not admitted", dead)
-        return alive
-
-    def _beating(self, member: int) -> bool:
-        """Whether `member`'s heartbeat moves within the dead time (a live one moves within a beat)."""
-        first = self.store.add(f"hb/{member}", 0)
-        deadline = time.monotonic() + self.policy.dead_after_s
-        while time.monotonic() < deadline:
-            time.sleep(self.policy.beat_s / 2)
-            if self.store.add(f"hb/{member}", 0) != first:
-                return True
-        return False
-
-    def _survivors(self, old: Generation) -> list[int]:
-        """The members of `old` still here: each counted alive, or out once gone (drained) or silent."""
-        self.watcher.watch(None, old.members)  # keep their heartbeats tracked, stop watching `old`
-        pending = {m for m in old.members if m != self.me}
-        staying = [self.me]
-        deadline = time.monotonic() + self.policy.timeout_s
-        while pending:
-            for member in sorted(pending):
-                if self.store.check([f"g{old.number}/alive/{member}"]):
-                    staying.append(member)
-                    pending.discard(member)
-                elif self.store.check([f"gone/{member}"]) or self.watcher.silent_for(member) > self.policy.dead_after_s:
-                    pending.discard(member)
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"members {sorted(pending)} neither answered nor fell silent")
-            if pending:
-                time.sleep(POLL_S)
-        return staying
-
-    def _announce(self, old: Generation, new: Generation, leaving: Iterable[int] = ()) -> None:
-        """One line per change (the contract's, which `maskrcnn-launch status` counts in the master's log)."""
-        left = set(leaving)
-        for member in old.members:
-            if member not in new.members:
-                event = "left" if member in left else "lost"
-                log.warning("%s", format_membership_line(event, member, self.steps_done, new.size))
-        for member in new.members:
-            if member not in old.members:
-                log.warning("%s", format_membership_line("joined", member, self.steps_done, new.size))
+    def _lead(
+        self, old: Generation, staying: list[int], joiners: dict[int, int], leaving: Iterable[int] = ()
+    ) -> Generation:
+        """The leader's decision published (the next generation, the joiners' admissions), then formed."""
+        generation = Generation(old.number + 1, next_members(staying, joiners.values()))
+        publish_generation(self.store, generation, joiners)
+        return self._form(generation, joiners.values(), leaving)
 
     # -- a follower's side ----------------------------------------------------------------------
 
@@ -302,21 +318,19 @@ class ElasticGroup:
         if self.me not in generation.members:
             log.warning("elastic: generation %d formed without member %d; joining again", number, self.me)
             return self._join()
-        self.lost = ()
         return self._form(generation, newcomers=())
 
     def wait_for_leader(self, key: str) -> bool:
         """Wait for the leader to write `key` (see `_wait_for_leader`)."""
-        return self._wait_for_leader(key)
+        return self._wait_for_leader(key) is not None
 
-    def _wait_for_leader(self, key: str) -> bool:
-        """Wait for the leader to write `key`: False when its run has ended meanwhile, LeaderLost once its
-        heartbeat has stopped without that."""
+    def _wait_for_leader(self, keys: str | list[str], timeout_s: float = 0.0) -> str | None:
+        """Wait for the leader to write `keys` (the first of several), up to the group's timeout plus
+        `timeout_s`: None when its run has ended meanwhile, LeaderLost once its heartbeat has stopped."""
         over = lambda: self.store.check(["finished"]) or self._leader_silent()  # noqa: E731
-        if store_wait(self.store, key, self.policy.timeout_s, POLL_S, give_up=over):
-            return True
-        if self.store.check(["finished"]):
-            return False
+        came = store_wait(self.store, keys, self.policy.timeout_s + timeout_s, POLL_S, give_up=over)
+        if came is not None or self.store.check(["finished"]):
+            return came
         raise LeaderLost(f"the master (member {LEADER}) fell silent: the group cannot go on without it")
 
     def _leader_silent(self) -> bool:
@@ -334,19 +348,3 @@ class ElasticGroup:
             else:
                 dist.destroy_process_group()
             gc.collect()
-
-
-def _send_bytes(payload: bytes, dst: int) -> None:
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
-    dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst)
-    if data.numel():
-        dist.send(data, dst)
-
-
-def _recv_bytes(src: int) -> bytes:
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src)
-    data = torch.empty(int(size.item()), dtype=torch.uint8)
-    if data.numel():
-        dist.recv(data, src)
-    return data.numpy().tobytes()

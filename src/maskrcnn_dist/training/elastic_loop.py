@@ -1,5 +1,7 @@
-"""The training loop of an elastic ddp group (--elastic, docs/elastic.md): the Trainer's steps and
-boundaries, each one redone in the next generation when the group loses a member during it.
+"""The step of an elastic ddp group (--elastic, docs/elastic.md): the Trainer's step and its boundary, each
+redone in the next generation when the group loses a member during it. The loop is the Trainer's
+(loop.py); this replaces the step (`run_step`: guarded, settled), enters each generation, and holds a
+group that fell below its minimum size.
 
 What every member holds alike is the position (committed steps) and the weights: a step is committed on
 every member or on none (the engine's commit point), and nothing else changes the weights. So after a
@@ -10,16 +12,16 @@ not finish is done again by all; the step in flight is redone from the weights t
 checkpoint is read and no finished step is lost. A replacement receives the leader's state (model,
 optimizer, scheduler, scaler, RNG, position, every hook's) once it is in.
 
-The data position is one call (`GlobalBatches.for_rank`): rank `r` of `n`'s share of global batch `b`
-of epoch `e` (data/plan.py, the launch's global batch): every image of the epoch is trained on once,
-whatever members come and go, and the per-step sample record (training/samples.py) says so.
+The batches come from the Trainer's one source (batches.py: rank `r` of `n`'s share of global batch `b`
+of epoch `e`, under the engine's device prefetch), made again at each new generation: every image of the
+epoch is trained on once, whatever members come and go, and the per-step sample record
+(training/samples.py) says so.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,55 +30,33 @@ import torch.distributed as dist
 from ..data.loader import StepBatch
 from ..engines.elastic_ddp import ElasticTorchEngine, is_group_failure
 from ..lifetime.elastic import BoundaryDecision, ElasticGroup
+from ..lifetime.membership import admits_at, enough
 from ..lifetime.stop import RunOver, Stopped
 from . import state
-from .loop import Boundary, Done, HookBase, LoaderFactory, Start, Trainer
+from .base import Boundary, Done, HookBase
+from .loop import LoaderFactory, Trainer
 from .samples import SampleRecordHook
 from .state import Position
 
 log = logging.getLogger(__name__)
 
 
-class GlobalBatches:
-    """The seam between the loop and the data plan: `for_rank(epoch, batch, rank, size)` is rank `rank`
-    of `size`'s share of global batch `batch` of `epoch` (data/plan.py), its micro-batches loaded, read
-    through `loader` (data/prepare.py's train_loaders for the engine, which reads the engine's rank and
-    size, its generation's, at each call). The loader is kept while the steps go in order, and made again
-    at the asked global batch after a change of generation or a step redone."""
-
-    def __init__(self, loader: LoaderFactory) -> None:
-        self.loader = loader
-        self._at: tuple[int, int, int, int] | None = None  # (epoch, next batch, rank, size) of the iterator
-        self._steps: Iterator[StepBatch] = iter(())
-
-    def for_rank(self, epoch: int, batch: int, rank: int, size: int) -> StepBatch:
-        if self._at != (epoch, batch, rank, size):
-            self._steps = iter(self.loader(epoch, batch))
-        step = next(self._steps)
-        self._at = (epoch, batch + 1, rank, size)
-        return step
-
-    def reset(self) -> None:
-        self._at, self._steps = None, iter(())
-
-
 class ElasticTrainer(Trainer):
-    """The Trainer of an elastic ddp member: hooks, checkpoints and stops as the Trainer's; its steps
-    over `batches`, and every failure of the group recovered in place (module docstring)."""
+    """The Trainer of an elastic ddp member: the same loop, hooks, checkpoints and stops; its step guarded,
+    and every failure of the group recovered in place (module docstring)."""
 
-    samples_in_result = False  # each step's line is written ahead of it (`_record_ahead`)
+    samples_in_result = False  # each step's line is written ahead of it (`before_step`)
 
     def __init__(self, engine: ElasticTorchEngine, loader: LoaderFactory, *args: Any) -> None:
-        """As the Trainer's; its steps take their batches through `GlobalBatches(loader)`."""
         super().__init__(engine, loader, *args)
         self.engine: ElasticTorchEngine = engine
-        self.batches = GlobalBatches(loader)
         # Every step delivered to the hooks at once: the elastic step reads its losses anyway (the commit
         # decision needs them on the host), so holding them back would save no read.
         self.read_every = 1
         self.boundary_open = False  # a step is done and its boundary's work is not (yet) finished here
         self.hooks_done: list[str] = []  # the hooks whose work at the open boundary is done (not run again)
         self.sample_record: SampleRecordHook | None = None
+        self.newcomer = False  # admitted mid-run: the others were past the start
 
     @property
     def group(self) -> ElasticGroup:
@@ -90,44 +70,48 @@ class ElasticTrainer(Trainer):
         super().register_hooks(hooks)
         self.sample_record = next((h for h in self.hooks if isinstance(h, SampleRecordHook)), None)
 
-    def train(self) -> None:
-        newcomer = self.group.me in self.group.newcomers
-        try:
-            self._settle(self._guarded(self._enter_generation))
-            for hook in self.hooks:
-                hook.before_train(Start(self.position.step, self.resumed_from))
-            if not newcomer:  # the launch's members start together; a newcomer comes in mid-run
-                self._settle(self._guarded(self.catch_up))
-            while self.position.step < self.total_steps and not self.stopped_early:
-                self._settle(self._guarded(self._step))
+    @property
+    def finished(self) -> bool:
+        return super().finished and not self.boundary_open  # a loss inside the last boundary: finish it first
+
+    def before_train(self) -> None:
+        """The first generation entered (a newcomer receives the leader's state there), then the Trainer's start."""
+        self.newcomer = self.group.me in self.group.newcomers
+        self._settle(self._guarded(self._enter_generation))
+        super().before_train()
+
+    def catch_up(self) -> None:
+        if not self.newcomer:  # the launch's members start together; a newcomer comes in mid-run
+            self._settle(self._guarded(super().catch_up))
+
+    def run_step(self) -> None:
+        """The next step and its boundary, guarded; after the last, the replicas compared."""
+        self._settle(self._guarded(self._step))
+        if self.finished:
             self._settle(self._guarded(self._compare_replicas))
-        except RunOver as over:
-            log.info("elastic: %s", over)
 
     def _step(self) -> None:
-        """The next step and its boundary; after a recovery, first the boundary's work the leader had left."""
-        if self.boundary_open:
+        if self.boundary_open:  # after a recovery: first the boundary's work the leader had left
             self.boundary_work(self.boundary())
             self.boundary_open = False
-            return
-        p, engine = self.position, self.engine
-        batch = self.batches.for_rank(p.epoch, p.batch, engine.data_rank, engine.data_world_size)
-        self._record_ahead(batch)
-        started = time.perf_counter()
-        losses = engine.train_micro_batches(p.step, batch.micro_batches)
-        self.step_done(batch, started, losses)
-        self.boundary_open, self.hooks_done = True, []
-        self.after_step()
-        self.boundary_open = False
-        if engine.decision.regroup:
-            self._regroup(engine.decision)
+        elif not enough(self.group.size, self.group.policy):
+            self._hold()
+        else:
+            super().run_step()
+            if self.engine.decision.regroup:
+                self._regroup(self.engine.decision)
 
-    def _record_ahead(self, batch: StepBatch) -> None:
+    def before_step(self, batch: StepBatch) -> None:
         """This member's sample line of the step, written before the step: one not committed is dropped
         from every file again when the next generation forms (`_enter_generation`). Written after the
         commit instead, a kill in between would leave the committed step's images out of the record."""
         if self.sample_record is not None:
-            self.sample_record.record(self.position.step + 1, self._samples(batch))
+            self.sample_record.record(self.position.step + 1, self.samples(batch))
+
+    def after_step(self) -> None:
+        self.boundary_open, self.hooks_done = True, []
+        super().after_step()
+        self.boundary_open = False
 
     def _compare_replicas(self) -> None:
         """At the end, one small gather: whether every member holds the leader's weights, bit for bit (the
@@ -148,11 +132,32 @@ class ElasticTrainer(Trainer):
         super().hook_ran(hook, done)
         self.hooks_done.append(hook.name)
 
+    # -- changes of membership ------------------------------------------------------------------
+
     def _regroup(self, decision: BoundaryDecision) -> None:
         """At the boundary: members asked to leave go, the joiners the leader admits come in."""
         self.engine.release()
         if self.group.regroup(decision) is None:  # this member was drained: it leaves alone
-            self.stop.finish(f"left the elastic group after step {self.position.step}; the others train on")
+            raise Stopped.left_group(self.stop, self.position.step)
+        self._enter_generation()
+
+    def _hold(self) -> None:
+        """Fewer members than the policy's minimum (--elastic-min-size), at the step boundary: the state
+        saved, then the replacements waited for; the group goes on with them, or stops, the minimum named."""
+        policy, step, size = self.group.policy, self.position.step, self.group.size
+        saved = self.checkpointer.save(step) if step else None
+        if self.engine.is_main:
+            log.warning(
+                "elastic: %d members, fewer than --elastic-min-size %d: holding after step %d (%s); waiting up to "
+                "%gs for replacements",
+                *(size, policy.min_size, step, f"checkpoint {saved}" if saved else "nothing to save"),
+                policy.min_wait_s,
+            )
+        self.engine.release()
+        if self.group.hold() is None:
+            self.stop.request(f"--elastic-min-size {policy.min_size}")
+            kept = f"every finished step is in the checkpoint of step {step}: {saved}" if saved else "nothing to save"
+            self.stop.finish(f"{size} members after waiting {policy.min_wait_s:g}s for replacements; {kept}")
             raise Stopped(self.stop)
         self._enter_generation()
 
@@ -174,8 +179,9 @@ class ElasticTrainer(Trainer):
         while failure is not None:
             log.warning("elastic: member %d: %s", self.group.me, failure.splitlines()[0][:300])
             self.engine.release()
-            if self.group.recover(failure) is None:
-                raise RunOver("the leader's run ended while this member waited for the next generation")
+            admit = admits_at(self.position.step + 1, self.total_steps)  # the leader's position decides
+            if self.group.recover(failure, admit) is None:
+                raise RunOver("elastic: the leader's run ended while this member waited for the next generation")
             failure = self._guarded(self._enter_generation)
 
     def _enter_generation(self) -> None:
@@ -197,7 +203,6 @@ class ElasticTrainer(Trainer):
         sent = self.checkpoint_state() if group.is_leader and group.newcomers else None
         received = group.share_state(sent)
         if group.me in group.newcomers:
-            self.position, _ = state.restore(engine, received, Path("<the leader>"))
-            state.restore_hooks(self.hooks, received, Path("<the leader>"))
+            self.position, _ = state.restore(engine, self.hooks, received, Path("<the leader>"))
             log.info("elastic: member %d received the leader's state at step %d", group.me, self.position.step)
         self.batches.reset()

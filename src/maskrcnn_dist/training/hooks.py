@@ -16,9 +16,10 @@ from typing import Any
 from ..engines.base import Engine
 from ..errors import TrainingError
 from ..evaluation import evaluate, validation_loss
+from .base import Boundary, Done, HookBase, RunCheckpointer, Start
 from .best import BestTracker, agreed_value, restore_best_file
 from .grace import GraceCheck
-from .loop import Boundary, Done, HookBase, RunCheckpointer, Start, StepResult
+from .losses import StepResult
 from .metrics import MetricsWriter, non_finite
 
 log = logging.getLogger(__name__)

@@ -2,11 +2,11 @@
 
 An engine's step returns its loss terms where it computed them and reads nothing back (engines/base.py);
 a GPU then runs ahead of the host across steps. `UnreadSteps` keeps what each step returned, and the
-loop reads all of it at once where a record is printed (every --print-freq steps), before a boundary's
-work (validation, evaluation, a checkpoint), at a stop and at the end. Invariant: a step is read once,
-in order, and no hook sees a step before it is read. A non-finite loss (or, outside fp16's dynamic
-scaling, a skipped update) at any step read ends the run there (engines.base.check_finite), naming that
-step: the engine changed no weight at it.
+loop reads all of it at once where a record is printed (every --print-freq steps, and a start's first
+step), before a boundary's work (validation, evaluation, a checkpoint), at a stop and at the end.
+Invariant: a step is read once, in order, and no hook sees a step before it is read. A non-finite loss
+(or, outside fp16's dynamic scaling, a skipped update) at any step read ends the run there
+(engines.base.check_finite), naming that step: the engine changed no weight at it.
 """
 
 from __future__ import annotations

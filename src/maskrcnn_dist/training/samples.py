@@ -26,8 +26,8 @@ from typing import Any, Protocol, TextIO
 
 from ..errors import one_line
 from ..run_dir import SAMPLES_DIR
-from .loop import Boundary, HookBase, Start, StepResult
-from .losses import Samples
+from .base import Boundary, HookBase, Start
+from .losses import Samples, StepResult
 from .metrics import drop_lines_after
 
 log = logging.getLogger(__name__)

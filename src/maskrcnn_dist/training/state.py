@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -40,6 +40,12 @@ class Position:
     epoch: int = 0
     batch: int = 0
 
+    def advance(self, iters_per_epoch: int) -> None:
+        """One step on: the next batch, or the next epoch's first."""
+        self.step, self.batch = self.step + 1, self.batch + 1
+        if self.batch == iters_per_epoch:
+            self.epoch, self.batch = self.epoch + 1, 0
+
 
 class HookWithState(Protocol):
     name: str
@@ -47,6 +53,17 @@ class HookWithState(Protocol):
     def state_dict(self) -> dict[str, Any] | None: ...
 
     def load_state_dict(self, state: Any, source: Path) -> None: ...
+
+
+H = TypeVar("H", bound=HookWithState)
+
+
+def pending_hooks(hooks: Sequence[H], names: Sequence[str]) -> list[H]:
+    """The hooks a stop left pending, by name; a name no hook of this run has is said and skipped."""
+    by_name = {hook.name: hook for hook in hooks}
+    if unknown := [name for name in names if name not in by_name]:
+        log.warning("resume: %s left pending, but this run has no such hook: not run", ", ".join(unknown))
+    return [by_name[name] for name in names if name in by_name]
 
 
 def name_problem(hooks: Sequence[HookWithState], new: HookWithState) -> str | None:
@@ -74,9 +91,10 @@ def capture(
     }
 
 
-def restore(engine: Engine, state: dict[str, Any], source: Path) -> tuple[Position, list[str]]:
-    """Load `state` into the engine and the RNG; returns the position and the pending hooks. The hooks
-    load theirs once the position is set (they may read it): `restore_hooks`."""
+def restore(
+    engine: Engine, hooks: Sequence[HookWithState], state: dict[str, Any], source: Path
+) -> tuple[Position, list[str]]:
+    """Load `state` into the engine, the RNG and every hook; returns the position and the pending hooks."""
     if state.get("engine") not in (None, engine.name):
         # Model and optimizer layouts are the same for every engine; only the schedule's position moves.
         log.info("checkpoint %s was written by the %s engine; continuing with %s", source, state["engine"], engine.name)
@@ -85,13 +103,10 @@ def restore(engine: Engine, state: dict[str, Any], source: Path) -> tuple[Positi
     except (KeyError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {source} does not fit this model/engine: {exc}") from exc
     torch.set_rng_state(state["rng"])
-    position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
-    return position, list(state.get("pending_hooks", []))
-
-
-def restore_hooks(hooks: Sequence[HookWithState], state: dict[str, Any], source: Path) -> None:
     for hook in hooks:
         hook.load_state_dict(hook_state(state, hook.name), source)
+    position = Position(step=int(state["step"]), epoch=int(state["epoch"]), batch=int(state["batch"]))
+    return position, list(state.get("pending_hooks", []))
 
 
 def hook_state(state: dict[str, Any], name: str) -> Any:

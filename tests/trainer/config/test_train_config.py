@@ -121,3 +121,23 @@ def test_elastic_is_refused_outside_ddp(engine: str):
     with pytest.raises(ConfigError, match=f"--elastic is for --engine ddp: .*--engine {engine} has none"):
         build_config(None, {"elastic": True, "engine": engine})
     assert build_config(None, {"elastic": True, "engine": "ddp"}).peers.elastic
+
+
+@pytest.mark.parametrize("flag", [{"elastic-min-size": 2}, {"elastic-min-wait": 30.0}])
+def test_the_elastic_rules_are_refused_outside_elastic(flag: dict):
+    """--elastic-min-size and --elastic-min-wait are rules of an elastic group; without one they would do
+    nothing, silently."""
+    with pytest.raises(ConfigError, match="--elastic-min-size and --elastic-min-wait are rules of an elastic group"):
+        build_config(None, {**flag, "engine": "ddp"})
+    peers = build_config(None, {**flag, "engine": "ddp", "elastic": True}).peers
+    assert (peers.elastic_min_size, peers.elastic_min_wait) != (1, 300.0)
+
+
+def test_an_elastic_minimum_above_the_jobs_ranks_is_refused():
+    from maskrcnn_dist.engines.elastic_ddp import elastic_session
+
+    cfg = build_config(None, {"engine": "ddp", "elastic": True, "elastic-min-size": 4})
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "RANK": "0", "WORLD_SIZE": "3"}
+    with pytest.raises(ConfigError, match="--elastic-min-size 4 is more than the job's 3 ranks"):
+        with elastic_session(cfg, env):
+            pass

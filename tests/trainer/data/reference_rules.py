@@ -13,8 +13,9 @@ from pycocotools import mask as mask_utils
 
 from maskrcnn_dist.data.annotations.image_names import image_file_name
 from maskrcnn_dist.data.annotations.json_read import read_annotation_file
+from maskrcnn_dist.data.annotations.mask_rules import compressed_rle_runs
 from maskrcnn_dist.data.annotations.masks import to_rle
-from maskrcnn_dist.data.annotations.rules import compressed_rle_runs, validate_categories
+from maskrcnn_dist.data.annotations.rules import validate_categories
 from maskrcnn_dist.errors import DatasetError
 
 __all__ = ["clipped_xyxy", "read_annotation_file", "validate_annotations", "validate_categories", "validate_images"]

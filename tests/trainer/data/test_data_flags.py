@@ -102,12 +102,13 @@ def test_a_restart_carves_from_the_cache_and_parses_nothing(tmp_path: Path, monk
     names = [f"{k}.jpg" for k in range(10)]
     write_split(tmp_path / "big" / "train.json", tmp_path / "big" / "images", names, [{"id": 1, "name": "c"}], [1])
     cfg = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3})
-    first = flagged_sources(cfg)  # no cache yet: the file's images are read
+    first = flagged_sources(cfg).sources  # no cache yet: the file's images are read
     load_datasets(cfg, first)  # the first start caches the store
     parsed: list[Path] = []
     monkeypatch.setattr(json_read, "read_annotation_file", lambda path: parsed.append(path))
     monkeypatch.setattr(read, "read_store", lambda path, kept=None: parsed.append(path))
-    assert flagged_sources(cfg) == first and run_sources(cfg) == first and not parsed
+    flagged = flagged_sources(cfg)
+    assert flagged.sources == first and run_sources(cfg, flagged.cache) == first and not parsed
     train_set, val_set = load_datasets(cfg)
     assert (len(train_set), len(val_set)) == (7, 3) and not parsed
     off = one_step(tmp_path / "big", tmp_path / "run", **{"val-fraction": 0.3, "data-cache": "off"})

@@ -20,6 +20,7 @@ from maskrcnn_dist.data import load_datasets, parse_ahead, write_train_val
 from maskrcnn_dist.data.annotations import read
 from maskrcnn_dist.data.annotations.read import open_store, read_store, samples_file
 from maskrcnn_dist.data.parse_ahead import ParseAhead, released
+from maskrcnn_dist.data.sources import resolve
 from maskrcnn_dist.errors import DatasetError
 
 from ..conftest import fast_config
@@ -100,7 +101,7 @@ def test_a_child_mid_parse_is_killed_not_waited_for(
 def test_one_process_of_a_node_parses_a_file_ahead(coco: Path, tmp_path: Path) -> None:
     cfg = fast_config(coco, tmp_path / "run")
     with _start(cfg):
-        assert parse_ahead.parse_ahead(cfg, worth_from_bytes=0) is None  # another rank of the pod: it waits
+        assert parse_ahead.parse_ahead(cfg, worth_from_bytes=0).files == ()  # another rank of the pod: it waits
     with _start(cfg):
         pass
 
@@ -124,12 +125,14 @@ def test_it_starts_only_where_it_gains(coco: Path, tmp_path: Path, monkeypatch: 
     def starts(**flags) -> bool:
         cfg = fast_config(coco, tmp_path / "run", **flags)
         parsing = parse_ahead.parse_ahead(cfg, env=env, worth_from_bytes=0)
-        if parsing is not None:
-            parsing.close()
-        return parsing is not None
+        if parsing is None:
+            return False
+        files = parsing.files
+        parsing.close()
+        return bool(files)
 
     env: dict[str, str] = {}
-    assert parse_ahead.parse_ahead(fast_config(coco, tmp_path / "run")) is None  # small files: no gain
+    assert parse_ahead.parse_ahead(fast_config(coco, tmp_path / "run")).files == ()  # small files: no gain
     assert starts()
     assert not starts(**{"test-only": True, "resume": tmp_path / "some.pt"})  # eval
     assert not starts(**{"data-cache": "off"})  # nowhere to write it
@@ -155,11 +158,16 @@ class _Role:
 
 
 def test_train_parses_ahead_end_to_end(coco: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """...and finds its splits once: the command line's, which the trainer takes (issue 55)."""
     monkeypatch.setattr(parse_ahead, "WORTH_FROM_BYTES", 0)
+    found: list[Path] = []
+    detect = resolve.detect
+    monkeypatch.setattr(resolve, "detect", lambda root, announce=True: found.append(root) or detect(root, announce))
     flags = small_cpu_run(64, data_path=coco, output_dir=tmp_path / "run", max_steps=1, epochs=1, workers=0)
     with caplog.at_level("INFO", logger="maskrcnn_dist.data.cache"):
         result = CliRunner().invoke(main, ["train", *to_argv(flags)])
     assert result.exit_code == 0, result.output
+    assert found == [coco]
     said = [r.getMessage() for r in caplog.records]
     assert not [line for line in said if "parsed annotations cached in" in line], said  # the trainer parsed nothing
     for split in ("train", "val"):

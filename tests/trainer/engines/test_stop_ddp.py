@@ -15,6 +15,8 @@ import pytest
 from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
+from maskrcnn_dist.torchrun import trainer_pid
+
 from ..disk import drop_checkpoints
 from ..procs import torchrun
 from ..stop_procs import (
@@ -22,7 +24,6 @@ from ..stop_procs import (
     assert_stop_step,
     assert_stopped_cleanly,
     newest_checkpoint,
-    rank_pids,
     records,
     small_args,
     stop_after,
@@ -88,8 +89,7 @@ def test_a_signal_to_every_process_stops_each_rank_once(stop_coco, tmp_path, fre
     torchrun's forward. The forward is never a second signal."""
 
     def everyone(job: Job) -> None:
-        ranks = list(rank_pids(job.proc.pid).values())
-        assert len(ranks) == 2
+        ranks = [trainer_pid(job.proc.pid, rank) for rank in (0, 1)]
         job.signal(signal.SIGTERM, group=True)  # torchrun's process group, as dumb-init signals it
         for pid in ranks:
             job.signal(signal.SIGTERM, pid=pid)
@@ -105,7 +105,7 @@ def test_a_signal_to_every_process_stops_each_rank_once(stop_coco, tmp_path, fre
 def test_a_signal_to_one_rank_stops_both_at_the_same_step(stop_coco, tmp_path, free_port) -> None:
     out = tmp_path / "run"
     job = ddp_job(stop_coco, out, free_port, tmp_path / "logs")
-    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM, pid=rank_pids(j.proc.pid)[1]))
+    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM, pid=trainer_pid(j.proc.pid, 1)))
     closing = assert_stopped_cleanly(job, code, lines=2)
     assert sorted(m["reason"] for m in closing) == ["SIGTERM", "a stop on another rank"]
     assert_stop_step(out, 3, latest=2)
@@ -117,7 +117,7 @@ def test_a_signal_to_one_rank_during_evaluation_stops_both_there(stop_coco, tmp_
     after each batch stops rank 0 too, instead of leaving it in the results' gather for ever."""
     out = tmp_path / "run"
     job = ddp_job(stop_coco, out, free_port, tmp_path / "logs", "--val-batch-size", "1")
-    code = stop_after(job, out, "val", STEPS, lambda j: j.signal(signal.SIGTERM, pid=rank_pids(j.proc.pid)[1]))
+    code = stop_after(job, out, "val", STEPS, lambda j: j.signal(signal.SIGTERM, pid=trainer_pid(j.proc.pid, 1)))
     closing = assert_stopped_cleanly(job, code, lines=2)
     assert all(m["reason"].endswith("during evaluation") for m in closing), job.output
     assert [r for r in records(out / "metrics.jsonl") if r["kind"] == "eval"] == []
@@ -145,7 +145,7 @@ def test_sigterm_while_the_ranks_start_up_stops_them_before_the_first_step(stop_
     out = tmp_path / "run"
     job = ddp_job(stop_coco, out, free_port, tmp_path / "logs").start()
     try:
-        while len(rank_pids(job.proc.pid)) < 2:
+        while not started(job.proc.pid, ranks=2):
             assert job.proc.poll() is None, job.output
             time.sleep(0.01)
         job.signal(signal.SIGTERM)
@@ -155,3 +155,11 @@ def test_sigterm_while_the_ranks_start_up_stops_them_before_the_first_step(stop_
     closing = assert_stopped_cleanly(job, code, lines=2)
     assert all("nothing to save" in m["saved"] for m in closing), job.output
     assert records(out / "metrics.jsonl") == []
+
+
+def started(root: int, ranks: int) -> bool:
+    """Whether torchrun `root` has started every rank's process."""
+    try:
+        return all(trainer_pid(root, rank) for rank in range(ranks))
+    except LookupError:
+        return False

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from topologies import CPU_DDP_TOPOLOGY
 
+from maskrcnn_dist.torchrun import parent_pid
+
 from .test_elastic import HERE, reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -66,8 +68,11 @@ def test_local_restarts_a_killed_workers_pod_and_it_rejoins(tmp_path: Path) -> N
     leader = read_records(tmp_path, 0)
     assert [r["step"] for r in leader] == list(range(1, STEPS + 1))
     assert leader[-1]["weights"] == pytest.approx(reference(STEPS), abs=1e-5)
-    sizes = [r["size"] for r in leader]
-    assert 2 in sizes and sizes[-1] == 3, sizes
+    # The kill re-formed the group (a new generation) and the replacement is in at the end. Whether the
+    # survivors trained a step at 2 first depends on how fast the new pod starts against how fast the
+    # loss is seen (a loaded host starts it in time): not part of the verdict.
+    generations = [r["generation"] for r in leader]
+    assert generations[-1] > generations[0] and leader[-1]["size"] == 3, [(r["generation"], r["size"]) for r in leader]
     assert read_records(tmp_path, 2)[-1]["weights"] == leader[-1]["weights"]
 
 
@@ -76,15 +81,10 @@ def test_a_worker_pod_drained_by_sigterm_leaves_alone_with_exit_75(tmp_path: Pat
     the next step boundary with exit 75, the others train on with two ranks and the job exits 0."""
 
     def drain_worker1() -> None:  # the pod's torchrun
-        os.kill(parent_of(int((tmp_path / "member1.pid").read_text())), signal.SIGTERM)
+        os.kill(parent_pid(int((tmp_path / "member1.pid").read_text())), signal.SIGTERM)
 
     out = run_job(tmp_path, 60, [], 5, drain_worker1)
     assert "[local] worker1 left (exit 75): the others go on without it" in out
     leader = read_records(tmp_path, 0)
     assert [r["step"] for r in leader] == list(range(1, 61)) and leader[-1]["size"] == 2
     assert leader[-1]["weights"] == pytest.approx(reference(60), abs=1e-5)
-
-
-def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])

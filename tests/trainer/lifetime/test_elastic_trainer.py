@@ -16,9 +16,6 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,12 +23,11 @@ from typing import Any
 import pytest
 from topologies import CPU_DDP_TOPOLOGY
 
+from benchmarks.local_job import LocalJob
 from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
-from maskrcnn_dist.training.metrics import read_metrics
+from maskrcnn_dist.torchrun import parent_pid
 from maskrcnn_dist.training.samples import read_samples
-
-from .test_elastic_local import parent_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,71 +44,17 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-class LocalJob:
-    """A `maskrcnn-launch local` job of the real trainer with --elastic; killed whole on any failure."""
-
-    def __init__(
-        self, tmp_path: Path, coco: Path, *local_flags: str, epochs: int = STEPS // 4, say_elastic: bool = True
-    ) -> None:
-        """`say_elastic`: pass --elastic (else the job is elastic by `maskrcnn-launch local`'s default)."""
-        tmp_path.mkdir(parents=True, exist_ok=True)
-        self.out, self.log = tmp_path / "run", tmp_path / "local.log"
-        (tmp_path / "topology.yaml").write_text(CPU_DDP_TOPOLOGY)
-        flags = small_cpu_run(64, data_path=coco, output_dir=self.out, epochs=epochs, batch_size=2, **QUIET)
-        if say_elastic:
-            flags["elastic"] = True
-        # No clipping (and a rate that needs none): a clipped update would hide a wrongly weighted loss.
-        del flags["clip-grad-norm"]
-        argv = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(tmp_path / "topology.yaml")]
-        argv += ["--wait-timeout", "120", "--grace", "30", *local_flags, "--", *to_argv(flags)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            argv, stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-    def wait_for_world(self, size: int, timeout: float) -> None:
-        """Until the newest train record was trained by `size` members (every replacement admitted)."""
-        deadline = time.monotonic() + timeout
-        while not (records := self.records()) or records[-1]["world_size"] != size:
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.output()[-4000:]
-            time.sleep(0.1)
-
-    def wait_for_step(self, step: int, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(r["step"] >= step for r in self.records()):
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.output()[-4000:]
-            time.sleep(0.05)
-
-    def trainer_pid(self, rank: int) -> int:
-        """The trainer process of launch rank `rank` (not its pod's torchrun)."""
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"maskrcnn_dist.cli" in argv and str(self.out).encode() in argv and f"RANK={rank}".encode() in env:
-                return int(pid)
-        raise AssertionError(f"no trainer of rank {rank}:\n{self.output()[-3000:]}")
-
-    def finish(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def records(self) -> list[dict]:
-        """The train records so far (read while the master appends: a torn last line is skipped)."""
-        path = self.out / "metrics.jsonl"
-        return [r for r in read_metrics(path) if r["kind"] == "train"] if path.exists() else []
-
-    def output(self) -> str:
-        return self.log.read_text()
+def elastic_job(
+    work: Path, coco: Path, *local_flags: str, epochs: int = STEPS // 4, say_elastic: bool = True, **flags: Any
+) -> LocalJob:
+    """A `maskrcnn-launch local` job of the real trainer with --elastic (`say_elastic` False: elastic by
+    `maskrcnn-launch local`'s default) and trainer `flags`, the 3-pod topology, writing its run to work/run."""
+    flags = small_cpu_run(64, data_path=coco, output_dir=work / "run", epochs=epochs, batch_size=2, **QUIET, **flags)
+    if say_elastic:
+        flags["elastic"] = True
+    # No clipping (and a rate that needs none): a clipped update would hide a wrongly weighted loss.
+    del flags["clip-grad-norm"]
+    return LocalJob(work, work / "run", CPU_DDP_TOPOLOGY, to_argv(flags), local_flags)
 
 
 @pytest.fixture
@@ -120,7 +62,7 @@ def job(tmp_path: Path, coco: Path):
     jobs: list[LocalJob] = []
 
     def start(*local_flags: str, **options: Any) -> LocalJob:
-        jobs.append(LocalJob(tmp_path / f"job{len(jobs)}", coco, *local_flags, **options))
+        jobs.append(elastic_job(tmp_path / f"job{len(jobs)}", coco, *local_flags, **options))
         return jobs[-1]
 
     yield start
@@ -131,7 +73,7 @@ def job(tmp_path: Path, coco: Path):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, coco: Path) -> list[dict]:
     """The same job's records when nothing happens to it."""
-    reference = LocalJob(tmp_path_factory.mktemp("uninterrupted"), coco)
+    reference = elastic_job(tmp_path_factory.mktemp("uninterrupted"), coco)
     try:
         assert reference.finish() == 0, reference.output()[-4000:]
     finally:
@@ -207,12 +149,16 @@ def test_a_restarted_workers_trainer_rejoins_and_the_world_grows_back(
 def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupted: list[dict], coco: Path) -> None:
     running = job()
     running.wait_for_step(2)
-    os.kill(parent_of(running.trainer_pid(1)), signal.SIGTERM)  # the pod's torchrun, as a kubelet's SIGTERM
+    os.kill(parent_pid(running.trainer_pid(1)), signal.SIGTERM)  # the pod's torchrun, as a kubelet's SIGTERM
     code = running.finish()
     out = running.output()
     assert code == 0, out[-5000:]
     assert "[local] worker1 left (exit 75): the others go on without it" in out
     assert "rank 1 left after step" in out
+    # Its closing line says what goes on (the others; this pod rejoins if started again), not --resume auto.
+    closing = [line for line in out.splitlines() if "left the elastic group after step" in line]
+    assert len(closing) == 1 and closing[0].startswith("[worker1]"), out[-5000:]
+    assert "rejoins them at a step boundary" in closing[0] and "--resume" not in closing[0], closing[0]
     records = running.records()
     assert_the_same_steps(records, uninterrupted, out)
     assert [r["world_size"] for r in records][-1] == 2

@@ -26,6 +26,11 @@ def offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return out
 
 
+def is_int(x: Any) -> bool:
+    """An integer as JSON gives one (a bool is not)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def int_column(values: Sequence[int]) -> np.ndarray:
     """Integers as int64, or as Python's own (an object array) where one is beyond int64: the rules
     compare ids exactly, whatever their size."""

@@ -25,13 +25,11 @@ from .columns import (
     AnnotationRecords,
     Columns,
     ImageRecords,
-    PolygonRecords,
-    RleRecords,
-    as_points,
     int_column,
-    offsets,
+    is_int,
 )
 from .image_names import image_file_name
+from .json_segments import PolygonCollector, RleCollector
 from .masks import to_rle
 from .rules import ImageSizes, annotation_fault, image_fault, validate_categories
 
@@ -63,6 +61,13 @@ def read_columns(path: Path, where: str, kept: list[object] | None = None) -> tu
     data = read_annotation_file(path)
     if kept is not None:
         kept.append(data)
+    return judged_columns(data, where)
+
+
+def judged_columns(data: dict[str, Any], where: str) -> tuple[Columns, list[dict[str, Any]]]:
+    """The judged columns and the categories of COCO instances records (`images`, `annotations`,
+    `categories` lists, as JSON decodes them): what another format's decoder that writes its records
+    so hands the rules (annotations/read.py); a DatasetError for the first rule they break."""
     images = image_records(data["images"])
     if fault := image_fault(images, where):
         raise DatasetError(fault.message())
@@ -83,10 +88,6 @@ def image_ids(path: Path) -> list[int]:
     return sorted(images.ids.tolist())
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _is_number(x: Any) -> bool:
     try:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -100,13 +101,13 @@ def image_records(records: list[Any]) -> ImageRecords:
     for img in records:
         record = img if isinstance(img, dict) else {}
         iid, name = record.get("id"), image_file_name(record)
-        ok.append(_is_int(iid))
+        ok.append(is_int(iid))
         ids.append(iid if ok[-1] else 0)
         named.append(bool(name))
         names.append(name)
         for key, (values, valid) in sizes.items():
             value = record.get(key)
-            valid.append(_is_int(value))
+            valid.append(is_int(value))
             values.append(value if valid[-1] else 0)
     return ImageRecords(
         int_column(ids),
@@ -142,16 +143,16 @@ def annotation_records(records: list[Any]) -> AnnotationRecords:
     iscrowd, iscrowd_ok = np.zeros(n, np.int64), np.zeros(n, bool)
     area, area_given, area_ok = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
     segments: list[Any] = [None] * n
-    polygons = _Polygons()
-    rles = _Rles()
+    polygons = PolygonCollector()
+    rles = RleCollector()
     for i, ann in enumerate(records):
         if not isinstance(ann, dict):
             continue
-        ok[i] = _is_int(ann.get("id"))
+        ok[i] = is_int(ann.get("id"))
         ids[i] = ann["id"] if ok[i] else 0
         missing[i] = next((k for k, key in enumerate(REQUIRED) if key not in ann), -1)
         image_id, category_id = ann.get("image_id"), ann.get("category_id")
-        image_ok[i], category_ok[i] = _is_int(image_id), _is_int(category_id)
+        image_ok[i], category_ok[i] = is_int(image_id), is_int(category_id)
         image_ids[i], category_ids[i] = image_id if image_ok[i] else 0, category_id if category_ok[i] else 0
         segm = ann.get("segmentation")
         if isinstance(segm, list):
@@ -195,86 +196,6 @@ def annotation_records(records: list[Any]) -> AnnotationRecords:
         segments,
         raw=records,
     )
-
-
-class _Polygons:
-    """Collects the polygon records (rules: shapes; points for the annotations without an area)."""
-
-    def __init__(self) -> None:
-        self.ann: list[int] = []
-        self.is_list: list[bool] = []
-        self.length: list[int] = []
-        self.judged: list[int] = []
-        self.points: list[np.ndarray] = []
-
-    def add(self, ann: int, polygons: list[Any], judged: bool) -> None:
-        for polygon in polygons:
-            if judged:
-                self.judged.append(len(self.ann))
-                self.points.append(as_points(polygon))
-            self.ann.append(ann)
-            self.is_list.append(isinstance(polygon, list))
-            self.length.append(len(polygon) if isinstance(polygon, list) else 0)
-
-    def records(self) -> PolygonRecords:
-        return PolygonRecords(
-            np.array(self.ann, dtype=np.int64),
-            np.array(self.is_list, dtype=bool),
-            np.array(self.length, dtype=np.int64),
-            np.array(self.judged, dtype=np.int64),
-            np.concatenate(self.points) if self.points else np.zeros(0),
-            offsets([len(p) for p in self.points]),
-        )
-
-
-class _Rles:
-    """Collects the RLE records."""
-
-    def __init__(self) -> None:
-        self.ann: list[int] = []
-        self.size: list[tuple[float, float]] = []
-        self.counts_kind: list[int] = []
-        self.texts: list[str | None] = []
-        self.runs: list[int] = []
-        self.run_start: list[int] = [0]
-        self.runs_ints: list[bool] = []
-
-    def add(self, ann: int, rle: dict[str, Any]) -> None:
-        self.ann.append(ann)
-        size, counts = rle.get("size"), rle.get("counts")
-        self.size.append(_pair(size))
-        ints = isinstance(counts, list) and all(_is_int(c) for c in counts)
-        self.runs_ints.append(ints)
-        if ints:
-            self.runs.extend(counts)  # type: ignore[arg-type]
-        self.run_start.append(len(self.runs))
-        text = isinstance(counts, str) and bool(counts)
-        self.counts_kind.append(COUNTS if isinstance(counts, list) else RLE if text else OTHER)
-        self.texts.append(counts if text else None)
-
-    def records(self) -> RleRecords:
-        return RleRecords(
-            np.array(self.ann, dtype=np.int64),
-            np.array(self.size, dtype=np.float64).reshape(-1, 2),
-            np.array(self.counts_kind, dtype=np.uint8),
-            self.texts,
-            int_column(self.runs),
-            np.array(self.run_start, dtype=np.int64),
-            np.array(self.runs_ints, dtype=bool),
-        )
-
-
-def _pair(size: Any) -> tuple[float, float]:
-    """An RLE's [height, width] as two floats, compared as Python compares the list; NaN where not."""
-    if not isinstance(size, list) or len(size) != 2:
-        return (np.nan, np.nan)
-    pair = []
-    for value in size:
-        try:
-            pair.append(float(value) if isinstance(value, (int, float)) else np.nan)
-        except OverflowError:
-            pair.append(np.nan)
-    return pair[0], pair[1]
 
 
 def columns_of(images: ImageRecords, anns: AnnotationRecords, keep: np.ndarray, sizes: ImageSizes) -> Columns:

@@ -1,23 +1,72 @@
 """An annotation file's store: mapped from its cache when that is valid for the file as it is now, else
-read (by msgspec, or by json where msgspec gives up: the rules judge both alike) by one process while the
-others wait, and cached. Invariant: a store is only ever built from a file every rule accepts."""
+read by one process while the others wait, and cached. The file is read by the first of DECODERS that
+takes it (the seam for a new format). Invariant: a store is only ever built from a file every rule accepts."""
 
 from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...errors import DatasetError, one_line
 from ..cache import CacheFile, CacheInvalid, cache_name, file_identity, load_or_build
 from . import fast_read, json_read
+from .columns import Columns
 from .store import STORE_VERSION, SampleStore
 
 log = logging.getLogger(__name__)
 
 
+class Declined(Exception):  # noqa: N818 (not an error: a decoder's "not my format")
+    """A decoder's word that a file is not of its format: the next decoder reads it."""
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """One way to read an annotation file: `read(path, where, kept) -> (Columns, categories)`, the columns
+    judged by rules.py (columns.py says what they hold; `where` names the file in errors, `kept` takes
+    the decoded objects instead of freeing them: cache.Build) and the file's category records. A decoder
+    raises Declined for a file that is not of its format; other errors are the file's, unless it
+    only ever accepts (`decides` False: a fast path, any failure of which passes the file on)."""
+
+    name: str
+    read: Callable[[Path, str, list[object] | None], tuple[Columns, list[dict[str, Any]]]]
+    decides: bool = True
+
+
+#: The formats an annotation file is read as, tried in order (the seam annotations/__init__.py names):
+#: COCO by msgspec (fast; gives up at anything unusual), then COCO by json (any JSON file; its refusals
+#: name the file, the record and the rule). A new format's Decoder goes before json's and declines what is
+#: not its own (tests/trainer/data/test_decoders.py).
+DECODERS: tuple[Decoder, ...] = (
+    Decoder("coco (msgspec)", fast_read.read_columns, decides=False),
+    Decoder("coco (json)", json_read.read_columns),
+)
+
+
+def decode(
+    annotation_file: Path, where: str, kept: list[object] | None = None, decoders: Sequence[Decoder] | None = None
+) -> tuple[Columns, list[dict[str, Any]]]:
+    """The judged columns and the categories of `annotation_file` by the first of `decoders` (default:
+    DECODERS) that takes it."""
+    decoders = DECODERS if decoders is None else decoders
+    for decoder in decoders:
+        try:
+            return decoder.read(annotation_file, where, kept)
+        except Declined as e:
+            log.debug("%s: not read as %s (%s)", where, decoder.name, one_line(e))
+        except Exception as e:
+            if decoder.decides:
+                raise
+            log.debug("%s: not read as %s (%s: %s)", where, decoder.name, type(e).__name__, one_line(e))
+    raise DatasetError(f"{where}: not an annotation file this program reads ({', '.join(d.name for d in decoders)})")
+
+
 def read_store(annotation_file: Path, kept: list[object] | None = None) -> SampleStore:
-    """Read and judge a COCO instances file into a store: the slow path, once per change of the file when
+    """Read and judge an annotation file into a store: the slow path, once per change of the file when
     a cache keeps the result (open_store). `kept`: takes the parsed objects instead of freeing them
     (cache.Build)."""
     where = str(annotation_file)
@@ -25,11 +74,7 @@ def read_store(annotation_file: Path, kept: list[object] | None = None) -> Sampl
     # growing heap (40% of json.load at COCO's size); JSON builds no cycles, so the scans find nothing.
     gc.disable()
     try:
-        try:
-            columns, categories = fast_read.read_columns(annotation_file, where, kept)
-        except Exception as e:  # noqa: BLE001 - the fast path only accepts; json and the rules decide
-            log.debug("%s: read with json (%s: %s)", where, type(e).__name__, one_line(e))
-            columns, categories = json_read.read_columns(annotation_file, where, kept)
+        columns, categories = decode(annotation_file, where, kept)
         if kept is not None:
             kept.append(columns)
         return SampleStore.of_columns(columns, categories, where)

@@ -34,8 +34,9 @@ import numpy as np
 
 from ...errors import DatasetError
 from .columns import POLYGONS, RLE, Columns, offsets, segment_arrays
+from .mask_rules import NOT_NUMBERS, point_faults, polygon_words
 from .masks import decode_masks, to_rle
-from .rules import NOT_NUMBERS, clip_boxes, point_faults, polygon_words
+from .rules import clip_boxes
 
 STORE_VERSION = 1  # the layout below; a cache of another layout is rebuilt
 

@@ -58,12 +58,11 @@ def names_data(data: DataConfig) -> bool:
     )
 
 
-def resolve_sources(data: DataConfig, seed: int, *, ahead: bool = False, cache: Path | None = None) -> DataSources:
-    """The run's splits: the split flags, else (or for the splits they leave out) --data-path's, then
-    the val split --val-fraction carves (from the train file's store cached in `cache` when there is
-    one). ConfigError/DatasetError naming the flag otherwise. `ahead`: only the files the run will read,
-    quietly (data/parse_ahead.py, before the trainer resolves them again and says what it found): no
-    val split carved, which would read the train split's file whole."""
+def found_sources(data: DataConfig, announce: bool = True) -> DataSources:
+    """The splits the split flags name, else (or for the splits they leave out) --data-path's layout
+    (`announce`: log what it finds), before any val split is carved: what the command line finds once,
+    before torch loads, to parse those files ahead (data/parse_ahead.py), and hands the trainer.
+    ConfigError/DatasetError naming the flag otherwise."""
     given = split_flags(data)
     if data.data_path is None and not given:
         raise ConfigError(
@@ -71,10 +70,23 @@ def resolve_sources(data: DataConfig, seed: int, *, ahead: bool = False, cache: 
             "(or --synthetic-images N to generate a synthetic set)"
         )
     if data.data_path is None:
-        sources = DataSources("flags", given)
-    else:
-        sources = _with_data_path(data.data_path, given, announce=not ahead)
-    if ahead or data.val_fraction is None:
+        return DataSources("flags", given)
+    return _with_data_path(data.data_path, given, announce)
+
+
+def data_flags(data: DataConfig) -> tuple[Path | None, ...]:
+    """The flags found_sources reads: splits found for the same flags are the same splits."""
+    return (data.data_path, *(getattr(data, f"{s}_{k}") for s in SPLITS for k in ("annotations", "images")))
+
+
+def resolve_sources(
+    data: DataConfig, seed: int, *, cache: Path | None = None, found: DataSources | None = None
+) -> DataSources:
+    """The run's splits: `found` (found_sources' for these flags, when the caller found them already),
+    then the val split --val-fraction carves (from the train file's store cached in `cache` when there
+    is one). ConfigError/DatasetError naming the flag otherwise."""
+    sources = found if found is not None else found_sources(data)
+    if data.val_fraction is None:
         return sources
     return carve_val(sources, data.val_fraction, seed, cache)
 

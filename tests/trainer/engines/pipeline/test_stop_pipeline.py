@@ -14,6 +14,7 @@ import pytest
 from maskrcnn_launcher.contract import TERMINATION_GRACE_SECONDS
 
 from maskrcnn_dist.checkpoint import load_checkpoint
+from maskrcnn_dist.torchrun import trainer_pid
 from maskrcnn_dist.training.metrics import read_metrics
 
 from ...disk import drop_checkpoints
@@ -21,7 +22,6 @@ from ...stop_procs import (
     Job,
     assert_stop_step,
     assert_stopped_cleanly,
-    rank_pids,
     small_args,
     stop_after,
     train_losses,
@@ -80,7 +80,7 @@ def test_sigterm_to_the_runner_stops_every_pod_and_the_resume_trains_the_rest(st
 def test_a_stage_worker_told_alone_passes_the_stop_to_the_master(stop_coco, tmp_path) -> None:
     out = tmp_path / "run"
     job = local_job(stop_coco, out, tmp_path / "logs")
-    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM, pid=rank_pids(j.proc.pid)[2]))
+    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM, pid=trainer_pid(j.proc.pid, 2)))
     closing = assert_stopped_cleanly(job, code, lines=3)
     assert sorted(m["reason"] for m in closing) == ["SIGTERM", "SIGTERM on worker2", "the master's stop"]
     assert_stop_step(out, 3, latest=2)  # the request reaches the master while its step runs, or just after
@@ -94,7 +94,7 @@ def test_a_stage_worker_told_during_evaluation_stops_every_pod_there_without_an_
     job = local_job(stop_coco, out, tmp_path / "logs", "--val-batch-size", "1")
     try:
         job.start().wait_for(out / "metrics.jsonl", "val", STEPS, timeout=300)
-        job.signal(signal.SIGTERM, pid=rank_pids(job.proc.pid)[2])
+        job.signal(signal.SIGTERM, pid=trainer_pid(job.proc.pid, 2))
         code = job.finish(120)
     finally:
         job.kill()
