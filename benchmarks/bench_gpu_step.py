@@ -1,38 +1,44 @@
-"""Training-step throughput on one device: the kit's local engine under each setting against
-torchvision's reference loop under the same settings, in interleaved rounds, and a profile of two steps.
+"""Training-step throughput and host waits on one device: the kit's local engine, batched heads and
+torchvision's, against torchvision's reference loop, in interleaved rounds within a time budget.
 
-    python benchmarks/bench_gpu_step.py [--device cuda|cpu] [--batches 2,8] [--variants ...] [--json-out F]
+    python benchmarks/bench_gpu_step.py [--device cuda|cpu] [--batches 2,8] [--variants ...]
+        [--time-budget S] [--json-out F]
 
 `make gpu-check` runs it first (checks/gpu/throughput.py). Every variant trains the same model from the
 same seed on the same in-memory batch (on the device before timing, as the reference loop's batches are);
-neither loop clips gradients unless the variant says so. A round runs `--steps` steps of every variant in
-turn, the device synchronised around each variant's steps; a variant's figure is the median over rounds,
-so a drift of the host hits every variant alike. The settings a variant can change:
+no loop clips gradients. A round runs `--steps` steps of every variant in turn, the device synchronised
+around each variant's steps; a variant's figure is the median over rounds, so a drift of the host hits
+every variant alike. What earlier runs settled is no longer a variant (docs/gpu-check.md: cudnn.benchmark
+off, TF32 for matrix products changes nothing, fused SGD +11%, now the kit's default). A variant sets:
 
-- `amp`: None (fp32), "fp16" (autocast + GradScaler, the reference's --amp) or "bf16" (autocast, no scaler)
-- `channels_last`: the kit's --channels-last (backbone, FPN, RPN head); torchvision's loop: the whole model
-- `tf32`: TF32 for fp32 matrix products and convolutions (False: both off, strict fp32; None: torch's
-  defaults, convolutions in TF32 and matrix products not)
-- `cudnn_benchmark`: cuDNN's autotuner (the batch's shape is fixed here, so it tunes once)
-- `fused_sgd`: torch.optim.SGD(fused=True) instead of the foreach implementation
+- `loop`: "kit" (the local engine, today's defaults: channels_last, fused SGD) or "torchvision" (its
+  references/detection train_one_epoch: autocast + GradScaler for fp16, `losses.item()` every step)
+- `amp`: "bf16" (autocast, no scaler) or "fp16" (autocast + GradScaler)
+- `heads`: the kit's --heads: "batched" (rows compact: one read a step) or "torchvision"
+- `rows`: the batched heads' rows, "compact" or "padded" (fixed-size: no read at all)
+- `graph`: fixed canvases per orientation and the backbone + FPN replayed as CUDA graphs
+  (modeling/canvas.py; CUDA only, never a default: this is where it is measured, when named in
+  `--variants`, as gpu-check's `throughput_graph` names it)
 
-Peak memory is the step's own (the most allocated during a step above what was allocated before it) plus
-what the variant keeps between steps (weights, gradients, momenta). After the rounds, two steps of
-`--profile` variants run under torch.profiler: the top CUDA kernels, the host reads (`aten::_local_scalar_dense`,
-what `.item()`, `float()` and `.tolist()` of a device tensor run) and synchronisations, and the GPU's busy
-fraction (kernel time over the steps' wall time).
+Waits, per variant, on one untimed step after the warm-up: the host reads and data-dependent operators
+(modeling/waits.py, any device) and, on CUDA, the synchronisations torch.cuda.set_sync_debug_mode reports.
+Peak memory is the step's own plus what the variant keeps between steps. After the rounds, two steps of
+the `--profile` variants run under torch.profiler (CUDA): the top kernels, the host reads
+(`aten::_local_scalar_dense`) and synchronisations per step, and the GPU's busy fraction (kernel time
+over the steps' wall time). With `--time-budget` every piece of work starts only if the time measured
+so far says it ends in the budget (a batch size gets its share); what is left out is listed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,44 +54,26 @@ NUM_CLASSES = 4  # the synthetic set's 3 shapes and the background
 class Variant:
     name: str
     loop: str  # "kit" or "torchvision"
-    amp: str | None = None
-    channels_last: bool = False
-    tf32: bool | None = None
-    cudnn_benchmark: bool = False
-    fused_sgd: bool = False
-    clip: float | None = None
+    amp: str = "bf16"
+    heads: str = "batched"
+    rows: str = "compact"
+    graph: bool = False
 
 
-def kit(name: str, **settings: Any) -> Variant:
-    """The kit's local engine; today's defaults are channels_last on, torch's TF32 defaults, foreach SGD."""
-    return Variant(name, "kit", **{"channels_last": True, **settings})
-
-
-def reference(name: str, **settings: Any) -> Variant:
-    return Variant(name, "torchvision", **settings)
-
-
-# In the order of what they tell: today's defaults against the reference, then one setting at a time.
+# In the order of what they tell: the kit's defaults against the reference at each precision, then the
+# heads' forms, then the graphed backbone.
 VARIANTS: tuple[Variant, ...] = (
-    reference("tv_fp32"),
-    reference("tv_amp_fp16", amp="fp16"),
-    kit("kit_fp32"),
-    kit("kit_amp_fp16", amp="fp16"),
-    kit("kit_fp32_nchw", channels_last=False),
-    kit("kit_fp32_nchw_tf32", channels_last=False, tf32=True),
-    reference("tv_fp32_tf32", tf32=True),
-    kit("kit_amp_bf16", amp="bf16"),
-    kit("kit_amp_bf16_nchw", amp="bf16", channels_last=False),
-    reference("tv_amp_bf16", amp="bf16"),
-    kit("kit_amp_bf16_cudnn", amp="bf16", cudnn_benchmark=True),
-    kit("kit_amp_bf16_fused", amp="bf16", fused_sgd=True),
-    kit("kit_amp_bf16_all", amp="bf16", tf32=True, cudnn_benchmark=True, fused_sgd=True),
-    reference("tv_amp_bf16_all", amp="bf16", tf32=True, cudnn_benchmark=True, fused_sgd=True),
-    kit("kit_amp_fp16_clip", amp="fp16", clip=10.0),
-    reference("tv_amp_fp16_clip", amp="fp16", clip=10.0),
+    Variant("tv_amp_bf16", "torchvision"),
+    Variant("kit_amp_bf16", "kit"),
+    Variant("tv_amp_fp16", "torchvision", amp="fp16"),
+    Variant("kit_amp_fp16", "kit", amp="fp16"),
+    Variant("kit_amp_bf16_tvheads", "kit", heads="torchvision"),
+    Variant("kit_amp_bf16_padded", "kit", rows="padded"),
+    Variant("kit_amp_bf16_graph", "kit", rows="padded", graph=True),
 )
-CPU_VARIANTS = ("tv_fp32", "kit_fp32", "kit_amp_bf16", "tv_amp_bf16")
-PROFILED = ("kit_amp_fp16", "tv_amp_fp16", "kit_amp_bf16_all")
+FIXED_SHARE = 4  # a batch size's share of the budget weighs (its images + this)
+CPU_VARIANTS = ("tv_amp_bf16", "kit_amp_bf16", "kit_amp_bf16_tvheads", "kit_amp_bf16_padded")
+PROFILED = ("tv_amp_bf16", "kit_amp_bf16", "kit_amp_bf16_padded")
 
 
 @dataclass(frozen=True)
@@ -112,25 +100,31 @@ class Measured:
     images_per_s: float = 0.0
     step_peak_mib: float | None = None
     resident_mib: float | None = None
+    waits: int | None = None  # modeling/waits.py's count of one step
+    waits_by_name: dict[str, int] = field(default_factory=dict)
+    cuda_syncs: int | None = None  # what torch.cuda.set_sync_debug_mode reports in one step
+    error: str | None = None  # the variant failed to build or to step: the others still run
+
+
+class Budget:
+    """A deadline, and what the work so far says the next piece of work will take."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.deadline = time.monotonic() + (seconds if seconds else float("inf"))
+        self.left_out: list[str] = []
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def allows(self, seconds: float, what: str, until: float | None = None) -> bool:
+        """Whether work of `seconds` ends before the deadline (or before `until`); else it is left out."""
+        if time.monotonic() + seconds <= min(self.deadline, until or float("inf")):
+            return True
+        self.left_out.append(what)
+        return False
 
 
 # -- one variant's step ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def settings(variant: Variant, device: torch.device) -> Iterator[None]:
-    """The process-wide switches of `variant` for the body, restored afterwards."""
-    if device.type != "cuda":
-        yield
-        return
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-    if variant.tf32 is not None:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant.tf32
-    torch.backends.cudnn.benchmark = variant.cudnn_benchmark
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
 def synthetic_batch(
@@ -164,33 +158,29 @@ def kit_config(variant: Variant, shape: Shape, device: torch.device):
         "device": device.type,
         "lr": 0.005,
         "warmup-iters": 10,
-        "channels-last": variant.channels_last,
-        "amp": variant.amp is not None,
-        "amp-dtype": {"fp16": "float16", "bf16": "bfloat16", None: "auto"}[variant.amp],
+        "amp": True,
+        "amp-dtype": {"fp16": "float16", "bf16": "bfloat16"}[variant.amp],
+        "heads": variant.heads,
     }
-    if variant.clip:
-        values["clip-grad-norm"] = variant.clip
     cfg = apply_overrides(TrainConfig(), values, "bench_gpu_step")
     cfg.validate()
     return cfg
 
 
-def fused(optimizer: torch.optim.SGD) -> torch.optim.SGD:
-    """The same parameter groups and settings in torch's fused SGD (one kernel per step on CUDA)."""
-    groups = [{**g, "foreach": False, "fused": True} for g in optimizer.param_groups]
-    return torch.optim.SGD(groups, lr=optimizer.defaults["lr"], fused=True)
-
-
 def kit_step(variant: Variant, shape: Shape, device: torch.device, batch) -> tuple[Callable[[int], None], Any]:
     from maskrcnn_dist.engines.base import to_device
     from maskrcnn_dist.engines.torch_engine import TorchEngine
-    from maskrcnn_dist.modeling.optim import build_scheduler
 
     cfg = kit_config(variant, shape, device)
     engine = TorchEngine(cfg, NUM_CLASSES, iters_per_epoch=1000)
-    if variant.fused_sgd:
-        engine.optimizer = fused(engine.optimizer)
-        engine.scheduler = build_scheduler(engine.optimizer, cfg.optim, 1000, 1000)
+    if variant.heads == "batched":
+        engine.model.roi_heads.rows = variant.rows
+    if variant.graph:
+        from maskrcnn_dist.modeling.canvas import capture_backbone, default_canvases, use_fixed_canvases
+        from maskrcnn_dist.modeling.perf import amp_dtype
+
+        use_fixed_canvases(engine.model, default_canvases(shape.min_size, shape.max_size))
+        capture_backbone(engine.model, len(batch[0]), amp_dtype(device, cfg.amp_dtype))
     images, targets = to_device(*batch, device)
     return (lambda step: engine.train_step(step, images, targets) and None), engine
 
@@ -202,32 +192,25 @@ def reference_step(variant: Variant, shape: Shape, device: torch.device, batch) 
 
     torch.manual_seed(0)
     model = reference_model(shape).to(device)
-    if variant.channels_last:
-        model = model.to(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=0.005, momentum=0.9, weight_decay=1e-4, fused=variant.fused_sgd or None)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(variant.amp or "")
+    optimizer = torch.optim.SGD(params, lr=0.005, momentum=0.9, weight_decay=1e-4)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[variant.amp]
     scaler = torch.amp.GradScaler(device.type) if variant.amp == "fp16" else None
     images, targets = to_device(*batch, device)
     model.train()
 
     def step(_: int) -> None:
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=dtype):
             loss_dict = model(images, targets)
             losses = sum(loss for loss in loss_dict.values())
         losses.item()  # the reference logs loss_value every step
         optimizer.zero_grad()
         if scaler is not None:
             scaler.scale(losses).backward()
-            if variant.clip:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, variant.clip)
             scaler.step(optimizer)
             scaler.update()
         else:
             losses.backward()
-            if variant.clip:
-                torch.nn.utils.clip_grad_norm_(params, variant.clip)
             optimizer.step()
 
     return step, (model, optimizer)
@@ -236,7 +219,7 @@ def reference_step(variant: Variant, shape: Shape, device: torch.device, batch) 
 def reference_model(shape: Shape) -> torch.nn.Module:
     """torchvision's own builder for R50-FPN (no weights: every layer trains, BatchNorm included, as the
     kit's default without weights); the small CPU model has no torchvision builder, so the kit's with
-    channels_last off."""
+    its speed-ups and batched heads off."""
     from torchvision.models.detection import maskrcnn_resnet50_fpn
 
     from maskrcnn_dist.config import ModelConfig
@@ -251,13 +234,12 @@ def reference_model(shape: Shape) -> torch.nn.Module:
             max_size=shape.max_size,
         )
     cfg = ModelConfig(name=shape.model, min_size=shape.min_size, max_size=shape.max_size, channels_last=False)
-    return build_model(cfg, NUM_CLASSES)
+    return build_model(cfg, NUM_CLASSES, exportable=True)
 
 
 def make_step(variant: Variant, shape: Shape, device: torch.device, batch) -> tuple[Callable[[int], None], Any]:
-    with settings(variant, device):
-        build = kit_step if variant.loop == "kit" else reference_step
-        return build(variant, shape, device, batch)
+    build = kit_step if variant.loop == "kit" else reference_step
+    return build(variant, shape, device, batch)
 
 
 # -- timing ---------------------------------------------------------------------------------------
@@ -271,46 +253,86 @@ def resident_mib(device: torch.device) -> float | None:
     return torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else None
 
 
-def warm_up(variant: Variant, step: Callable[[int], None], device: torch.device, steps: int, row: Measured) -> None:
+def warm_up(step: Callable[[int], None], device: torch.device, steps: int, row: Measured) -> None:
     """`steps` untimed steps; the last one's peak above what was allocated before it is the step's memory."""
-    with settings(variant, device):
-        for i in range(steps):
-            if device.type == "cuda" and i == steps - 1:
-                torch.cuda.synchronize()
-                before = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-            step(i)
-        if device.type == "cuda":
+    for i in range(steps):
+        if device.type == "cuda" and i == steps - 1:
             torch.cuda.synchronize()
-            row.step_peak_mib = round((torch.cuda.max_memory_allocated() - before) / 2**20)
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        row.step_peak_mib = round((torch.cuda.max_memory_allocated() - before) / 2**20)
+
+
+def count_waits(step: Callable[[int], None], index: int, device: torch.device, row: Measured) -> None:
+    """One step's host waits (modeling/waits.py), then, on CUDA, one step's synchronisations as
+    torch.cuda.set_sync_debug_mode reports them (a warning each)."""
+    from maskrcnn_dist.modeling.waits import HostWaits
+
+    with HostWaits() as waits:
+        step(index)
+    row.waits, row.waits_by_name = waits.total, dict(waits.counts)
+    if device.type != "cuda":
+        return
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(index + 1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    row.cuda_syncs = sum("synchroniz" in str(w.message) for w in caught)
 
 
 def measure_batch(
-    variants: list[Variant], shape: Shape, device: torch.device, batch: int, args: argparse.Namespace
+    variants: list[Variant], shape: Shape, device: torch.device, batch: int, args: argparse.Namespace, budget: Budget
 ) -> tuple[list[Measured], dict[str, Any]]:
+    """Every variant that the budget allows, until `args.share_until` (this batch size's share)."""
     data = synthetic_batch(batch, shape)
-    steps: dict[str, tuple[Callable[[int], None], Any]] = {}
-    rows = {v.name: Measured(v.name, batch) for v in variants}
-    for v in variants:
-        before = resident_mib(device)
-        steps[v.name] = make_step(v, shape, device, data)
-        warm_up(v, steps[v.name][0], device, args.warmup, rows[v.name])
-        if before is not None:
-            rows[v.name].resident_mib = round(resident_mib(device) - before)
+    steps: dict[str, Callable[[int], None]] = {}
+    rows: dict[str, Measured] = {}
     sync = sync_for(device)
+    set_up_s = 0.0  # the longest a variant took to build, warm up and count so far
+    step_s = 0.0  # the longest step so far
+    for v in variants:
+        if not budget.allows(set_up_s, f"b{batch} {v.name}", args.share_until):
+            continue
+        started = time.monotonic()
+        row = rows[v.name] = Measured(v.name, batch)
+        before = resident_mib(device)
+        try:
+            step = make_step(v, shape, device, data)[0]
+            warm_up(step, device, args.warmup, row)
+            if before is not None:
+                row.resident_mib = round(resident_mib(device) - before)
+            count_waits(step, args.warmup, device, row)
+        except Exception as exc:  # e.g. a CUDA graph this torch cannot capture: keep the other variants
+            row.error = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"batch {batch} {v.name}: {row.error}", file=sys.stderr, flush=True)
+            continue
+        steps[v.name] = step
+        set_up_s = max(set_up_s, time.monotonic() - started)
+        step_s = max(step_s, (time.monotonic() - started) / (args.warmup + 2))
     for r in range(args.rounds):
-        first = args.warmup + r * args.steps  # step indices go on: the LR warm-up and seeding advance
-        for v in variants:
-            with settings(v, device):
-                seconds = common.seconds_per_call(steps_from(steps[v.name][0], first, args.steps), 1, sync=sync)
-            rows[v.name].round_images_per_s.append(round(batch * args.steps / seconds, 2))
+        if not budget.allows(step_s * args.steps * len(steps), f"b{batch} round {r + 1}", args.share_until):
+            break
+        first = args.warmup + 2 + r * args.steps  # step indices go on: the LR warm-up and seeding advance
+        for name, step in steps.items():
+            started = time.monotonic()
+            seconds = common.seconds_per_call(steps_from(step, first, args.steps), 1, sync=sync)
+            rows[name].round_images_per_s.append(round(batch * args.steps / seconds, 2))
+            step_s = max(step_s, (time.monotonic() - started) / args.steps)
     for row in rows.values():
-        row.images_per_s = round(statistics.median(row.round_images_per_s), 2)
+        if row.round_images_per_s:
+            row.images_per_s = round(statistics.median(row.round_images_per_s), 2)
     profiles = {}
     for name in args.profile if device.type == "cuda" else ():
-        if name in steps:
+        if name in steps and budget.allows(step_s * 4, f"b{batch} profile {name}", args.share_until):
             try:
-                profiles[name] = profile_steps(next(v for v in variants if v.name == name), steps[name][0], device)
+                profiles[name] = profile_steps(steps[name], device)
             except Exception as exc:  # the profiler's API moves between torch versions: keep the timings
                 profiles[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     steps.clear()
@@ -334,20 +356,17 @@ HOST_READS = ("aten::_local_scalar_dense",)
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
-def profile_steps(
-    variant: Variant, step: Callable[[int], None], device: torch.device, steps: int = 2
-) -> dict[str, Any]:
+def profile_steps(step: Callable[[int], None], device: torch.device, steps: int = 2) -> dict[str, Any]:
     """Two steps under torch.profiler: top kernels, host reads and syncs per step, GPU busy fraction."""
     from torch.profiler import ProfilerActivity, profile
 
-    with settings(variant, device):
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        for i in range(steps):
+            step(10_000 + i)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            started = time.perf_counter()
-            for i in range(steps):
-                step(10_000 + i)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - started
+        wall = time.perf_counter() - started
     averages = prof.key_averages()
     kernels = sorted(
         (e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0),
@@ -382,13 +401,22 @@ def render(rows: list[Measured], profiles: dict[str, dict[str, Any]], host: dict
         by_batch.setdefault(r.batch, {})[r.variant] = r
     batches = sorted(by_batch)
     names = list(dict.fromkeys(r.variant for r in rows))
-    header = ["variant", *(f"b{b} img/s" for b in batches), *(f"b{b} MiB" for b in batches), "vs tv (same precision)"]
+    header = [
+        "variant",
+        *(f"b{b} img/s" for b in batches),
+        *(f"b{b} MiB" for b in batches),
+        *(f"b{b} waits / syncs" for b in batches),
+        "vs tv (same precision)",
+    ]
     body = []
     for name in names:
         cells = [by_batch[b][name].images_per_s if name in by_batch[b] else "-" for b in batches]
+        cells = [c or "-" for c in cells]  # 0.0: set up and counted, but no round in the budget
         mem = [_mem(by_batch[b].get(name)) for b in batches]
-        body.append([name, *cells, *mem, _ratios(name, by_batch, batches)])
+        waits = [_waits(by_batch[b].get(name)) for b in batches]
+        body.append([name, *cells, *mem, *waits, _ratios(name, by_batch, batches)])
     lines = [f"{host.get('gpu') or host['cpu']['model']}; torch {host['torch']}", common.render_markdown(header, body)]
+    lines += [f"\n{r.variant} b{r.batch}: {r.error}" for r in rows if r.error]
     for name, p in profiles.items():
         if "error" in p:
             lines.append(f"\nprofile {name}: {p['error']}")
@@ -408,19 +436,23 @@ def _mem(row: Measured | None) -> str:
     return f"{row.step_peak_mib + (row.resident_mib or 0):.0f}"
 
 
+def _waits(row: Measured | None) -> str:
+    if row is None or row.waits is None:
+        return "-"
+    return f"{row.waits} / {'-' if row.cuda_syncs is None else row.cuda_syncs}"
+
+
 def _ratios(name: str, by_batch: dict[int, dict[str, Measured]], batches: list[int]) -> str:
-    """The kit variant over torchvision's loop at the same precision and settings where one exists,
-    else at the same precision with torch's defaults."""
+    """The kit variant over torchvision's loop at the same precision."""
     if not name.startswith("kit_"):
         return ""
-    base = "tv_" + name.removeprefix("kit_")
-    precision = "tv_amp_fp16" if "fp16" in name else "tv_amp_bf16" if "bf16" in name else "tv_fp32"
+    reference = "tv_amp_fp16" if "fp16" in name else "tv_amp_bf16"
     cells = []
     for b in batches:
         rows = by_batch[b]
-        ref = rows.get(base) or rows.get(precision)
-        if ref and name in rows and ref.images_per_s:
-            cells.append(f"b{b} {rows[name].images_per_s / ref.images_per_s:.2f}x {ref.variant}")
+        ref = rows.get(reference)
+        if ref and name in rows and ref.images_per_s and rows[name].images_per_s:
+            cells.append(f"b{b} {rows[name].images_per_s / ref.images_per_s:.2f}x")
     return ", ".join(cells)
 
 
@@ -444,10 +476,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--variants", default=None, help="comma separated subset of: " + ",".join(v.name for v in VARIANTS)
     )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=None, help="steps per variant per round (default 4 CUDA, 1 CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per variant per round (default 3 CUDA, 1 CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per variant (default 2 CUDA, 1 CPU)")
     parser.add_argument("--profile", default=",".join(PROFILED), help="variants profiled for two steps (CUDA)")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds: batch sizes left are skipped")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (see above)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.device == "auto":
@@ -457,11 +489,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cuda = args.device == "cuda"
     args.batches = [int(b) for b in (args.batches or ("2,8" if cuda else "2")).split(",") if b]
     known = {v.name: v for v in VARIANTS}
-    wanted = (args.variants or ",".join(known if cuda else CPU_VARIANTS)).split(",")
+    default = [v.name for v in VARIANTS if not v.graph] if cuda else CPU_VARIANTS  # graphs: their own check
+    wanted = (args.variants or ",".join(default)).split(",")
     if unknown := [w for w in wanted if w not in known]:
         parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    if not cuda and (graphed := [w for w in wanted if known[w].graph]):
+        parser.error(f"--variants: {', '.join(graphed)} capture CUDA graphs: --device cuda only")
     args.variants = [known[w] for w in wanted if w]
-    args.steps = args.steps or (4 if cuda else 1)
+    args.steps = args.steps or (3 if cuda else 1)
     args.warmup = args.warmup or (2 if cuda else 1)
     args.profile = [p for p in args.profile.split(",") if p]
     return args
@@ -473,16 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[device.type]
     if device.type == "cpu":
         torch.set_flush_denormal(True)  # as the trainer's process setup does: denormals slow a CPU step 3-6x
-        args.variants = [replace(v, tf32=None, cudnn_benchmark=False, fused_sgd=False) for v in args.variants]
-    deadline = time.monotonic() + (args.time_budget or float("inf"))
+    budget = Budget(args.time_budget)
     rows: list[Measured] = []
     profiles: dict[str, Any] = {}
-    skipped = []
-    for batch in args.batches:
-        if time.monotonic() > deadline:
-            skipped.append(batch)
-            continue
-        measured, profiled = measure_batch(args.variants, shape, device, batch, args)
+    for i, batch in enumerate(args.batches):
+        # Each batch size may use a share of what is left that grows with its images (a larger batch's
+        # steps take longer) over a fixed part (building the variants, the first steps).
+        weights = [b + FIXED_SHARE for b in args.batches[i:]]
+        args.share_until = time.monotonic() + budget.left() * weights[0] / sum(weights)
+        measured, profiled = measure_batch(args.variants, shape, device, batch, args, budget)
         rows += measured
         profiles |= {f"{name}_b{batch}": p for name, p in profiled.items()}
         print(
@@ -500,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants": [asdict(v) for v in args.variants],
         "results": [asdict(r) for r in rows],
         "profiles": profiles,
-        "skipped_batches": skipped,
+        "left_out": budget.left_out,
     }
     common.emit(render(rows, profiles, host), report, args.json_out)
     return 0

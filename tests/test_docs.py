@@ -5,6 +5,7 @@
 - every `maskrcnn-dist SUB --flag`, `maskrcnn-launch SUB --flag` and `make TARGET` the pages show (in
   code blocks and inline code) exists: subcommands and flags are read from the click command trees,
   make targets from the Makefile and mk/*.mk;
+- every default a page states for a flag ("the default `--lr 0.01`") is one the flag has;
 - docs/reference/flags.md is what `make docs` (docs/hack/flags_page.py) writes;
 - the README and every page stay short; the cluster walkthrough's values render with the chart.
 """
@@ -175,6 +176,68 @@ def trees() -> dict[str, click.Group]:
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_every_command_and_flag_shown_exists(page: Path, trees) -> None:
     assert command_problems(page, trees) == []
+
+
+# A default the prose states for a flag: "the default `--lr 0.01`", "`--best-metric` (default `segm_AP`",
+# "`--wait-timeout`, default 300 s", "`--rpc-timeout` seconds (default 120". Only a value in code or a number
+# is compared (not "default all of them").
+STATED_DEFAULT = re.compile(
+    r"default `(--[a-z][a-z0-9-]*) ([^`\s]+)`"
+    r"|`(--[a-z][a-z0-9-]*)`(?: [a-z]+)?(?:,| \() ?default:? (?:`([^`]+)`|(-?[0-9][0-9.e-]*)(?![\w.]))"
+)
+
+
+def flag_defaults() -> dict[str, set[str]]:
+    """Every default each flag has, in any command, as docs/reference/flags.md shows it (its config field's,
+    else click's), and a "default N" its help names (a default that comes from the environment's contract)."""
+    module = _flags_page_module()
+    found: dict[str, set[str]] = {}
+    for program, group in command_trees().items():
+        for name, command in group.commands.items():
+            for param in module.options(command):
+                _, default, _, meaning = module.row(param, module.field_spec(program, name, param))
+                values = {default.strip("`")} | set(re.findall(r"default:? ([^\s;,)\]]+)", meaning))
+                for flag in param.opts:
+                    found.setdefault(flag, set()).update(values - {""})
+    return found
+
+
+def same_value(stated: str, default: str) -> bool:
+    try:
+        return float(stated) == float(default)
+    except ValueError:
+        return stated == default
+
+
+def default_problems(page: Path, defaults: dict[str, set[str]]) -> list[str]:
+    """A flag's default as a page states it that no command of that flag has."""
+    problems = []
+    for line in split_page(page.read_text())[0]:
+        for m in STATED_DEFAULT.finditer(line):
+            flag = m.group(1) or m.group(3)
+            stated = m.group(2) or m.group(4) or m.group(5)
+            known = defaults.get(flag)
+            if known and not any(same_value(stated, d) for d in known):
+                problems.append(f"{flag}: the page says its default is {stated}, the code's is {sorted(known)}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def defaults() -> dict[str, set[str]]:
+    return flag_defaults()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_every_default_stated_for_a_flag_is_its_default(page: Path, defaults) -> None:
+    assert default_problems(page, defaults) == []
+
+
+def test_a_wrong_stated_default_is_found(tmp_path: Path, defaults) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("at the default `--lr 0.02`; `--print-freq` (default `7`); `--wait-timeout`, default 30 s\n")
+    assert [p.split(":")[0] for p in default_problems(page, defaults)] == ["--lr", "--print-freq", "--wait-timeout"]
+    page.write_text("at the default `--lr 0.01`; `--wait-timeout`, default 300 s; `--threads`, default all\n")
+    assert default_problems(page, defaults) == []
 
 
 def make_targets() -> set[str]:

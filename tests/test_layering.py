@@ -376,7 +376,8 @@ DATA = TRAINER / "data"
 #: classes are judged from the store's counts, the sources carve a split from the annotations' image ids,
 #: parse_ahead parses the sources' files, the images' check is read ahead (check_ahead) of the parse, the
 #: synthetic set is written with the annotations' masks as sources, the dataset reads a store and images,
-#: the loader batches it, transforms/ wrap it and collate (copy-paste), and prepare composes them all.
+#: the plan orders an epoch (old_order: as it was before the plan), the loader batches it, transforms/ wrap
+#: it and collate (copy-paste), and prepare composes them all.
 DATA_ROOMS = (
     "cache",
     "annotations",
@@ -388,6 +389,7 @@ DATA_ROOMS = (
     "synthetic",
     "dataset",
     "plan",
+    "old_order",
     "loader",
     "transforms",
     "prepare",

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         work = (args.work_dir or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
         gpus = torch.cuda.device_count() if device == "cuda" else 0
-        throughput_s = min(170.0, args.time_budget / 3)
+        throughput_s = min(120.0, args.time_budget / 3)
         env = Env(device, gpus, str(work), args.inject_failure, throughput_s, budget_scale=args.budget_scale)
         checks = checks_for(env)
         if args.only:

@@ -53,7 +53,7 @@ class Env:
     work: str
     inject_failure: bool = False
     # Seconds the throughput benchmark may take (its share of the run's budget).
-    throughput_budget_s: float = 150.0
+    throughput_budget_s: float = 120.0
     # Each check's own budget is multiplied by this: the CPU self-test on a loaded machine makes the
     # budgets hang guards far beyond the measured times (tests/checks/test_gpu_check.py).
     budget_scale: float = 1.0

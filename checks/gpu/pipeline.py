@@ -5,14 +5,16 @@ against the local engine with the same flags, every bound a multiple of a measur
   deterministic: RoIAlign's backward adds with atomics), the largest difference of the losses
   (relative) and of the final weights (absolute). A floor under `MIN_FLOOR` counts as `MIN_FLOOR`: on
   CPU the runs are bitwise equal, and the pipeline may still sum in its own order.
-- `pipeline_device_maps`: three processes on one GPU with TensorPipe device maps cuda:0 -> cuda:0
-  (stage outputs cross as CUDA tensors; two processes on one device is what TensorPipe's cuda_ipc channel
-  takes), M=1, against the local engine within `FLOOR_MULTIPLE` floors. TensorPipe's own log names the
+- `pipeline_device_maps`: three processes on one GPU with TensorPipe device maps cuda:0 -> cuda:0 both
+  ways (activations forward, their gradients back, as CUDA tensors in plain RPC calls; two processes on
+  one device is what TensorPipe's cuda_ipc channel takes), M=1, against the local engine within
+  `FLOOR_MULTIPLE` floors. TensorPipe's own log names the
   channels that carried tensors (`channels`; `cuda_channel` for the CUDA tensors); every process runs
   under the device-map guard.
 - `pipeline_streams`: the same run with CUDA_LAUNCH_BLOCKING=1 (every kernel finishes before the host goes
   on, so no stream can overtake another) agrees with the device-map run within the same bound: a missing
   wait between a replica's stream and RPC's would show as a difference here.
+- `pipeline_amp` (pipeline_amp.py): fp16 and bf16 stages against the local engine's same --amp run.
 - `pipeline_cpu`: the same with `transport: cpu` (stage outputs staged through host memory); its step
   time and bytes per link beside the device-map run's.
 - `pipeline_replicas`: 2 replicas of stage 2 where the topology allows it (a GPU each); with one GPU
@@ -101,9 +103,12 @@ def within_floor(what: str, diff: dict[str, float], floor: dict[str, Any], figur
 # -- one pipeline run --------------------------------------------------------------------------------
 
 
-def launch(env: Env, name: str, transport: str, replicas: int = 1, **variables: str) -> tuple[Path, str]:
+def launch(
+    env: Env, name: str, transport: str, replicas: int = 1, flags: dict[str, Any] | None = None, **variables: str
+) -> tuple[Path, str]:
     """`maskrcnn-launch local` of the pipeline on this machine with the topology's transport, under the
-    device-map guard; its output folder and log. M = replicas (each replica needs a micro-batch)."""
+    device-map guard; its output folder and log. M = replicas (each replica needs a micro-batch). `flags`:
+    more training flags (the same ones the local run it is compared with gets)."""
     from maskrcnn_launcher.peers import free_port
 
     from maskrcnn_dist.config import to_argv
@@ -113,9 +118,11 @@ def launch(env: Env, name: str, transport: str, replicas: int = 1, **variables: 
     work.mkdir(parents=True, exist_ok=True)
     topology = work / "topology.yaml"
     topology.write_text(json.dumps(pipeline_topology((gpus, gpus * replicas), (1, replicas), transport)))
-    flags = base_flags(env, env.data, work / "pipeline", micro_batches=replicas, rpc_timeout=60)
+    flags = base_flags(env, env.data, work / "pipeline", micro_batches=replicas, rpc_timeout=60, **(flags or {}))
     flags.pop("threads", None)  # stage workers take 1 thread each (perf.setup_process)
-    flags["device"] = "cpu"  # the master's: it holds no model; the stages use the topology's devices
+    # The master holds no model (the stages use the topology's devices); "auto", as --amp-dtype float16
+    # is refused with --device cpu.
+    flags["device"] = "auto"
     command = [sys.executable, "-m", "maskrcnn_launcher", "local", "--topology", str(topology)]
     command += ["--master-port", str(free_port()), "--wait-timeout", "60", "--grace", "5", "--", *to_argv(flags)]
     log = run_logged(command, work / "launch.log", 300, threads=1, **GUARD, **variables)

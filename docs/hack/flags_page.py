@@ -99,7 +99,7 @@ def row(param: click.Option, spec: config.FieldSpec | None) -> tuple[str, str, s
 
 
 def options(command: click.Command) -> list[click.Option]:
-    return [p for p in command.params if isinstance(p, click.Option) and "--help" not in p.opts]
+    return [p for p in command.params if isinstance(p, click.Option) and "--help" not in p.opts and not p.hidden]
 
 
 def arguments(command: click.Command) -> str:

@@ -25,6 +25,28 @@ renders StatefulSets or not). The first check that fails is the one reported.
 {{- include "maskrcnn-dist.validateKubeflow" . -}}
 {{- include "maskrcnn-dist.validateElastic" . -}}
 {{- include "maskrcnn-dist.validateData" . -}}
+{{- include "maskrcnn-dist.validateTrainerArgs" . -}}
+{{- end -}}
+
+{{/*
+trainer.args as the trainer reads them: it refuses an option given twice (`--lr 0.01 ... --lr=0.02`, or
+`--amp` and `--no-amp`), which would fail every pod at start-up; and jobset.elastic passes --elastic itself.
+*/}}
+{{- define "maskrcnn-dist.validateTrainerArgs" -}}
+{{- $seen := dict -}}
+{{- range .Values.trainer.args -}}
+{{- $arg := toString . -}}
+{{- $name := regexReplaceAll "=.*$" $arg "" | trimPrefix "--" | trimPrefix "no-" -}}
+{{- if and (hasPrefix "--" $arg) $name -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "trainer.args gives --%s more than once (%s, then %s): the trainer refuses an option given twice; give it once" $name (get $seen $name) $arg) -}}
+{{- end -}}
+{{- $_ := set $seen $name $arg -}}
+{{- if and $.Values.jobset.elastic.enabled (eq $name "elastic") -}}
+{{- fail (printf "trainer.args: %s beside jobset.elastic.enabled, which passes --elastic to every trainer itself: leave it out of trainer.args" $arg) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

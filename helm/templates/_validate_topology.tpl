@@ -33,16 +33,6 @@ value. A chart test renders a table of pipelines and checks that the chart and t
 {{- if ne (join "," $placed) (join "," $modules) -}}
 {{- fail (printf "pipeline.stages: the modules in stage order are [%s]; the stages must split [%s] into contiguous runs in this order, each module in exactly one stage" (join ", " $placed) (join ", " $modules)) -}}
 {{- end -}}
-{{- if and (eq .Values.pipeline.transport "device_maps") (gt $gpus 0) -}}
-{{- $stages := .Values.pipeline.stages -}}
-{{- range $i := until (sub (len $stages) 1 | int) -}}
-{{- $this := int (default 1 (index $stages $i).replicas) -}}
-{{- $next := int (default 1 (index $stages (add1 $i)).replicas) -}}
-{{- if gt $this $next -}}
-{{- fail (printf "pipeline.stages[%d].replicas=%d is below pipeline.stages[%d].replicas=%d with pipeline.transport=device_maps: device maps are one-to-one, so every replica's GPU of a stage needs its own landing GPU on the next stage; give it more replicas, or use pipeline.transport=cpu" (add1 $i) $next $i $this) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
 {{- end -}}
 {{- end -}}
 

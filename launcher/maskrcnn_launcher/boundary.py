@@ -34,6 +34,7 @@ from typing import Any
 import click
 
 from maskrcnn_launcher.errors import LauncherError, PeerTimeout
+from maskrcnn_launcher.strict import StrictCommand, refuse_repeated_options
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -167,7 +168,10 @@ def report(failure: Failure, exc: BaseException, debug: bool, stream: Any = None
 
 class GuardedGroup(click.Group):
     """A click group whose every command runs inside the boundary: the console script, `python -m`, and
-    click's CliRunner in tests all go through `main`. `classify` adds the package's own exceptions."""
+    click's CliRunner in tests all go through `main`. `classify` adds the package's own exceptions. Its
+    commands, however made, and the group itself refuse an option given twice (strict.py)."""
+
+    command_class = StrictCommand
 
     def __init__(self, *args: Any, classify: Classifier | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -180,6 +184,20 @@ class GuardedGroup(click.Group):
                 help=f"on a failure, print the traceback too (also {DEBUG_ENV}=1; may be given anywhere)",
             )
         )
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        refuse_repeated_options(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """A subcommand made elsewhere (`@click.command`, then `add_command`) refuses a repeated option too."""
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, (StrictCommand, click.Group)):
+            own = click.Context(command, info_name=name, parent=ctx, **command.context_settings)
+            refuse_repeated_options(command, own, rest)
+        return name, command, rest
 
     def main(  # type: ignore[override]
         self,

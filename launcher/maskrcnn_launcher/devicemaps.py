@@ -1,28 +1,26 @@
 """Replica devices and TensorPipe device maps for the pipeline engine.
 
-Who calls whom in the pipeline (and so whose `TensorPipeRpcBackendOptions` needs which map):
+Who calls whom in the pipeline, and what the calls carry (always by value, in their arguments):
 
-* master -> stage-1 worker: the request carries images + targets. The master is CPU-only (the
-  topology refuses devices on a pipeline master), so there is no map: CPU tensors need none.
-* master -> stage-k worker (k > 1): the request carries an RRef to stage k-1's output and small
-  metadata; the response of the last stage carries the losses. The master has no GPU, so the
-  last stage must return CPU tensors; no map.
-* stage-k worker -> stage-(k-1) worker: stage k fetches its input with `RRef.to_here()`. That is an
-  RPC whose CALLER is stage k and whose RESPONSE carries the features. TensorPipe takes the map
-  from the caller's options (`device_maps[callee]`, local device -> remote device) and places the
-  response's tensors through the INVERSE of that map. dist_autograd's backward sends the feature
-  gradients from stage k to stage k-1, i.e. in the forward direction of the same map.
+* master -> stage-1 worker: a micro-batch's images + targets. The master is CPU-only (the topology
+  refuses devices on a pipeline master): CPU tensors need no map.
+* stage-k worker -> stage-(k+1) worker: the micro-batch's activations (features, targets, ...). The
+  caller is stage k; TensorPipe takes the map from the caller's options (`device_maps[callee]`,
+  caller device -> callee device). The answer (nothing, or the last stage's CPU results) needs none.
+* stage-(k+1) worker -> stage-k worker: the gradients of those activations, in backward. The caller
+  is stage k+1, with its own map for stage k.
+* master -> every stage: the step's reduction and update, checkpoints: plain values and CPU tensors.
 
-Rule (identity by replica index): replica r runs on `cuda:r` on every GPU worker, and stage k's map
-for stage k-1 is `{cuda:r: cuda:r for r < replicas of stage k-1}`. So stage k-1 replica r's features
-arrive on stage k's `cuda:r` (the trainer moves them to the replica that takes the micro-batch
-when that is another device: a local copy). The map is one-to-one as TensorPipe requires, covers
-every device the callee can respond from (the topology checks stage k has at least as many replicas
-as stage k-1), and is its own inverse, so requests, responses and gradients all agree.
+So every edge between two GPU stages has two maps, one per direction, each set by its sender.
 
-Maps exist only when both ends have GPUs and the topology opts in with `transport: device_maps`.
-The default, `transport: cpu`, stages tensors through host memory: the RPC docs mark dist_autograd
-with CUDA tensors over RPC as unsupported.
+Rule (identity by replica index): replica r runs on `cuda:r` on every GPU worker, and a sender's map
+for its neighbour is `{cuda:r: cuda:r for r < min(its replicas, the neighbour's)}`: one-to-one, as
+TensorPipe requires, and landing on a replica's own device. A sender replica beyond the neighbour's
+count sends through a covered device of its own worker (a local copy first); the receiver moves a
+micro-batch to the replica that takes it when it landed elsewhere (a local copy).
+
+Maps exist on every edge whose ends are both GPU stages, unless the topology says `transport: cpu`
+(then every tensor is staged through host memory); an edge with a CPU end stages through host memory.
 """
 
 from __future__ import annotations
@@ -47,24 +45,26 @@ def is_cuda(device: str) -> bool:
     return device.startswith("cuda:")
 
 
+def resolved_transport(stages: Sequence[StagePlacement], transport: str) -> str:
+    """What the pods are told: "auto" is "device_maps" when some edge joins two GPU stages, else "cpu"."""
+    if transport != "auto":
+        return transport
+    gpu_edge = any(edge_device_map(transport, a.devices, b.devices) for a, b in zip(stages, stages[1:]))
+    return "device_maps" if gpu_edge else "cpu"
+
+
 def pipeline_device_maps(stages: Sequence[StagePlacement], transport: str) -> dict[str, dict[str, DeviceMap]]:
-    """{caller rpc name: {callee rpc name: {caller device: callee device}}} for the whole job."""
+    """{caller rpc name: {callee rpc name: {caller device: callee device}}} for the whole job: for each
+    edge, the forward map (activations) in stage k's options and the backward map (gradients) in stage
+    k+1's."""
     maps: dict[str, dict[str, DeviceMap]] = {}
-    if transport != "device_maps":
-        return maps
     for prev, nxt in zip(stages, stages[1:], strict=False):
-        mapping = edge_device_map(transport, prev.devices, nxt.devices)
-        if not mapping:
-            continue  # a CPU end: tensors are staged through host memory, no map
-        if len(nxt.devices) < len(prev.devices):
-            # topology.py refuses this; kept here so the rule cannot be bypassed by a caller.
-            raise TopologyError(
-                f"{nxt.rpc_name} has {len(nxt.devices)} replica device(s) but {prev.rpc_name} responds from "
-                f"{len(prev.devices)}: a one-to-one device map cannot cover them"
-            )
-        # Caller: nxt (it calls to_here() on prev's RRef). Key: its device; value: prev's device.
-        check_one_to_one(mapping, f"device map {nxt.rpc_name} -> {prev.rpc_name}")
-        maps.setdefault(nxt.rpc_name, {})[prev.rpc_name] = mapping
+        for sender, receiver, what in ((prev, nxt, "activations"), (nxt, prev, "gradients")):
+            mapping = edge_device_map(transport, sender.devices, receiver.devices)
+            if not mapping:
+                continue  # a CPU end or transport cpu: tensors are staged through host memory
+            check_one_to_one(mapping, f"device map {sender.rpc_name} -> {receiver.rpc_name} ({what})")
+            maps.setdefault(sender.rpc_name, {})[receiver.rpc_name] = mapping
     return maps
 
 

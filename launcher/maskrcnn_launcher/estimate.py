@@ -16,8 +16,8 @@ Assumptions (all from the topology's `estimate:` section):
 * Mask R-CNN's 5 training losses are float32 scalars;
 * ddp: ring all-reduce of float32 gradients sends 2 (N - 1) / N x parameters x 4 bytes per process.
 
-Bytes are per step (the whole batch); messages per step is the number of micro-batches (ddp: the
-number of gradient buckets).
+Bytes are per step (the whole batch); messages per step is the number of micro-batches on a stage's
+edges (each crosses by value, forward and back), one for the losses (ddp: the number of gradient buckets).
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def pipeline_links(topology: Topology, stages: Sequence[StagePlacement]) -> list
         links.append(LinkEstimate(prev.rpc_name, nxt.rpc_name, what, "forward", mb, n * fwd))
         if back:
             links.append(LinkEstimate(nxt.rpc_name, prev.rpc_name, back_what, "backward", mb, n * back))
-    last = stages[-1].rpc_name
-    links.append(LinkEstimate(last, "master", "losses", "forward", mb, mb * LOSSES * 4))
-    links.append(LinkEstimate("master", last, "loss gradients", "backward", mb, mb * LOSSES * 4))
+    # The last stage backpropagates from its own losses; their values reach the master once per step,
+    # with the step's gradient reduction (no gradient travels from the master).
+    links.append(LinkEstimate(stages[-1].rpc_name, "master", "losses", "backward", 1, mb * LOSSES * 4))
     return links
 
 

@@ -24,13 +24,18 @@ from contextlib import contextmanager
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.boundary import EXIT_STOPPED
 from maskrcnn_launcher.errors import LauncherError
+from maskrcnn_launcher.fieldcheck import suggest
 from maskrcnn_launcher.peers import WaitPolicy, wait_for_master
 from maskrcnn_launcher.plan import PodLaunch
+from maskrcnn_launcher.topology import ENGINES
 
 PIPELINE_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "pipeline")
 # torchrun's arguments, but a worker's exit 2 (a user error) stays the pod's exit 2: a JobSet fails at once.
 TORCHRUN_MODULE = "maskrcnn_dist.torchrun"
 DDP_TRAINER_MODULE = ("-m", "maskrcnn_dist.cli", "train", "--engine", "ddp")
+
+# The trainer's engine that no topology runs: one process, started without the launcher.
+ONE_PROCESS_ENGINE = "local"
 
 # Printed just before the launcher hands its process to the trainer (`local` watches for it).
 EXEC_MARK = " exec: "
@@ -42,11 +47,25 @@ def check_engine_args(engine: str, args: Sequence[str]) -> None:
     plan does not show. LauncherError (one line, exit 2) unless it agrees."""
     given = [a.split("=", 1)[1] for a in args if a.startswith("--engine=")]
     given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--engine"]
-    if other := [value for value in given if value != engine]:
-        raise LauncherError(
-            f"trainer argument --engine {other[0]} contradicts the topology's engine {engine}: the topology "
-            f"decides it (`maskrcnn-launch plan` shows it); drop --engine, or use a topology with engine: {other[0]}"
+    if not (other := [value for value in given if value != engine]):
+        return
+    value = other[0]
+    if value == ONE_PROCESS_ENGINE:
+        way = (
+            f"--engine {value} trains in one process on one machine, without the launcher: run "
+            f"`maskrcnn-dist train --engine {value} ...` itself, or drop --engine here"
         )
+    elif value in ENGINES:
+        way = f"drop --engine, or use a topology with engine: {value}"
+    else:
+        raise LauncherError(
+            f"trainer argument --engine{suggest(value, ENGINES)} is not an engine a topology runs ("
+            f"{', '.join(ENGINES)}): the topology's, {engine}, is passed to the trainer; drop --engine"
+        )
+    raise LauncherError(
+        f"trainer argument --engine {value} contradicts the topology's engine {engine}: the topology decides it "
+        f"(`maskrcnn-launch plan` shows it); {way}"
+    )
 
 
 def trainer_command(

@@ -20,35 +20,31 @@ SIGTERM or SIGINT to the runner is passed on once to every pod's process group (
 sessions of their own, so a terminal's Ctrl-C reaches the runner alone): the trainers stop at their
 next step boundary with a checkpoint and exit 75 (EXIT_STOPPED). The runner waits `grace_s` seconds for
 them, then exits 75 too when every pod did. A second signal is passed on as well: the pods end at once.
+
+Once the master has ended, the job is done: the other pods get `grace_s` seconds to end on their own, and
+one still running then (its peers gone, a process of it frozen by SIGSTOP, or hung) is ended with a line
+that names it; it does not change the job's status. The pods' processes themselves are podprocs.py's.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from maskrcnn_launcher.boundary import EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
-from maskrcnn_launcher.contract import STOP_SIGNALS, signal_handlers
+from maskrcnn_launcher.contract import STOP_SIGNALS, end_process_tree, signal_handlers, stopped_pids
 from maskrcnn_launcher.errors import LauncherError
-from maskrcnn_launcher.launch import EXEC_MARK, check_engine_args
+from maskrcnn_launcher.launch import check_engine_args
 from maskrcnn_launcher.peers import LOOPBACK
 from maskrcnn_launcher.plan import derive_job
+from maskrcnn_launcher.podprocs import LocalPod, PodGroup, signal_all, stop_all
 from maskrcnn_launcher.topology import load_topology
 
 ELASTIC_FLAGS = ("--elastic", "--no-elastic")  # the trainer's (maskrcnn_dist's PeersConfig.elastic)
-
-
-@dataclass(frozen=True)
-class LocalPod:
-    name: str  # rpc name: master, worker1, ...
-    argv: tuple[str, ...]
-    replaceable: bool = False  # a ddp worker: the group goes on without it, and takes it back
+MASTER = "master"  # the master pod's rpc name
 
 
 def local_pods(
@@ -57,8 +53,10 @@ def local_pods(
     trainer_args: Sequence[str],
     wait_timeout_s: float,
     restart_workers: int = 0,
+    launch_options: Sequence[str] = (),
 ) -> list[LocalPod]:
-    """The launch command of every pod of the topology, master first."""
+    """The launch command of every pod of the topology, master first; `launch_options`: more of `launch`'s
+    own options for every pod."""
     topology = load_topology(topology_ref)
     check_engine_args(topology.engine, trainer_args)  # before any pod starts
     trainer_args = elastic_by_default(topology.engine, trainer_args)
@@ -87,6 +85,7 @@ def local_pods(
                     "--wait-timeout",
                     f"{wait_timeout_s:g}",
                     *topology_args,
+                    *launch_options,
                     "--",
                     *trainer_args,
                 ]
@@ -118,162 +117,139 @@ def run_local(
 ) -> LocalResult:
     """Run the pods to completion. A pod's user error (exit 2) stops the others at once: restarting
     them could not help, and the group cannot go on without it. A replaceable pod's other exits are
-    losses the job survives; up to `restart_workers` of them are started again."""
+    losses the job survives; up to `restart_workers` of them in all are started again, while the master
+    runs. Once the master has ended, the others get `grace_s` to end too; a pod still running then (lost
+    to its peers, frozen or hung) is ended with a line, and does not change the job's status."""
     # SIGTERM/SIGINT to this runner (Ctrl-C, `timeout`, a CI kill) go to the pods, and the loop below
     # waits for them: the handler only records the signal.
     received: list[int] = []
     with signal_handlers(dict.fromkeys(STOP_SIGNALS, lambda signum, _: received.append(signum))):
-        group = _PodGroup(pods, echo)
-        first_failure: int | None = None
-        failed_pod: str | None = None
-        deadline: float | None = None
-        forwarded = 0
-        restarted = 0
+        group = PodGroup(pods, echo)
+        job = _Job(group, grace_s, echo, restart_workers)
         try:
             while group.running():
-                if len(received) > forwarded:
-                    signum = received[forwarded]
-                    forwarded += 1
-                    if forwarded == 1:
-                        deadline = time.monotonic() + grace_s
-                    echo(
-                        f"[local] {signal.Signals(signum).name}: passed on to every pod; they get {grace_s:g}s to stop"
-                    )
-                    _signal_all(group.procs.values(), signum)
+                job.pass_on(received)
                 for name, code in group.new_exits():
-                    if code == EXIT_OK or first_failure is not None:
-                        continue
-                    if group.survivable(name, code) and not forwarded:
-                        verb = "left" if code == EXIT_STOPPED else "lost"
-                        echo(f"[local] {name} {verb} (exit {code}): the others go on without it")
-                        if code != EXIT_STOPPED and restarted < restart_workers:
-                            restarted += 1
-                            group.start(name)
-                            echo(f"[local] {name} started again ({restarted} of {restart_workers})")
-                        continue
-                    failed_pod, first_failure = name, code
-                    grace = 0.0 if first_failure == EXIT_USER_ERROR else grace_s
-                    deadline = min(deadline or float("inf"), time.monotonic() + grace)
-                    echo(f"[local] {failed_pod} exited with {first_failure}; others get {grace:g}s to stop")
-                    if waiting := group.waiting_for_peers():
-                        echo(f"[local] {', '.join(waiting)}: still waiting for peers, stopping now")
-                        _stop_all(group.procs[n] for n in waiting)
-                if deadline is not None and time.monotonic() > deadline:
-                    echo("[local] grace period over: terminating the remaining pods")
+                    job.ended(name, code)
+                if job.deadline is not None and time.monotonic() > job.deadline:
+                    job.end_the_rest()
                     break
                 time.sleep(0.2)
         finally:
-            _stop_all(group.procs.values())
+            stop_all(group.procs.values())
             group.join()
-    codes = {n: p.returncode for n, p in group.procs.items()}
-    if set(codes.values()) == {EXIT_STOPPED}:
-        echo(f"[local] every pod stopped on request, the checkpoint written; exit {EXIT_STOPPED}")
-        return LocalResult(EXIT_STOPPED)
-    if forwarded > 1:  # a second signal ended the pods at once
-        return LocalResult(128 + received[1], None, f"stopped at once by a second {signal.Signals(received[1]).name}")
-    if first_failure is None:
-        kept = {n: c for n, c in codes.items() if not group.survivable(n, c)}
-        failed_pod, first_failure = next(((n, c) for n, c in kept.items() if c), (None, EXIT_OK))
-    return LocalResult(first_failure or EXIT_OK, failed_pod, group.errors.get(failed_pod) if failed_pod else None)
+    return job.result(received)
 
 
-class _PodGroup:
-    """The pods' processes (a pod started again replaces its entry), their output pumps and error lines."""
+class _Job:
+    """What the runner decided so far: the first failure, the deadline of the pods still running and why,
+    the signals passed on, the restarts used, and the pods it ended itself after the master's end."""
 
-    def __init__(self, pods: Sequence[LocalPod], echo: Callable[[str], None]) -> None:
-        self.pods = {pod.name: pod for pod in pods}
-        self.echo = echo
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.trainer_started: dict[str, threading.Event] = {}
-        self.errors: dict[str, str] = {}  # pod -> its last `error: ` line
-        self._pumps: list[threading.Thread] = []
-        self._seen: set[int] = set()  # pids whose exit was reported
-        for name in self.pods:
-            self.start(name)
+    def __init__(self, group: PodGroup, grace_s: float, echo: Callable[[str], None], restart_workers: int) -> None:
+        self.group, self.grace_s, self.echo, self.restart_workers = group, grace_s, echo, restart_workers
+        self.failed: tuple[str, int] | None = None
+        self.deadline: float | None = None
+        self.master_ended = False
+        self.forwarded = 0
+        self.restarted = 0
+        self.ended_by_runner: set[str] = set()
 
-    def start(self, name: str) -> None:
-        proc = subprocess.Popen(
-            self.pods[name].argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        self.procs[name], self.trainer_started[name] = proc, threading.Event()
-        pump = threading.Thread(
-            target=_pump, args=(name, proc, self.echo, self.trainer_started[name], self.errors), daemon=True
-        )
-        pump.start()
-        self._pumps.append(pump)
+    def pass_on(self, received: list[int]) -> None:
+        """A signal to the runner goes to every pod once (module docstring)."""
+        if len(received) <= self.forwarded:
+            return
+        signum = received[self.forwarded]
+        self.forwarded += 1
+        if self.forwarded == 1:
+            self._end_by(time.monotonic() + self.grace_s)
+        self.echo(f"[local] {signal.Signals(signum).name}: passed on to every pod; they get {self.grace_s:g}s to stop")
+        signal_all(self.group.procs.values(), signum)
 
-    def running(self) -> bool:
-        return [p.poll() for p in self.procs.values()].count(None) > 0  # poll every pod
+    def ended(self, name: str, code: int) -> None:
+        if name in self.ended_by_runner:
+            return
+        if name == MASTER:
+            self.master_ended = True
+            self._end_by(time.monotonic() + self.grace_s)
+        if code == EXIT_OK or self.failed is not None:
+            if name == MASTER:
+                self._stop_waiting("the master has ended")
+            return
+        if self.group.survivable(name, code) and not self.forwarded:
+            verb = "left" if code == EXIT_STOPPED else "lost"
+            self.echo(f"[local] {name} {verb} ({exit_words(code)}): the others go on without it")
+            if code != EXIT_STOPPED:
+                self._replace(name)
+            return
+        self.failed = (name, code)
+        grace = 0.0 if code == EXIT_USER_ERROR else self.grace_s
+        self._end_by(time.monotonic() + grace)
+        self.echo(f"[local] {name} exited with {exit_status(code)}; others get {grace:g}s to stop")
+        self._stop_waiting("still waiting for peers")
 
-    def new_exits(self) -> list[tuple[str, int]]:
-        """(pod, exit status) of each process that ended since the last call."""
-        ended = [(n, p) for n, p in self.procs.items() if p.poll() is not None and p.pid not in self._seen]
-        self._seen.update(p.pid for _, p in ended)
-        return [(n, p.returncode) for n, p in ended]
+    def _replace(self, name: str) -> None:
+        """A lost worker started again, while the master runs and the budget (shared by every worker) lasts."""
+        if self.master_ended:
+            self.echo(f"[local] {name} is not started again: the master has ended")
+        elif self.restarted < self.restart_workers:
+            self.restarted += 1
+            self.group.start(name)
+            self.echo(f"[local] {name} started again ({self.restarted} of {self.restart_workers})")
+        elif self.restart_workers:
+            self.echo(
+                f"[local] {name} is not started again: --restart-workers {self.restart_workers} (one budget shared "
+                "by every worker) is used up"
+            )
 
-    def survivable(self, name: str, code: int | None) -> bool:
-        """A replaceable pod's end that the others go on without: anything but a user error (and success)."""
-        return self.pods[name].replaceable and code not in (None, EXIT_OK, EXIT_USER_ERROR)
+    def _end_by(self, deadline: float) -> None:
+        self.deadline = min(self.deadline if self.deadline is not None else deadline, deadline)
 
-    def waiting_for_peers(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is None and not self.trainer_started[n].is_set()]
+    def _stop_waiting(self, why: str) -> None:
+        """Pods whose launcher still waits for the master (their trainer not started): nothing to lose."""
+        if waiting := self.group.waiting_for_peers():
+            self.echo(f"[local] {', '.join(waiting)}: {why}, stopping now")
+            stop_all(self.group.procs[n] for n in waiting)
+            if self.failed is None:  # the master's end: theirs is not a loss, nor the job's status
+                self.ended_by_runner.update(waiting)
 
-    def join(self) -> None:
-        for pump in self._pumps:
-            pump.join(timeout=5)
+    def end_the_rest(self) -> None:
+        """The deadline passed: each pod still running is named, then ended."""
+        running = {n: p for n, p in self.group.procs.items() if p.poll() is None}
+        if not self.master_ended or self.failed is not None or self.forwarded:
+            if running:
+                self.echo(f"[local] grace period over: ending {', '.join(running)}")
+            return  # the runner's `finally` stops them
+        for name, proc in running.items():
+            frozen = stopped_pids(proc.pid)
+            state = f"frozen: process {frozen[0]} is stopped (SIGSTOP)" if frozen else "hung, or waiting for a peer"
+            self.echo(f"[local] {name} still running {self.grace_s:g}s after the master ended ({state}): ending it")
+            end_process_tree(proc.pid)
+            proc.wait()
+            self.ended_by_runner.add(name)
 
-
-def _die_with_parent() -> None:
-    """Linux: the pod gets SIGTERM if this runner dies without cleaning up (e.g. SIGKILL)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass  # not Linux/glibc: the SIGTERM handler above is the only safety net
-
-
-def _pump(
-    name: str,
-    proc: subprocess.Popen,
-    echo: Callable[[str], None],
-    trainer_started: threading.Event,
-    errors: dict[str, str],
-) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("maskrcnn-launch: ") and EXEC_MARK in line:
-            trainer_started.set()
-        if line.startswith("error: "):  # the boundary's line (boundary.py), kept for the runner's own
-            errors[name] = line.removeprefix("error: ").strip()
-        echo(f"[{name}] {line.rstrip()}")
-
-
-def _signal_all(procs, signum: int) -> None:
-    """`signum` to each still-running pod's process group."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signum)
-            except ProcessLookupError:  # exited meanwhile
-                pass
+    def result(self, received: list[int]) -> LocalResult:
+        codes = {n: p.returncode for n, p in self.group.procs.items() if n not in self.ended_by_runner}
+        if codes and set(codes.values()) == {EXIT_STOPPED}:
+            self.echo(f"[local] every pod stopped on request, the checkpoint written; exit {EXIT_STOPPED}")
+            return LocalResult(EXIT_STOPPED)
+        if self.forwarded > 1:  # a second signal ended the pods at once
+            second = signal.Signals(received[1]).name
+            return LocalResult(128 + received[1], None, f"stopped at once by a second {second}")
+        failed = self.failed
+        if failed is None:
+            kept = {n: c for n, c in codes.items() if not self.group.survivable(n, c)}
+            failed = next(((n, c) for n, c in kept.items() if c), None)
+        if failed is None:
+            return LocalResult(EXIT_OK)
+        name, code = failed
+        killed = f"{exit_words(code)} (exit {exit_status(code)})" if code < 0 else None  # its status alone hides why
+        return LocalResult(exit_status(code), name, self.group.errors.get(name) or killed)
 
 
-def _stop_all(procs) -> None:
-    """SIGTERM each still-running pod's process group, then SIGKILL what is left after 10 s."""
-    alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        os.killpg(p.pid, signal.SIGTERM)
-    end = time.monotonic() + 10
-    for p in alive:
-        try:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+def exit_status(code: int) -> int:
+    """A process's return code as a shell's status: a signal's death (-n) is 128 + n."""
+    return 128 - code if code < 0 else code
+
+
+def exit_words(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"

@@ -13,7 +13,7 @@ from typing import Any
 
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.contract import PodPlan, StagePlacement, node_rank, process_group_backend
-from maskrcnn_launcher.devicemaps import pipeline_device_maps, replica_devices
+from maskrcnn_launcher.devicemaps import pipeline_device_maps, replica_devices, resolved_transport
 from maskrcnn_launcher.estimate import LinkEstimate, ddp_links, pipeline_links
 from maskrcnn_launcher.identity import Cluster, Identity
 from maskrcnn_launcher.topology import Topology
@@ -107,7 +107,8 @@ def derive_job(topology: Topology, master_addr: str, master_port: int, cluster: 
     roles = [("master", 0, topology.master_devices)] + [("worker", w.index, w.devices) for w in topology.workers]
     names = [rpc_name(role, index) for role, index, _ in roles]
     stages = stage_placements(topology) if topology.engine == "pipeline" else ()
-    maps = pipeline_device_maps(stages, topology.network.transport)
+    transport = resolved_transport(stages, topology.network.transport)
+    maps = pipeline_device_maps(stages, transport)
     links = pipeline_links(topology, stages) if topology.engine == "pipeline" else ddp_links(topology, names)
     launches = []
     first_rank = 0
@@ -127,7 +128,7 @@ def derive_job(topology: Topology, master_addr: str, master_port: int, cluster: 
             master_port=master_port,
             backend=process_group_backend(uses_gpu=devices > 0),
             stages=stages,
-            transport=topology.network.transport,
+            transport=transport,
             device_maps=maps.get(name, {}),
         )
         launches.append(

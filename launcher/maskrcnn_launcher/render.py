@@ -39,7 +39,8 @@ def plan_table(job: JobPlan, derived: Sequence[str] = ()) -> str:
     head = f"topology {topo.source}: engine {topo.engine}, world size {topo.world_size}, "
     head += f"master {master.master_addr}:{master.master_port}"
     if topo.engine == "pipeline":
-        head += f", transport {topo.network.transport}"
+        transport = job.pods[0].transport
+        head += f", transport {transport}" + (" (auto)" if topo.network.transport == "auto" else "")
     if topo.network.interface:
         head += f", interface {topo.network.interface}"
     lines = [head, *derived, ""]

@@ -11,12 +11,13 @@ The format (see launcher/README.md for the full reference):
     stages:                     # pipeline only, in pipeline order
       - {name: stage1, modules: [transform, backbone]}
       - {name: stage2, modules: [rpn, roi_heads]}
-    network: {master_port: 29500, interface: null, transport: cpu}
+    network: {master_port: 29500, interface: null, transport: auto}
     estimate: {batch_size: 2, image_size: [800, 1333], micro_batches: 2, feature_dtype: float32}
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,9 +31,12 @@ from maskrcnn_launcher.fieldcheck import FieldProblems, as_mapping, is_int, sugg
 from maskrcnn_launcher.yamlfile import load_yaml
 
 ENGINES = ("pipeline", "ddp")
-TRANSPORTS = ("cpu", "device_maps")
+# auto (default): device maps on every edge between two GPU stages, host memory elsewhere; device_maps: the
+# same, and a topology without GPU workers is an error; cpu: every tensor staged through host memory.
+TRANSPORTS = ("auto", "device_maps", "cpu")
 FEATURE_DTYPES = ("float32", "bfloat16")
 DEFAULT_TOPOLOGY = "three-machines"
+_INTERFACE = re.compile(r"^(?!\.{1,2}$)[^/\s]{1,15}$")
 
 # Ceilings of the counts (int_field): far above any real machine or model, low enough that every
 # product the plan and the byte estimate take of them stays a finite float.
@@ -158,7 +162,9 @@ def parse_topology(data: Any, source: str = "<topology>") -> Topology:
 
     engine = data.get("engine", "pipeline")
     if engine not in ENGINES:
-        errs.add("engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+        # What the sections must hold depends on the engine: with an unknown one only the engine is wrong.
+        errs.add("engine", f"{_suggested(engine)} is not one of {', '.join(ENGINES)}")
+        engine = None
 
     master = as_mapping(data.get("master", {}), "master", errs)
     errs.keys(master, "master", ("devices",))
@@ -172,14 +178,14 @@ def parse_topology(data: Any, source: str = "<topology>") -> Topology:
     network = _network(data.get("network", {}), errs)
     estimate = _estimate(data.get("estimate", {}), errs)
 
-    topology = Topology(source, engine, master_devices, tuple(workers), tuple(stages), network, estimate)
+    topology = Topology(source, engine or "?", master_devices, tuple(workers), tuple(stages), network, estimate)
     if engine == "pipeline":
         _check_placement(topology, errs)
     elif engine == "ddp":
         kinds = {d > 0 for d in topology.node_devices()}
         if len(kinds) > 1:
             errs.add("workers", "ddp needs every pod with GPUs or every pod without (one backend: nccl or gloo)")
-    if "world_size" in data:
+    if "world_size" in data and engine is not None:
         expected = topology.world_size
         if data["world_size"] != expected:
             how = "1 master + workers" if engine == "pipeline" else "sum over pods of max(devices, 1)"
@@ -193,7 +199,12 @@ def parse_topology(data: Any, source: str = "<topology>") -> Topology:
 # ---------------------------------------------------------------------------------------------
 
 
-def _workers(raw: Any, engine: str, errs: FieldProblems) -> list[Worker]:
+def _suggested(engine: Any) -> str:
+    return suggest(engine, ENGINES).strip() if isinstance(engine, str) else repr(engine)
+
+
+def _workers(raw: Any, engine: str | None, errs: FieldProblems) -> list[Worker]:
+    """The workers; `engine` None (unknown): their devices only, the engine's own keys unchecked."""
     if not isinstance(raw, list):
         errs.add("workers", "expected a list")
         return []
@@ -209,6 +220,9 @@ def _workers(raw: Any, engine: str, errs: FieldProblems) -> list[Worker]:
                     errs.add(f"{where}.{key}", "the ddp engine has no stage placements (every pod holds the model)")
             workers.append(Worker(i, devices, None, 1))
             continue
+        if engine is None:
+            workers.append(Worker(i, devices, None, 1))
+            continue
         stage = item.get("stage")
         if stage is None:
             errs.add(f"{where}.stage", "missing: every pipeline worker holds one stage")
@@ -222,7 +236,9 @@ def _workers(raw: Any, engine: str, errs: FieldProblems) -> list[Worker]:
     return workers
 
 
-def _stages(raw: Any, engine: str, errs: FieldProblems) -> list[TopologyStage]:
+def _stages(raw: Any, engine: str | None, errs: FieldProblems) -> list[TopologyStage]:
+    if engine is None:  # unknown: whether stages belong here at all is the engine's to say
+        return []
     if engine == "ddp":
         if raw:
             errs.add("stages", "the ddp engine has no stage placements (every pod holds the model)")
@@ -293,25 +309,6 @@ def _check_placement(topology: Topology, errs: FieldProblems) -> None:
                 "device_maps needs GPUs: no worker has devices > 0 (TensorPipe device maps move CUDA "
                 "tensors); use transport: cpu, or give the stage workers devices",
             )
-        _check_device_map_replicas(topology, errs)
-
-
-def _check_device_map_replicas(topology: Topology, errs: FieldProblems) -> None:
-    """TensorPipe device maps are one-to-one per peer pair (see devicemaps.py): with the identity-by-
-    replica-index rule, every replica device of stage k needs a landing device on stage k+1's worker,
-    so stage k+1 needs at least as many replicas as stage k when both sides have GPUs."""
-    by_name = {w.stage: w for w in topology.workers if w.stage is not None}
-    for prev, nxt in zip(topology.stages, topology.stages[1:], strict=False):
-        a, b = by_name.get(prev.name), by_name.get(nxt.name)
-        if a is None or b is None or a.devices == 0 or b.devices == 0:
-            continue
-        if a.replicas > b.replicas:
-            errs.add(
-                f"workers[{b.index}].replicas",
-                f"transport device_maps: stage {nxt.name!r} has {b.replicas} replica(s) but stage "
-                f"{prev.name!r} has {a.replicas}; every {prev.name} replica device needs its own landing "
-                "device (device maps are one-to-one): give it more replicas, or use transport: cpu",
-            )
 
 
 def _network(raw: Any, errs: FieldProblems) -> Network:
@@ -321,10 +318,12 @@ def _network(raw: Any, errs: FieldProblems) -> Network:
         raw, "master_port", "network.master_port", default=DEFAULT_MASTER_PORT, minimum=1, maximum=65535
     )
     interface = raw.get("interface")
-    if interface is not None and (not isinstance(interface, str) or not interface):
+    if interface is not None and (not isinstance(interface, str) or not _INTERFACE.match(interface)):
+        # Linux's rule (IFNAMSIZ): at most 15 bytes, no '/' or white space. Whether this host has it is
+        # hostcheck.py's, on the pods' host.
         errs.add("network.interface", f"expected an interface name such as eth0, got {interface!r}")
         interface = None
-    transport = raw.get("transport", "cpu")
+    transport = raw.get("transport", "auto")
     if transport not in TRANSPORTS:
         errs.add("network.transport", f"{transport!r} is not one of {', '.join(TRANSPORTS)}")
     return Network(port, interface, transport)

@@ -50,6 +50,8 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 # "Caught X in DataLoader worker process N.\nOriginal Traceback ...\n<module>.X: <message>".
 _WORKER_WRAPPED = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: ")
+# torch.distributed's errors of a wait that ran out (named, not imported: this module loads without torch).
+_PEER_WAITS = ("DistNetworkError", "DistStoreError", "DistBackendError", "DistError")
 
 
 def original_message(exc: BaseException) -> str:
@@ -72,6 +74,13 @@ def classify(exc: BaseException) -> Failure | None:
         return Failure.of(EXIT_RUNTIME, original_message(exc))
     if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), without importing torch here
         return Failure.of(EXIT_RUNTIME, "out of GPU memory: lower --batch-size or the image size, or use --amp")
+    if type(exc).__name__ in _PEER_WAITS and any(word in str(exc).lower() for word in ("timed out", "timeout")):
+        # torch.distributed's DistNetworkError / DistStoreError: a wait for a peer or the store ran out.
+        return Failure.of(
+            EXIT_RUNTIME,
+            f"{type(exc).__name__}: {original_message(exc).rstrip('.')}; every wait for a peer is bounded by "
+            "--rpc-timeout (seconds): raise it if the peers need longer to start or to answer, else one is gone",
+        )
     if _WORKER_WRAPPED.match(str(exc)):
         return Failure.of(EXIT_RUNTIME, f"in a DataLoader worker: {type(exc).__name__}: {original_message(exc)}")
     return None

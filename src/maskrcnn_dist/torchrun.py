@@ -27,6 +27,8 @@ Exit barrier. Every agent waits at the end until all have finished (it keeps the
 the others), 300 s by default. A ddp job goes on without a lost worker pod (docs/elastic.md), whose
 agent never comes to that barrier: here it waits EXIT_BARRIER_S. The trainers end together (their
 process group's last barrier), so the agents that are still there arrive within a second of each other.
+A barrier that ends early (a pod lost or drained before the end, or the master's gone first) is a planned
+end's: torch's traceback for it is replaced by one line that says which (`exit_barrier_line`).
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ from maskrcnn_launcher.contract import (
     FORWARDED_STOP,
     RANK,
     STOP_SIGNALS,
+    child_pids,
+    parent_pid,  # noqa: F401 (re-exported: tests and benchmarks find a rank's torchrun by it)
+    process_tree,
     signal_handlers,
 )
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import parse_args, run
 
 
 def pod_exit_status(worker_exit_codes: Iterable[int]) -> int:
@@ -67,33 +70,9 @@ def without_stop_signals(signals_to_handle: str) -> str:
     return ",".join(name for name in signals_to_handle.split(",") if name.strip() not in names)
 
 
-def child_pids(parent: int) -> list[int]:
-    """The processes whose parent is `parent`, read from Linux's /proc (the agent's ranks are torchrun's children)."""
-    return [
-        int(entry.name)
-        for entry in os.scandir("/proc")
-        if entry.name.isdigit() and parent_pid(int(entry.name)) == parent
-    ]
-
-
-def parent_pid(pid: int) -> int | None:
-    """`pid`'s parent, read from Linux's /proc; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    # pid (comm) state ppid ...: the name may hold spaces and parentheses, so split after the last ")".
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])
-
-
 def descendant_pids(root: int) -> list[int]:
     """`root`'s descendants, nearest first (its children, then theirs, ...)."""
-    found, level = [], child_pids(root)
-    while level:
-        found += level
-        level = [child for pid in level for child in child_pids(pid)]
-    return found
+    return process_tree(root)[1:]
 
 
 def trainer_pid(root: int, rank: int) -> int:
@@ -177,6 +156,29 @@ def is_not_a_stop(record: logging.LogRecord) -> bool:
     return not (record.msg.startswith("failed (exitcode") and record.args and record.args[0] == EXIT_STOPPED)
 
 
+def exit_barrier_line(record: logging.LogRecord) -> str | None:
+    """The one line that says why the agent's exit barrier ended early (torch logs it as an error with a
+    traceback, C++ frames included), or None for any other record. It is a planned end's, not a failure's:
+    the pod's status is its ranks' whatever the barrier gave."""
+    if not (isinstance(record.msg, str) and record.msg.startswith("Error waiting on exit barrier")):
+        return None
+    failure = type(record.exc_info[1]).__name__ if record.exc_info and record.exc_info[1] else ""
+    if failure == "DistNetworkError":  # the master's agent hosted the store, and has gone
+        return "the master's pod ended first: nothing is left to wait for at the end; this pod ends too"
+    return (
+        f"not every pod reached the end within {EXIT_BARRIER_S:g} s (one was lost, drained or stopped "
+        "earlier): this pod ends without waiting for it"
+    )
+
+
+def quiet_exit_barrier(record: logging.LogRecord) -> bool:
+    """A logging filter: torch's exit-barrier traceback replaced by its one line (exit_barrier_line)."""
+    if (line := exit_barrier_line(record)) is None:
+        return True
+    RankStopper._say(line)
+    return False
+
+
 EXIT_BARRIER_S = 10.0
 
 
@@ -194,11 +196,34 @@ def with_short_exit_barrier() -> None:
     api.LocalElasticAgent = Agent
 
 
+#: torch's C++ log level, read once when torch loads (c10's TORCH_CPP_LOG_LEVEL): the agent's own warnings are a
+#: store's socket closing at a planned end, each with a page of C++ frames; its ranks keep the user's level.
+AGENT_CPP_LOG_LEVEL = "ERROR"
+CPP_LOG_LEVEL_VAR = "TORCH_CPP_LOG_LEVEL"
+
+
+@contextmanager
+def agent_cpp_log_level() -> Iterator[None]:
+    """AGENT_CPP_LOG_LEVEL while torch loads in this process (unless the user chose a level), then the
+    environment as it was, which the ranks inherit."""
+    chosen = os.environ.get(CPP_LOG_LEVEL_VAR)
+    os.environ[CPP_LOG_LEVEL_VAR] = chosen or AGENT_CPP_LOG_LEVEL
+    try:
+        yield
+    finally:
+        if chosen is None:
+            del os.environ[CPP_LOG_LEVEL_VAR]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with agent_cpp_log_level():
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     with_short_exit_barrier()
     args.signals_to_handle = without_stop_signals(args.signals_to_handle)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(is_not_a_stop)
+    logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(quiet_exit_barrier)
     # The ranks inherit this mask: a forward that comes before a rank has installed its handler (the
     # first seconds, while it imports torch) stays pending until stop.stop_on_signals() unblocks it.
     signal.pthread_sigmask(signal.SIG_BLOCK, {FORWARDED_STOP})

@@ -13,7 +13,7 @@ from maskrcnn_launcher.contract import PodPlan
 
 from .checkpoint import load_resume
 from .config import TrainConfig
-from .data import CocoInstanceDataset, OpenedData, ParseAhead, flagged_sources, layout_of_run, open_data
+from .data import CocoInstanceDataset, OpenedData, ParseAhead, flagged_sources, open_data
 from .engines import EngineEntry, EngineFactory, engine_entry
 from .errors import DatasetError
 from .lifetime.stop import RunOver, StopRequest
@@ -24,6 +24,7 @@ from .trainer_parts import build_trainer, evaluate_only, evaluation_of, run_metr
 from .training.best import check_best_metric
 from .training.grace import grace_seconds
 from .training.hooks import EvaluationHook, ValidationHook
+from .training.resume_plan import run_plan
 from .training.state import Position
 
 Datasets = tuple[CocoInstanceDataset, CocoInstanceDataset | None]
@@ -99,9 +100,9 @@ def _run(
 ) -> TrainResult:
     train_set, val_set = datasets
     # The checkpoint's global batch at any world size (data/plan.py): its steps per epoch set the schedule.
-    saved = load_resume(cfg.resume, cfg.output_dir)
-    layout = layout_of_run(saved[0] if saved else None, cfg.data.batch_size, data_world_size, main)
-    iters = layout.steps_per_epoch(len(train_set))
+    saved = load_resume(cfg.resume, cfg.output_dir)  # (one written before the plan: training/resume_plan.py)
+    plan = run_plan(saved, len(train_set), cfg.data.batch_size, data_world_size, main)
+    iters = plan.layout.steps_per_epoch(len(train_set))
     engine = make_engine(train_set.num_classes, iters)
     if cfg.test_only and val_set is None:
         raise DatasetError(
@@ -109,7 +110,7 @@ def _run(
         )
     total = cfg.total_steps(iters)
     with contextlib.closing(engine), contextlib.closing(run_metrics(cfg, engine.is_main and record, total)) as metrics:
-        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, layout)
+        trainer = build_trainer(cfg, engine, train_set, val_set, iters, metrics, stop, grace_s, plan)
         if saved is not None:  # --resume: every hook's state and the pending hooks the checkpoint holds
             trainer.restore(*saved)
         if cfg.test_only:

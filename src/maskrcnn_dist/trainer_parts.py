@@ -21,6 +21,7 @@ from .training.hooks import Evaluation, EvaluationHook, GraceHook, MetricsHook, 
 from .training.loop import HookBase, RunCheckpointer, Trainer
 from .training.metrics import MetricsWriter
 from .training.progress_post import poster_from_env
+from .training.resume_plan import RunPlan
 from .training.samples import SampleRecordHook
 
 
@@ -40,15 +41,16 @@ def build_trainer(
     metrics: MetricsWriter,
     stop: StopRequest | None = None,
     grace_s: float | None = None,
-    layout: BatchLayout | None = None,
+    plan: RunPlan | None = None,
 ) -> Trainer:
-    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`; `layout` (default:
-    this launch's) the run's global batch, kept with the world size in its checkpoints."""
-    layout = layout or BatchLayout(engine.data_world_size, cfg.data.batch_size)
-    loader = train_loaders(cfg, train_set, engine, layout)  # the epoch's steps: augmented, batched
+    """The Trainer for `cfg`, with the hooks of a run (build_hooks) writing to `metrics`; `plan` (default:
+    this launch's) the run's global batch, kept with the world size in its checkpoints, and the epoch a
+    checkpoint from before the plan finishes in its old order (training/resume_plan.py)."""
+    plan = plan or RunPlan(BatchLayout(engine.data_world_size, cfg.data.batch_size))
+    loader = train_loaders(cfg, train_set, engine, plan.layout, plan.old_order)  # the epoch's steps, batched
     categories = Categories.of_dataset(train_set)
     run_facts = {
-        **{LAYOUT_KEY: layout.to_state(), WORLD_SIZE_KEY: engine.data_world_size},
+        **{LAYOUT_KEY: plan.layout.to_state(), WORLD_SIZE_KEY: engine.data_world_size, **plan.facts()},
         "config": config_to_dict(cfg),
         # label -> (category id, name): predict labels its drawings without the dataset.
         "categories": categories.to_state(),

@@ -127,6 +127,13 @@ BAD_VALUES = [
         "master.podAnnotations.batch\\.kubernetes\\.io/job-completion-index=x",
         "master.podAnnotations.batch.kubernetes.io/job-completion-index: the chart or the JobSet controller",
     ),
+    # What the trainer would refuse in every pod at start-up: an option given twice, --elastic beside jobset.elastic.
+    ("trainer.args={--lr,0.01,--lr=0.02}", "trainer.args gives --lr more than once (--lr, then --lr=0.02)"),
+    ("trainer.args={--amp,--no-amp}", "trainer.args gives --amp more than once (--amp, then --no-amp)"),
+    (
+        "engine=ddp,workload=jobset,jobset.elastic.enabled=true,trainer.args={--no-elastic}",
+        "trainer.args: --no-elastic beside jobset.elastic.enabled",
+    ),
     # A name the API server refuses for the pods (for a JobSet: only once the Job controller makes them).
     ("priorityClassName=High_Priority", "/priorityClassName"),
 ]

@@ -157,6 +157,8 @@ PIPELINES = [
     (TWO_STAGES, 1, "cpu", [2, 1], None),
     (TWO_STAGES, 2, "cpu", [2, 1], None),
     (TWO_STAGES, 2, "device_maps", [2, 1], None),
+    (TWO_STAGES, 2, "auto", [2, 1], None),
+    (TWO_STAGES, 0, "auto", None, None),
     (TWO_STAGES, 2, "device_maps", [1, 2], None),
     (THREE_STAGES, 4, "device_maps", [1, 4, 2], None),
     (THREE_STAGES, 4, "device_maps", [2, 2, 4], None),

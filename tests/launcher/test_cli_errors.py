@@ -49,6 +49,51 @@ CASES = [
         ["launch", "--role", "master", "--dry-run", "--", "--engine=ddp"],
         ["--engine ddp contradicts the topology's engine pipeline"],
     ),
+    (  # strict parsing: an option `launch` does not have is refused, and nothing after it reaches the trainer
+        "launch-unknown-option-before-dashes",
+        ["launch", "--role", "master", "--restart-workers", "1", "--dry-run", "--", "--epochs", "1"],
+        ["no such option: --restart-workers", "the trainer's arguments go after `--`"],
+    ),
+    (
+        "launch-trainer-option-without-dashes",
+        ["launch", "--role", "master", "--dry-run", "--epochs", "1"],
+        ["no such option: --epochs", "after `--`"],
+    ),
+    ("launch-stray-word", ["launch", "--role", "master", "worker", "--dry-run"], ["unexpected argument 'worker'"]),
+    (  # after `--` the trainer would get it (and start): the kit's trainer has none of the launcher's options
+        "launch-own-option-after-dashes",
+        ["launch", "--role", "master", "--", "--epochs", "1", "--dry-run"],
+        ["--dry-run after `--` goes to the trainer, which has no such option", "give it before `--`"],
+    ),
+    (
+        "local-own-option-after-dashes",
+        ["local", "--topology", "ddp", "--", "--restart-workers=1"],
+        ["--restart-workers after `--` goes to the trainer"],
+    ),
+    (
+        "local-misspelt-option",
+        ["local", "--topology", "ddp", "--restart-worker", "1", "--", "--epochs", "1"],
+        ["no such option: --restart-worker", "--restart-workers"],
+    ),
+    (  # every option given twice, whatever the command: click would keep the last one silently
+        "launch-option-twice",
+        ["launch", "--topology", "ddp", "--role", "master", "--topology=three-machines", "--dry-run"],
+        ["--topology is given more than once (--topology ddp, --topology=three-machines)", "give it once"],
+    ),
+    ("local-option-without-its-value", ["local", "--grace", "--", "-x"], ["Option '--grace' requires an argument"]),
+    ("local-flag-twice", ["local", "--grace", "5", "--grace", "6", "--", "-x"], ["--grace is given more than once"]),
+    ("plan-flag-twice", ["plan", "--json", "--json"], ["--json is given more than once (--json, --json)"]),
+    ("plan-option-twice", ["plan", "--namespace", "a", "--namespace", "b"], ["--namespace is given more than once"]),
+    (
+        "local-engine-that-no-topology-has",
+        ["local", "--topology", "ddp", "--", "--engine", "local"],
+        ["--engine local contradicts the topology's engine ddp", "one process", "`maskrcnn-dist train --engine local"],
+    ),
+    (
+        "launch-engine-that-does-not-exist",
+        ["launch", "--role", "master", "--dry-run", "--", "--engine", "dpp"],
+        ["--engine 'dpp' (did you mean 'ddp'?) is not an engine", "the topology's, pipeline, is passed"],
+    ),
     (
         "trainer-cmd-unclosed-quote",
         ["launch", "--role", "master", "--dry-run", "--trainer-cmd", "'python -m x"],
@@ -95,3 +140,14 @@ def test_a_trainer_engine_argument_that_agrees_with_the_topology_is_passed_on():
     check_engine_args("ddp", ["--engine=ddp"])
     with pytest.raises(LauncherError, match="--engine ddp contradicts the topology's engine pipeline"):
         check_engine_args("pipeline", ["--lr", "0.01", "--engine", "ddp"])
+
+
+def test_an_option_of_the_launcher_after_dashes_reaches_a_trainer_of_the_user_s_own(console) -> None:
+    """--trainer-cmd is the user's program, whose options the launcher cannot know: passed on as given."""
+    import json
+
+    result = console(
+        "maskrcnn-launch", "launch", "--role", "master", "--trainer-cmd", "mine", "--dry-run", "--", "--dry-run"
+    )
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["argv"] == ["mine", "--dry-run"]

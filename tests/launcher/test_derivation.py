@@ -1,9 +1,9 @@
 """Derivation, table-driven: ranks, backends, placement, device maps pair by pair, ddp, commands, env.
 
 Device maps are checked on paper here because users cannot check them by hand: the CALLER's map
-names the callee (caller device -> callee device) and TensorPipe maps a response's tensors back
-through the inverse. In the pipeline, stage 2's worker calls `RRef.to_here()` on stage 1's output,
-so it is the caller and the features travel in the response.
+names the callee (caller device -> callee device). In the pipeline every tensor travels in a call's
+arguments: stage 1 calls stage 2 with the activations, stage 2 calls stage 1 with their gradients, so
+each GPU edge has two maps, one in each worker's options.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from maskrcnn_launcher import contract
 from maskrcnn_launcher.contract import PodPlan, process_group_backend
-from maskrcnn_launcher.devicemaps import check_one_to_one, inverse, pipeline_device_maps
+from maskrcnn_launcher.devicemaps import check_one_to_one, inverse
 from maskrcnn_launcher.errors import PlanFormatError, TopologyError
 from maskrcnn_launcher.estimate import feature_values, padded_size
 from maskrcnn_launcher.launch import launch, must_wait, parse_trainer_cmd, trainer_command
@@ -25,7 +25,7 @@ from maskrcnn_launcher.topology import Topology, load_topology, parse_topology
 
 
 def pipeline(
-    devices: tuple[int, int], replicas: tuple[int, int], transport: str = "cpu", interface: str | None = None
+    devices: tuple[int, int], replicas: tuple[int, int], transport: str = "auto", interface: str | None = None
 ) -> Topology:
     return parse_topology(
         {
@@ -56,44 +56,22 @@ class PipelineCase:
     transport: str
     stage_devices: tuple[tuple[str, ...], tuple[str, ...]]
     backends: tuple[str, str, str]  # master, worker1, worker2
-    worker2_map_for_worker1: dict[str, str]  # {} = no map at all
+    identity: int  # replicas mapped one to one in each direction (0: no map at all)
 
 
 CUDA = [f"cuda:{i}" for i in range(4)]
 
 PIPELINE_CASES = [
-    PipelineCase("cpu", (0, 0), (1, 1), "cpu", (("cpu",), ("cpu",)), ("gloo", "gloo", "gloo"), {}),
-    PipelineCase("cpu replicas", (0, 0), (1, 2), "cpu", (("cpu",), ("cpu", "cpu")), ("gloo",) * 3, {}),
+    PipelineCase("cpu", (0, 0), (1, 1), "cpu", (("cpu",), ("cpu",)), ("gloo", "gloo", "gloo"), 0),
+    PipelineCase("cpu, auto", (0, 0), (1, 1), "auto", (("cpu",), ("cpu",)), ("gloo", "gloo", "gloo"), 0),
+    PipelineCase("cpu replicas", (0, 0), (1, 2), "cpu", (("cpu",), ("cpu", "cpu")), ("gloo",) * 3, 0),
     PipelineCase(
-        "1+1 gpu, cpu staging", (1, 1), (1, 1), "cpu", (("cuda:0",), ("cuda:0",)), ("gloo", "nccl", "nccl"), {}
+        "1+1 gpu, cpu staging", (1, 1), (1, 1), "cpu", (("cuda:0",), ("cuda:0",)), ("gloo", "nccl", "nccl"), 0
     ),
-    PipelineCase(
-        "1+1 gpu",
-        (1, 1),
-        (1, 1),
-        "device_maps",
-        (("cuda:0",), ("cuda:0",)),
-        ("gloo", "nccl", "nccl"),
-        {"cuda:0": "cuda:0"},
-    ),
-    PipelineCase(
-        "2+2 gpu",
-        (2, 2),
-        (2, 2),
-        "device_maps",
-        (tuple(CUDA[:2]), tuple(CUDA[:2])),
-        ("gloo", "nccl", "nccl"),
-        {"cuda:0": "cuda:0", "cuda:1": "cuda:1"},
-    ),
-    PipelineCase(
-        "4+4 gpu",
-        (4, 4),
-        (4, 4),
-        "device_maps",
-        (tuple(CUDA), tuple(CUDA)),
-        ("gloo", "nccl", "nccl"),
-        {d: d for d in CUDA},
-    ),
+    PipelineCase("1+1 gpu", (1, 1), (1, 1), "device_maps", (("cuda:0",), ("cuda:0",)), ("gloo", "nccl", "nccl"), 1),
+    PipelineCase("1+1 gpu, auto", (1, 1), (1, 1), "auto", (("cuda:0",), ("cuda:0",)), ("gloo", "nccl", "nccl"), 1),
+    PipelineCase("2+2 gpu", (2, 2), (2, 2), "device_maps", (tuple(CUDA[:2]),) * 2, ("gloo", "nccl", "nccl"), 2),
+    PipelineCase("4+4 gpu", (4, 4), (4, 4), "auto", (tuple(CUDA),) * 2, ("gloo", "nccl", "nccl"), 4),
     PipelineCase(
         "uneven 1+2 (the gpu example)",
         (1, 2),
@@ -101,25 +79,22 @@ PIPELINE_CASES = [
         "device_maps",
         (("cuda:0",), tuple(CUDA[:2])),
         ("gloo", "nccl", "nccl"),
-        {"cuda:0": "cuda:0"},
+        1,
     ),
     PipelineCase(
-        "uneven 2+4, 1+3 replicas",
-        (2, 4),
-        (1, 3),
-        "device_maps",
-        (("cuda:0",), tuple(CUDA[:3])),
-        ("gloo", "nccl", "nccl"),
-        {"cuda:0": "cuda:0"},
+        "uneven 2+4, 1+3 replicas", (2, 4), (1, 3), "auto", (("cuda:0",), tuple(CUDA[:3])), ("gloo", "nccl", "nccl"), 1
     ),
     PipelineCase(
-        "4 gpus, 2 replicas each",
-        (4, 4),
-        (2, 2),
+        "2 replicas before 1",
+        (2, 1),
+        (2, 1),
         "device_maps",
-        (tuple(CUDA[:2]), tuple(CUDA[:2])),
+        (tuple(CUDA[:2]), ("cuda:0",)),
         ("gloo", "nccl", "nccl"),
-        {"cuda:0": "cuda:0", "cuda:1": "cuda:1"},
+        1,
+    ),
+    PipelineCase(
+        "4 gpus, 2 replicas each", (4, 4), (2, 2), "device_maps", (tuple(CUDA[:2]),) * 2, ("gloo", "nccl", "nccl"), 2
     ),
     PipelineCase(
         "gpu stage1, cpu stage2: no map",
@@ -128,16 +103,16 @@ PIPELINE_CASES = [
         "device_maps",
         (("cuda:0",), ("cpu",)),
         ("gloo", "nccl", "gloo"),
-        {},
+        0,
     ),
     PipelineCase(
         "cpu stage1, gpu stage2: no map",
         (0, 2),
         (2, 2),
-        "device_maps",
+        "auto",
         (("cpu", "cpu"), tuple(CUDA[:2])),
         ("gloo", "gloo", "nccl"),
-        {},
+        0,
     ),
 ]
 
@@ -170,34 +145,31 @@ def test_pipeline_derivation(case: PipelineCase) -> None:
     assert (w1_pod.stage, w1_pod.modules, w1_pod.replicas) == (1, ("transform", "backbone"), case.stage_devices[0])
     assert (w2_pod.stage, w2_pod.modules, w2_pod.replicas) == (2, ("rpn", "roi_heads"), case.stage_devices[1])
 
-    # Device maps, pair by pair. The master is CPU-only: it calls both workers without maps, and the
-    # last stage returns CPU losses. worker1 never calls worker2. worker2 calls worker1 (to_here).
+    # Device maps, pair by pair. The master is CPU-only: it calls both workers without maps, and every
+    # answer it gets holds CPU tensors. Worker1 calls worker2 with activations, worker2 calls worker1 with
+    # their gradients: each sets the map of its own calls, replica r to replica r over the replicas both have.
     assert master.device_maps == {}
-    assert w1.device_maps == {}
-    if case.worker2_map_for_worker1:
-        assert w2.device_maps == {"worker1": case.worker2_map_for_worker1}
-        forward = w2.device_maps["worker1"]
-        # Request direction: keys are worker2's replica devices, values worker1's.
-        assert set(forward) <= set(w2_pod.replicas) and set(forward.values()) <= set(w1_pod.replicas)
-        # Response direction (features): every device a stage-1 replica can respond from must map back,
-        # one-to-one, onto a stage-2 replica device.
-        back = inverse(forward)
-        assert set(back) == set(w1_pod.replicas)
-        assert set(back.values()) <= set(w2_pod.replicas)
-        assert len(set(back.values())) == len(back)
-        # Identity by replica index: its own inverse, so dist_autograd's gradients take the same pairs.
-        assert back == forward
-    else:
-        assert w2.device_maps == {}
+    identity = {CUDA[r]: CUDA[r] for r in range(case.identity)}
+    assert w1.device_maps == ({"worker2": identity} if identity else {})
+    assert w2.device_maps == ({"worker1": identity} if identity else {})
+    # "auto" tells the pods what it resolved to: device maps where some edge joins two GPU stages.
+    resolved = case.transport if case.transport != "auto" else ("device_maps" if identity else "cpu")
+    assert {p.transport for p in job.pods} == {resolved}
+    for caller, callee in ((w1_pod, w2_pod), (w2_pod, w1_pod)):
+        for mapping in caller.plan.device_maps.values():
+            assert set(mapping) <= set(caller.replicas) and set(mapping.values()) <= set(callee.replicas)
+            assert len(set(mapping.values())) == len(mapping)  # one-to-one, as TensorPipe requires
+            assert inverse(mapping) == mapping  # the answers (CPU tensors here) would come back the same way
 
 
-def test_device_maps_inverse_direction_example() -> None:
-    """worker2 (stage 2, 2 replicas) fetches from worker1 (stage 1, 1 replica) on the GPU example."""
+def test_the_gpu_example_maps_both_directions() -> None:
+    """worker1 (stage 1, 1 replica) sends worker2 (stage 2, 2 replicas) its activations; worker2 sends back
+    their gradients, its replica 1 through its cuda:0 (the map covers one replica of each)."""
     job = job_of(load_topology("three-machines-gpu"))
-    w2_pod = job.launch("worker", 1)
+    w1, w2_pod = job.pod("worker", 0), job.launch("worker", 1)
     w2 = w2_pod.plan
-    assert w2.device_maps == {"worker1": {"cuda:0": "cuda:0"}}  # caller worker2's cuda:0 -> callee's cuda:0
-    assert inverse(w2.device_maps["worker1"]) == {"cuda:0": "cuda:0"}  # features from worker1 land on cuda:0
+    assert w1.device_maps == {"worker2": {"cuda:0": "cuda:0"}}  # caller worker1's cuda:0 -> callee's cuda:0
+    assert w2.device_maps == {"worker1": {"cuda:0": "cuda:0"}}
     assert w2_pod.replicas == ("cuda:0", "cuda:1") and w2.backend == "nccl" and w2_pod.socket_ifname == "eth0"
 
 
@@ -215,21 +187,22 @@ def test_three_stage_pipeline_maps_each_adjacent_pair() -> None:
                 {"name": "b", "modules": ["rpn"]},
                 {"name": "c", "modules": ["roi_heads"]},
             ],
-            "network": {"transport": "device_maps"},
         }
     )
     job = job_of(topo)
+    both = {"cuda:0": "cuda:0", "cuda:1": "cuda:1"}
     assert [p.device_maps for p in job.pods] == [
         {},
-        {},
-        {"worker1": {"cuda:0": "cuda:0"}},
-        {"worker2": {"cuda:0": "cuda:0", "cuda:1": "cuda:1"}},
+        {"worker2": {"cuda:0": "cuda:0"}},
+        {"worker1": {"cuda:0": "cuda:0"}, "worker3": both},
+        {"worker2": both},
     ]
-    assert job.pods[0].world_size == 4
+    assert job.pods[0].world_size == 4 and {p.transport for p in job.pods} == {"device_maps"}
     carries = [(link.src, link.dst, link.carries) for link in job.links]
     assert ("worker1", "worker2", "features + targets") in carries
     assert ("worker2", "worker3", "features + proposals + targets") in carries
     assert ("worker3", "worker2", "feature gradients") in carries  # every stage trains: gradients flow back
+    assert ("worker3", "master", "losses") in carries and not any(src == "master" for src, _, _ in carries[1:])
 
 
 def test_non_injective_map_is_refused() -> None:
@@ -239,13 +212,15 @@ def test_non_injective_map_is_refused() -> None:
         check_one_to_one({"cpu": "cuda:0"}, "device map")
 
 
-def test_device_map_rule_cannot_be_bypassed() -> None:
-    """Even if a caller skips topology validation, uncovered responding devices are refused."""
-    topo = pipeline((2, 2), (2, 2), "device_maps")
-    stages = job_of(topo).pods[0].stages
-    shrunk = (stages[0], type(stages[1])(**{**stages[1].__dict__, "devices": ("cuda:0",)}))
-    with pytest.raises(TopologyError, match="one-to-one device map cannot cover"):
-        pipeline_device_maps(shrunk, "device_maps")
+def test_every_sender_replica_has_a_covered_device_of_its_worker() -> None:
+    """Whatever the replica counts, the maps of both directions cover at least one replica device of the
+    sender (the trainer sends an uncovered replica's tensors through it) and never two onto one device."""
+    for a, b in ((1, 4), (4, 1), (3, 2), (2, 3)):
+        job = job_of(pipeline((4, 4), (a, b), "auto"))
+        for pod, mine in ((job.launch("worker", 0), a), (job.launch("worker", 1), b)):
+            (mapping,) = pod.plan.device_maps.values()
+            assert len(mapping) == min(a, b) and len(set(mapping.values())) == len(mapping), (a, b)
+            assert set(mapping) <= set(pod.replicas) and len(pod.replicas) == mine
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def test_json_pods_carry_their_pod_plans() -> None:
     plans = [PodPlan.from_dict(p["plan"]) for p in doc["pods"]]
     assert {p.master_addr for p in plans} == {"job-master-0.job-hl.ml.svc.cluster.local"}
     assert [(p.rank, p.rpc_name) for p in plans] == [(0, "master"), (1, "worker1"), (2, "worker2")]
-    assert [p["node_rank"] for p in doc["pods"]] == [0, 1, 2] and len(doc["links"]) == 5
+    assert [p["node_rank"] for p in doc["pods"]] == [0, 1, 2] and len(doc["links"]) == 4
 
 
 def test_plan_names_the_jobset_pods() -> None:

@@ -14,24 +14,24 @@ from maskrcnn_dist.config import small_cpu_run, to_argv
 
 from .conftest import clean_env
 
-SMALL_RUN = to_argv(
-    small_cpu_run(
-        64,
-        synthetic_images=4,
-        synthetic_image_size=64,
-        max_steps=2,
-        batch_size=2,
-        micro_batches=2,
-        workers=0,
-        threads=1,
-        print_freq=1,
-        rpc_timeout=60,
-    )
+SMALL_FLAGS = small_cpu_run(
+    64,
+    synthetic_images=4,
+    synthetic_image_size=64,
+    max_steps=2,
+    batch_size=2,
+    micro_batches=2,
+    workers=0,
+    threads=1,
+    print_freq=1,
+    rpc_timeout=60,
 )
+SMALL_RUN = to_argv(SMALL_FLAGS)
 
 
-def run_pipeline(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """`maskrcnn-launch local` over SMALL_RUN + flags; returns the run and its metrics records."""
+def run_pipeline(tmp_path: Path, name: str, **flags: object) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`maskrcnn-launch local` over SMALL_RUN with `flags` instead of its own (underscores or dashes); returns
+    the run and its metrics records."""
     out = tmp_path / name
     argv = [
         sys.executable,
@@ -43,12 +43,11 @@ def run_pipeline(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.Com
         "--grace",
         "30",
         "--",
-        *SMALL_RUN,
+        *to_argv({**SMALL_FLAGS, **{k.replace("_", "-"): v for k, v in flags.items()}}),
         "--output-dir",
         str(out),
         "--data-path",
         str(tmp_path / "data"),
-        *flags,
     ]
     result = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=280)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -58,7 +57,7 @@ def run_pipeline(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.Com
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_launch_local_runs_the_pipeline_trainer(tmp_path: Path) -> None:
-    result, records = run_pipeline(tmp_path, "run", "--lr", "0.01")
+    result, records = run_pipeline(tmp_path, "run", lr=0.01)
     lines = result.stdout.splitlines()
     # Each pod started the trainer with its own rank, through the launcher.
     for name, rank in (("master", 0), ("worker1", 1), ("worker2", 2)):
@@ -80,8 +79,8 @@ def test_pipeline_amp_composes_with_bf16_transport(tmp_path: Path) -> None:
     def losses(records: list[dict]) -> dict[int, float]:
         return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 
-    fp32 = losses(run_pipeline(tmp_path, "fp32", "--lr", "0.005")[1])
-    amp = losses(run_pipeline(tmp_path, "amp", "--lr", "0.005", "--amp", "--bf16-transport")[1])
+    fp32 = losses(run_pipeline(tmp_path, "fp32", lr=0.005)[1])
+    amp = losses(run_pipeline(tmp_path, "amp", lr=0.005, amp=True, bf16_transport=True)[1])
     assert sorted(amp) == [1, 2]
     assert amp[1] == pytest.approx(fp32[1], rel=0.02)
 

@@ -156,18 +156,6 @@ ERROR_CASES = [
     ("zero replicas", edited(**{"workers.0.replicas": 0}), "workers[0].replicas: 0 is below the minimum 1"),
     ("pipeline master with GPUs", edited(**{"master.devices": 1}), "master.devices: must be 0 for the pipeline engine"),
     (
-        "device maps: fewer replicas downstream",
-        edited(
-            **{
-                "workers.0.devices": 2,
-                "workers.0.replicas": 2,
-                "workers.1.devices": 1,
-                "network.transport": "device_maps",
-            }
-        ),
-        "workers[1].replicas: transport device_maps: stage 'stage2' has 1 replica(s) but stage 'stage1' has 2",
-    ),
-    (
         "device maps without any GPU",
         edited(**{"network.transport": "device_maps"}),
         "network.transport: device_maps needs GPUs: no worker has devices > 0",

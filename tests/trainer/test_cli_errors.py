@@ -15,8 +15,16 @@ from maskrcnn_dist.training.samples import read_samples
 
 # The data check before training would find a bad image first; the loader-worker path is tested without it.
 CHECK_OFF = ["--check-data", "off"]
-# The small run every case starts from (the flag under test comes after it and wins).
-TINY = to_argv(small_cpu_run(64, max_steps=1, epochs=1, workers=0, warmup_iters=1, print_freq=1))
+# The small run every case starts from; a flag under test replaces its own (an option given twice is refused).
+TINY_FLAGS = small_cpu_run(64, max_steps=1, epochs=1, workers=0, warmup_iters=1, print_freq=1)
+TINY = to_argv(TINY_FLAGS)
+
+
+def tiny(*extra: str) -> list[str]:
+    """TINY without the flags `extra` names, then `extra`."""
+    named = {word[2:].split("=", 1)[0] for word in extra if word.startswith("--")}
+    named |= {name.removeprefix("no-") for name in named}
+    return [*to_argv({flag: value for flag, value in TINY_FLAGS.items() if flag not in named}), *extra]
 
 
 def _files(tmp: Path) -> dict[str, Path]:
@@ -29,6 +37,7 @@ def _files(tmp: Path) -> dict[str, Path]:
         "path-list-yaml": tmp / "path-list.yaml",
         "twice-yaml": tmp / "twice.yaml",
         "spellings-yaml": tmp / "spellings.yaml",
+        "micro-yaml": tmp / "micro.yaml",
         "text-weights": tmp / "weights.pt",
         "no-loss": tmp / "no-loss.jsonl",
         "json-list": tmp / "list.jsonl",
@@ -45,6 +54,7 @@ def _files(tmp: Path) -> dict[str, Path]:
     made["path-list-yaml"].write_text("data-path: [coco, more]\n")
     made["twice-yaml"].write_text("lr: 0.1\nepochs: 2\nlr: 0.2\n")
     made["spellings-yaml"].write_text("data_path: coco\ndata-path: other\n")
+    made["micro-yaml"].write_text("engine: local\nmicro_batches: 2\n")
     made["text-weights"].write_text("hello\n")
     made["no-loss"].write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
     made["json-list"].write_text("[1, 2]\n")
@@ -167,7 +177,8 @@ TRAIN_CASES = [
     ("checkpoint-period-negative", ["--checkpoint-period", "-1"], ["--checkpoint-period must be >= 0"]),
     ("print-freq-zero", ["--print-freq", "0"], ["--print-freq must be >= 1"]),
     ("batch-size-zero", ["--batch-size", "0"], ["--batch-size must be >= 1"]),
-    ("rpc-timeout-zero", ["--rpc-timeout", "0"], ["--rpc-timeout must be > 0"]),
+    ("rpc-timeout-zero", ["--rpc-timeout", "0"], ["--rpc-timeout must be >= 1"]),
+    ("rpc-timeout-below-a-second", ["--rpc-timeout", "0.001"], ["--rpc-timeout must be >= 1, got 0.001"]),
     ("epochs-zero", ["--epochs", "0"], ["--epochs must be >= 1"]),
     ("patience-zero", ["--patience", "0"], ["--patience must be >= 1"]),
     ("best-metric-unknown", ["--best-metric", "loss"], ["--best-metric 'loss'", "bbox_AP, bbox_AP50"]),
@@ -183,6 +194,33 @@ TRAIN_CASES = [
     ),
     ("resume-best-in-train", ["--resume", "best"], ["--resume best is for eval", "--weights RUN/checkpoints/best.pt"]),
     ("unknown-flag", ["--batch-szie", "4"], ["--batch-szie"]),
+    # Any option given twice, whichever: click would keep the last one without a word.
+    (
+        "data-path-twice",
+        ["--data-path", "a", "--data-path", "b"],
+        ["--data-path is given more than once (--data-path a, --data-path b)"],
+    ),
+    ("recipe-twice", ["--recipe", "torchvision-v1", "--recipe=torchvision-v2"], ["--recipe is given more than once"]),
+    ("config-twice", ["--config", "{range-yaml}", "--config", "{twice-yaml}"], ["--config is given more than once"]),
+    (
+        "elastic-both-ways",
+        ["--elastic", "--no-elastic"],
+        ["--elastic/--no-elastic is given more than once (--elastic, --no-elastic)"],
+    ),
+    ("flag-twice-alike", ["--amp", "--amp"], ["--amp/--no-amp is given more than once"]),
+    # A flag only another engine reads is refused, as --elastic and --compile are.
+    (
+        "micro-batches-on-ddp",
+        ["--engine", "ddp", "--micro-batches", "2"],
+        ["--micro-batches is for --engine pipeline", "--engine ddp never reads it"],
+    ),
+    (
+        "join-timeout-on-local",
+        ["--join-timeout", "5"],
+        ["--join-timeout is for --engine pipeline", "--engine local never"],
+    ),
+    ("bf16-transport-on-ddp", ["--engine", "ddp", "--bf16-transport"], ["--bf16-transport is for --engine pipeline"]),
+    ("pipeline-flag-from-a-config", ["--config", "{micro-yaml}"], ["--micro-batches is for --engine pipeline"]),
     ("engine-unknown", ["--engine", "mpi"], ["--engine", "'mpi' is not one of local, ddp, pipeline"]),
     ("fp16-on-cpu", ["--amp", "--amp-dtype", "float16", "--device", "cpu"], ["--amp-dtype float16 on the CPU"]),
     (
@@ -190,7 +228,6 @@ TRAIN_CASES = [
         ["--engine", "pipeline", "--micro-batches", "8", "--batch-size", "2"],
         ["--micro-batches 8 > --batch-size 2"],
     ),
-    ("fp16-pipeline", ["--engine", "pipeline", "--amp", "--amp-dtype", "float16"], ["--engine pipeline"]),
     ("overwrite-and-resume", ["--overwrite", "--resume", "auto"], ["--overwrite and --resume"]),
     ("ddp-outside-torchrun", ["--engine", "ddp", "--synthetic-images", "4"], ["--engine ddp", "RANK"]),
     ("pipeline-outside-launcher", ["--engine", "pipeline"], ["--engine pipeline", "MASKRCNN_POD_PLAN"]),
@@ -232,6 +269,8 @@ TRAIN_CASES = [
 
 OTHER_CASES = [
     ("eval-without-model", ["eval", *TINY, "--synthetic-images", "4"], ["--test-only", "--resume"]),
+    ("group-option-twice", ["-v", "--verbose", "train"], ["-v/--verbose is given more than once (-v, --verbose)"]),
+    ("check-data-twice", ["check-data", "--data-path", "a", "--data-path=b"], ["--data-path is given more than once"]),
     (
         "eval-another-runs-checkpoint-into-a-run",  # its AP would be filed among that run's records
         ["eval", *TINY, "--data-path", "{good-set}", "--output-dir", "{used-run}", "--resume", "{foreign}"],
@@ -335,8 +374,9 @@ def _fill(words: list[str], tmp: Path, files: dict[str, Path]) -> list[str]:
 def test_train_user_errors_are_one_line_exit_2(console, tmp_path: Path, case: str, args: list[str], fragments):
     files = _files(tmp_path)
     before = _snapshot(tmp_path)
-    output = ["--output-dir", str(tmp_path / "run")]
-    result = console("maskrcnn-dist", "train", *TINY, *output, *_fill(args, tmp_path, files))
+    given = _fill(args, tmp_path, files)
+    output = [] if any(word.startswith("--output-dir") for word in given) else ["--output-dir", str(tmp_path / "run")]
+    result = console("maskrcnn-dist", "train", *tiny(*output, *given))
     result.assert_one_error_line(2, *_fill(fragments, tmp_path, files))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training wrote anything
     _assert_nothing_lost(tmp_path, before)
@@ -379,7 +419,7 @@ def test_device_cuda_without_one_is_refused_before_any_data_is_made(console, tmp
         pytest.skip("a CUDA device is visible here")
     run = tmp_path / "run"
     result = console(
-        "maskrcnn-dist", "train", *TINY, "--output-dir", str(run), "--device", "cuda", "--synthetic-images", "4"
+        "maskrcnn-dist", "train", *tiny("--output-dir", str(run), "--device", "cuda", "--synthetic-images", "4")
     )
     result.assert_one_error_line(2, "--device cuda: no CUDA device is visible")
     assert not run.exists()  # no synthetic set, no cache: nothing to clear up after a wrong flag
@@ -394,7 +434,7 @@ def test_debug_shows_the_traceback_before_the_line(console, tmp_path: Path):
 
 
 def _train(console, out: Path, *extra: str, steps: int = 2):
-    args = [*TINY, "--max-steps", str(steps), "--epochs", "10", "--synthetic-images", "4", "--batch-size", "2"]
+    args = tiny("--max-steps", str(steps), "--epochs", "10", "--synthetic-images", "4", "--batch-size", "2")
     return console("maskrcnn-dist", "train", *args, "--checkpoint-period", "1", "--output-dir", str(out), *extra)
 
 
@@ -449,7 +489,7 @@ def test_a_bad_image_found_by_a_loader_worker_is_one_line(console, tmp_path: Pat
     assert made.code == 0, made.stderr
     bad = sorted((data / "train" / "images").iterdir())[0]
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)  # a truncated PNG: the header passes, decoding fails
-    args = [*TINY, "--data-path", str(data), "--workers", "1", "--output-dir", str(tmp_path / "run")]
+    args = tiny("--data-path", str(data), "--workers", "1", "--output-dir", str(tmp_path / "run"))
     result = console("maskrcnn-dist", "train", *args, *CHECK_OFF)
     result.assert_one_error_line(2, bad.name, "cannot read image")
 
@@ -463,3 +503,27 @@ def test_a_report_that_draws_says_nothing_on_stderr(console, tmp_path: Path, los
     result = console("maskrcnn-dist", "report", "--metrics", str(metrics))
     assert (result.code, result.stderr) == (0, ""), result.stderr
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            "DistNetworkError",
+            "The client socket has timed out after 2000ms while trying to connect to (10.0.0.1, 29500).",
+        ),
+        ("DistStoreError", "wait timeout after 30000ms, keys: /maskrcnn-elastic//g4/pg/0//cpu//0/2"),
+    ],
+)
+def test_a_wait_for_a_peer_that_runs_out_names_rpc_timeout(error: str, message: str) -> None:
+    """torch says which socket or key it waited for, never which flag bounded the wait."""
+    import torch.distributed as dist
+
+    from maskrcnn_dist.errors import classify
+
+    failure = classify(getattr(dist, error)(message))
+    assert failure is not None and failure.code == 1 and len(failure.lines) == 1
+    assert failure.lines[0].startswith(
+        f"{error}: {message.rstrip('.')}; every wait for a peer is bounded by --rpc-timeout"
+    )
+    assert classify(dist.DistNetworkError("Connection reset by peer")) is None  # a lost peer is not a timeout

@@ -1,6 +1,8 @@
 """A training step reads nothing back from the device: the kit's own host reads per step are counted on
-the CPU (every call that turns a tensor into a Python value), beyond what the model itself reads; and a
-non-finite loss stops the run where the losses are read, naming its step."""
+the CPU (every call that turns a tensor into a Python value), beyond what the model itself reads; the
+model's own waits (reads and data-dependent shapes, modeling/waits.py) are a few a step whatever the
+batch with the batched heads; and a non-finite loss stops the run where the losses are read, naming its
+step."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.errors import TrainingError
 from maskrcnn_dist.modeling.perf import autocast_context
+from maskrcnn_dist.modeling.waits import HostWaits
 from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.metrics import read_metrics
 
@@ -87,6 +90,36 @@ def test_the_ddp_step_reads_once_for_the_stop_agreement(setup, free_port):
         assert len(calls) - own == 1, calls
     finally:
         dist.destroy_process_group()
+
+
+# At most this many waits in a step of 8 images (issue 53's goal: torchvision's heads wait ~15 times an
+# image). The batched heads wait to check the boxes, to settle the NMS and to size the heads' rows: 3
+# reads, each counted as the read and the scalar under it.
+WAIT_BUDGET = 12
+
+
+def step_waits(tiny_coco, out, heads: str, batch: int) -> HostWaits:
+    cfg = fast_config(tiny_coco, out, **{"heads": heads, "batch-size": batch})
+    train_set, _ = load_datasets(cfg)
+    images, targets = (list(x) for x in zip(*(train_set[i] for i in range(batch))))
+    engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=10)
+    engine.train_step(0, images, targets)  # the first step also sets up the poolers' scales
+    with HostWaits() as waits:
+        engine.train_step(1, images, targets)
+    return waits
+
+
+@pytest.mark.slow  # eight training steps, four of them of eight images
+def test_a_step_waits_a_few_times_whatever_the_batch(tiny_coco, tmp_path):
+    batched = {batch: step_waits(tiny_coco, tmp_path / f"b{batch}", "batched", batch) for batch in (2, 8)}
+    assert batched[8].total <= WAIT_BUDGET, batched[8].counts
+    assert batched[8].total <= 1.5 * batched[2].total, (batched[2].counts, batched[8].counts)
+    # The same count sees torchvision's heads wait image by image.
+    reference = {batch: step_waits(tiny_coco, tmp_path / f"tv{batch}", "torchvision", batch) for batch in (2, 8)}
+    assert reference[8].total > 2 * reference[2].total > 4 * batched[2].total, (
+        reference[2].counts,
+        reference[8].counts,
+    )
 
 
 def test_a_non_finite_loss_stops_the_run_where_the_losses_are_read(tiny_coco, tmp_path):

@@ -16,7 +16,7 @@ from maskrcnn_launcher.contract import EXIT_STOPPED, FORWARDED_STOP, STOP_SIGNAL
 from maskrcnn_dist.data import eval_rounds
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.evaluation import until_stopped
-from maskrcnn_dist.lifetime.stop import Interrupted, StopRequest, detach_pool_worker, stop_on_signals
+from maskrcnn_dist.lifetime.stop import Interrupted, Stopped, StopRequest, detach_pool_worker, stop_on_signals
 from maskrcnn_dist.torchrun import child_pids, pod_exit_status, without_stop_signals
 from maskrcnn_dist.training.grace import GraceCheck, grace_problem, grace_seconds
 
@@ -140,6 +140,20 @@ def test_the_request_keeps_its_first_reason_and_time() -> None:
     now[0] = 12.5
     stop.request("a stop on another rank")
     assert (stop.reason, stop.seconds()) == ("SIGTERM", 2.5)
+
+
+def test_the_closing_line_says_what_continues_a_run_or_a_drained_member() -> None:
+    """A stopped run goes on with --resume auto; a drained elastic member's run goes on without it, and the
+    pod started again rejoins as a replacement (its --resume is not what continues anything)."""
+    stop = StopRequest(clock=lambda: 0.0)
+    stop.request("SIGTERM")
+    stop.finish("checkpoint of step 4 written")
+    assert Stopped(stop).closing_line().endswith("exit 75 (--resume auto continues)")
+    drained = StopRequest(clock=lambda: 0.0)
+    drained.request("SIGTERM")
+    line = Stopped.left_group(drained, 4).closing_line()
+    assert line.startswith("stopped by SIGTERM: left the elastic group after step 4;")
+    assert "--resume" not in line and line.endswith("started again, this pod rejoins them at a step boundary)")
 
 
 def test_the_request_takes_the_stop_signals_for_its_block_and_gives_them_back_unless_asked() -> None:

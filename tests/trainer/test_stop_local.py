@@ -54,7 +54,7 @@ def test_sigterm_after_a_step_saves_it_and_the_resume_trains_the_rest_exactly(st
     out = tmp_path / "run"
     # DataLoader workers, and SIGTERM to the whole process group, as dumb-init (PID 1 in the image)
     # sends it: the workers must not die of it (they leave the group), the trainer stops.
-    args = [*TRAIN, *small_args(stop_coco, out, batch_size=2), "--workers", "2"]
+    args = [*TRAIN, *small_args(stop_coco, out, batch_size=2, workers=2)]
     # A grace period no stop fits in: the run says so once, after its second step.
     job = Job(args, tmp_path / "stopped", {TERMINATION_GRACE_SECONDS: "0.01"}).start()
     try:

@@ -46,3 +46,23 @@ def test_a_user_error_on_any_rank_decides() -> None:
     assert pod_exit_status([-15, 2]) == 2  # the peer stopped by torchrun after the user error
     assert pod_exit_status([1, -15]) == 1
     assert pod_exit_status([3]) == 1
+
+
+def test_the_exit_barrier_s_early_end_is_one_line_that_says_which() -> None:
+    """torch logs an early end of its agents' exit barrier as an error with a traceback: a planned end's."""
+    import logging
+
+    import torch.distributed as dist
+
+    from maskrcnn_dist.torchrun import exit_barrier_line
+
+    def record(exc: BaseException | None, msg: str = "Error waiting on exit barrier. Elapsed: %s seconds"):
+        return logging.LogRecord(
+            "api", logging.ERROR, "api.py", 1, msg, (10.0,), (type(exc), exc, None) if exc else None
+        )
+
+    timeout = exit_barrier_line(record(dist.DistStoreError("wait timeout after 10000ms")))
+    gone = exit_barrier_line(record(dist.DistNetworkError("Failed to recv, got 0 bytes")))
+    assert timeout is not None and timeout.startswith("not every pod reached the end within 10 s")
+    assert gone is not None and gone.startswith("the master's pod ended first")
+    assert exit_barrier_line(record(None, "Done waiting for other agents. Elapsed: %s seconds")) is None

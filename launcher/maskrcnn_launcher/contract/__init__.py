@@ -19,6 +19,8 @@ once, in a module of its own:
   (`process_group_backend`) and the pipeline edges' device maps (`edge_device_map`);
 - `progress.py`: the trainer's console progress line (`format_progress_line`, `parse_progress_line`:
   the trainer writes it, `status` reads it back);
+- `processes.py`: the processes under a supervisor (`child_pids`, `parent_pid`, `process_tree`, `stopped_pids`,
+  `end_process_tree`): the torchrun wrapper's ranks and `local`'s pods, which leave their process groups;
 - `signals.py`: the signals that stop a trainer and the forwarded one (`STOP_SIGNALS`, `FORWARDED_STOP`),
   and `signal_handlers`, the one way both packages take signals for a block and give them back.
 Every name is re-exported here: callers import from `maskrcnn_launcher.contract`, not from its modules.
@@ -41,11 +43,12 @@ trainer imports this package next to torch, the launcher without it.
 # ruff: noqa: F403 -- the face re-exports each module's `__all__` (the names are listed once, there).
 from __future__ import annotations
 
-from maskrcnn_launcher.contract import env, hosts, placement, pod_plan, progress, shared, signals
+from maskrcnn_launcher.contract import env, hosts, placement, pod_plan, processes, progress, shared, signals
 from maskrcnn_launcher.contract.env import *
 from maskrcnn_launcher.contract.hosts import *
 from maskrcnn_launcher.contract.placement import *
 from maskrcnn_launcher.contract.pod_plan import *
+from maskrcnn_launcher.contract.processes import *
 from maskrcnn_launcher.contract.progress import *
 from maskrcnn_launcher.contract.shared import *
 from maskrcnn_launcher.contract.signals import *
@@ -55,6 +58,7 @@ __all__ = [
     *hosts.__all__,
     *placement.__all__,
     *pod_plan.__all__,
+    *processes.__all__,
     *progress.__all__,
     *shared.__all__,
     *signals.__all__,

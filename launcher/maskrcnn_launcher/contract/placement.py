@@ -112,16 +112,17 @@ def process_group_backend(uses_gpu: bool, shares_gpu: bool = False) -> str:
 
 
 def edge_device_map(transport: str, sender: Sequence[str], receiver: Sequence[str]) -> dict[str, str]:
-    """TensorPipe map of the edge from the stage on devices `sender` to the next stage on `receiver`:
-    {receiver device: sender device} (the receiver calls `to_here()` on the sender's output, so it is
-    the caller whose options hold the map). Replica r maps to replica r ("identity by replica
-    index": one-to-one and its own inverse). Empty, i.e. tensors must be staged through host memory,
-    unless `transport` is "device_maps" and both ends are all CUDA devices. The launcher builds the
-    workers' RPC options from it; a stage host sends a replica's output as device tensors only when
-    that replica's device is a value here, so a GPU stage before a CPU stage never sends CUDA
-    tensors that no map covers."""
-    if transport != "device_maps" or not sender or not receiver:
+    """TensorPipe map of the pipeline edge from the stage on devices `sender` to the stage on `receiver`,
+    as the sender (the caller) sets it: {sender device: receiver device}. The sender calls the receiver
+    with tensors in its arguments, by value, in both directions: activations from stage k to stage k+1,
+    gradients from stage k+1 back to stage k, so each edge has one map per direction (the launcher asks
+    for both, swapping the arguments). Replica r maps to replica r ("identity by replica index") over
+    the replicas both ends have: one-to-one, as TensorPipe requires. A sender replica the map leaves out
+    sends through a covered device of its own worker (a local copy first). Empty, i.e. tensors staged
+    through host memory, when `transport` is "cpu" or either end is not all CUDA devices ("auto" and
+    "device_maps" map every edge between GPUs)."""
+    if transport == "cpu" or not sender or not receiver:
         return {}
     if not all(d.startswith("cuda:") for d in (*sender, *receiver)):
         return {}
-    return {receiver[r]: sender[r] for r in range(min(len(sender), len(receiver)))}
+    return {sender[r]: receiver[r] for r in range(min(len(sender), len(receiver)))}

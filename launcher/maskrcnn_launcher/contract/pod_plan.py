@@ -62,9 +62,10 @@ class PodPlan:
     master_port: int
     backend: str  # process-group backend, `process_group_backend(pod has GPUs)`: "nccl" or "gloo"
     stages: tuple[StagePlacement, ...]  # global placement, in pipeline order (ddp: empty)
-    transport: str  # "cpu" (tensors staged through host memory) or "device_maps"
-    # TensorPipe device maps this pod sets as CALLER: {callee rpc name: {local device: remote device}}.
-    # Responses come back through the inverse map. Empty on CPU and with transport "cpu".
+    transport: str  # "cpu" (tensors staged through host memory) or "device_maps" (the topology's "auto", resolved)
+    # TensorPipe device maps this pod sets as CALLER: {callee rpc name: {local device: remote device}}: a
+    # pipeline stage's map for the next stage (activations) and for the one before (gradients). Empty on
+    # CPU and with transport "cpu".
     device_maps: dict[str, dict[str, str]]
     version: int = field(default=PLAN_VERSION)
 

@@ -80,7 +80,7 @@ def profile(**kwargs: Any) -> None:
 
     values = collect(kwargs)
     options = config_mod.build_profile_config({flag: values.pop(flag) for flag in config_mod.PROFILE_BY_FLAG})
-    cfg = config_mod.build_config(None, values)
+    cfg = config_mod.build_config(None, values, for_engine=False)  # it weighs every engine
     report = run_profile(cfg, options)
     for line in report.lines():
         click.echo(line)

@@ -65,11 +65,18 @@ def load_yaml_config(path: Path) -> dict[str, Any]:
     return values
 
 
-def build_config(yaml_path: Path | None, cli_values: dict[str, Any], base: dict[str, Any] | None = None) -> TrainConfig:
+def build_config(
+    yaml_path: Path | None,
+    cli_values: dict[str, Any],
+    base: dict[str, Any] | None = None,
+    for_engine: bool = True,
+) -> TrainConfig:
     """Defaults, then the --recipe's flags (named on the command line, or else in the YAML file), then
     `base` (a checkpoint's trained model, modeling/trained.py: the weights are that model, whatever a
     recipe would build), then the YAML file, then the flags the user actually gave. A rule the recipe's
-    flags break names the recipe and the flag that overrides it."""
+    flags break names the recipe and the flag that overrides it. `for_engine`: the config runs --engine
+    (train, eval), so a flag the user gave that the engine never reads is refused; `profile`, which
+    weighs every engine, says False."""
     cfg = TrainConfig()
     from_yaml = load_yaml_config(yaml_path) if yaml_path is not None else {}
     given = {k: v for k, v in cli_values.items() if v is not None}
@@ -84,9 +91,28 @@ def build_config(yaml_path: Path | None, cli_values: dict[str, Any], base: dict[
     apply_overrides(cfg, from_yaml, str(yaml_path))
     apply_overrides(cfg, given, "command line")
     cfg.validate(from_recipe)
-    if problem := _unread_by_scheduler(cfg, {**from_yaml, **given}):
-        raise ConfigError(problem)
+    typed = {**from_yaml, **given}
+    problems = [_unread_by_scheduler(cfg, typed), *(_unread_by_engine(cfg, typed) if for_engine else [])]
+    if problems := [problem for problem in problems if problem]:
+        raise ConfigError("; ".join(problems))
     return cfg
+
+
+def _unread_by_engine(cfg: TrainConfig, typed: dict[str, Any]) -> list[str]:
+    """A flag the user gave (command line or YAML) that only other engines read (its field's `engines`):
+    refused as --elastic and --compile are where they cannot apply. A boolean counts when it turns
+    something on: `--no-bf16-transport` asks for nothing the engine lacks."""
+    problems = []
+    for flag, value in typed.items():
+        spec = BY_FLAG[flag]
+        if spec.engines is None or cfg.engine in spec.engines or (spec.kind is bool and not spec.parse(value)):
+            continue
+        what = spec.help.split(": ", 1)[-1]
+        problems.append(
+            f"--{flag} is for --engine {' and '.join(spec.engines)} ({what}), and --engine {cfg.engine} never "
+            f"reads it; leave out --{flag}"
+        )
+    return problems
 
 
 def _unread_by_scheduler(cfg: TrainConfig, typed: dict[str, Any]) -> str | None:

@@ -32,13 +32,16 @@ def option(
     above: float | None = None,
     below: float | None = None,
     check: Callable[[Any], str | None] | None = None,
+    engines: tuple[str, ...] | None = None,
 ) -> Any:
     """A config field with its CLI/YAML description. `flag` defaults to the field name with dashes.
     Numbers (and each integer of a list) are bounded by `minimum`/`maximum` (inclusive) and `above`/`below`
     (exclusive); non-finite floats and integers beyond 64 bits are always refused. `check`: what else is
-    wrong with a parsed value (the words after the flag), or None: run wherever the value is parsed."""
+    wrong with a parsed value (the words after the flag), or None: run wherever the value is parsed.
+    `engines`: the only --engine values that read the setting (None: every one); given to another, it is
+    refused (build.py)."""
     bounds = Bounds(minimum, maximum, above, below)
-    meta = {"help": help, "flag": flag, "choices": choices, "bounds": bounds, "check": check}
+    meta = {"help": help, "flag": flag, "choices": choices, "bounds": bounds, "check": check, "engines": engines}
     return field(default=default, metadata=meta)
 
 
@@ -92,6 +95,7 @@ class FieldSpec:
     choices: tuple[str, ...] | None
     bounds: Bounds
     check: Callable[[Any], str | None] | None = None
+    engines: tuple[str, ...] | None = None  # the engines that read it (None: all)
 
     def get(self, cfg: Any) -> Any:
         return getattr(self._owner(cfg), self.name)
@@ -212,4 +216,5 @@ def field_specs(cls: type, section: str | None = None) -> Iterator[FieldSpec]:
             choices=meta.get("choices"),
             bounds=meta.get("bounds", Bounds()),
             check=meta.get("check"),
+            engines=meta.get("engines"),
         )

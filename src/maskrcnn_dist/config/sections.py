@@ -21,10 +21,12 @@ __all__ = [
     "CHECK_MODES",
     "DATA_AUGMENTATIONS",
     "DEVICES",
+    "HEADS",
     "ENGINES",
     "EXIF_ORIENTATIONS",
     "LR_SCHEDULERS",
     "MODEL_NAMES",
+    "PIPELINE_SCHEDULES",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
@@ -37,12 +39,14 @@ ENGINES = ("local", "ddp", "pipeline")
 AMP_DTYPES = ("auto", "bfloat16", "float16")  # perf.AMP_DTYPES maps them to torch dtypes
 DEVICES = ("auto", "cpu", "cuda")
 BACKBONE_NORMS = ("auto", "frozen", "batch")
+HEADS = ("batched", "torchvision")  # modeling/batched/ says what the batched form computes
 CHECK_MODES = ("header", "full", "off")  # data/images/check.py says what each one checks
 EXIF_ORIENTATIONS = ("auto", "apply", "ignore")  # data/images/orientation.py says what each one reads
 DATA_AUGMENTATIONS = ("hflip", "multiscale", "lsj")  # data/transforms/augment.py says what each one does
 # Those that give the model its training sizes: the model's own resize would undo them.
 SIZED_BY_DATA = ("multiscale", "lsj")
 LR_SCHEDULERS = ("multisteplr", "cosineannealinglr")  # torchvision's reference names; modeling/optim.py
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # engines/pipeline/schedule.py says what each one does
 
 
 def cache_folder_problem(value: str) -> str | None:
@@ -184,6 +188,16 @@ class ModelConfig:
         True, "fold frozen BatchNorm into the preceding convolution in training steps (eval and export unchanged)"
     )
 
+    # The training forward of the RPN and the RoI heads (modeling/batched/): batched over the images with
+    # fixed-size tensors, a few host waits a step whatever the batch; or torchvision's, image by image.
+    # The same parameters and checkpoints either way; evaluation is torchvision's in both.
+    heads: str = option(
+        "batched",
+        "batched (the RPN and RoI heads' training step on the whole batch at once, a few host waits a step) "
+        "or torchvision (image by image, torchvision's own code)",
+        choices=HEADS,
+    )
+
     def resolved_backbone_norm(self) -> str:
         """The backbone's BatchNorm with these settings, "frozen" or "batch" ("auto" resolved)."""
         if self.backbone_norm != "auto":
@@ -222,11 +236,13 @@ class OptimConfig:
 class PeersConfig:
     """How long this process waits for the others: shared by the ddp process group and the pipeline's RPC."""
 
+    # At least a second: the store's first connection and a group's bootstrap bound by it take that long on a
+    # busy host, and a bound below it fails a healthy start deep inside torch's rendezvous.
     timeout: float = option(
         120.0,
         "seconds before a silent peer counts as lost (RPC and process-group timeouts)",
         flag="rpc-timeout",
-        above=0,
+        minimum=1,
     )
     # Off by default: an elastic group adds a heartbeat thread and one store round trip per step.
     elastic: bool = option(
@@ -245,7 +261,10 @@ class PeersConfig:
     )
     # torch's own bound on forming the group is 30 minutes.
     join_timeout: float = option(
-        600.0, "pipeline: seconds to wait for every process to join RPC before exiting non-zero", above=0
+        600.0,
+        "pipeline: seconds to wait for every process to join RPC before exiting non-zero",
+        above=0,
+        engines=("pipeline",),
     )
 
     def elastic_rules_set(self) -> bool:
@@ -256,6 +275,17 @@ class PeersConfig:
 
 @dataclass
 class PipelineConfig:
-    micro_batches: int = option(2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096)
+    micro_batches: int = option(
+        2, "pipeline: micro-batches per batch (at most --batch-size)", minimum=1, maximum=4096, engines=("pipeline",)
+    )
+    # engines/pipeline/schedule.py; the default by bench_pipeline.py's measurement (docs/performance-pipeline.md).
+    schedule: str = option(
+        "1f1b",
+        "pipeline: the order of each stage's forwards and backwards: 1f1b (at most as many micro-batches in flight "
+        "per stage as there are stages) or gpipe (every forward, then every backward)",
+        choices=PIPELINE_SCHEDULES,
+        flag="pipeline-schedule",
+        engines=("pipeline",),
+    )
     # Send stage-1 features to stage 2 in bfloat16: half the bytes on the wire.
-    bf16_transport: bool = option(False, "pipeline: send features in bfloat16")
+    bf16_transport: bool = option(False, "pipeline: send features in bfloat16", engines=("pipeline",))

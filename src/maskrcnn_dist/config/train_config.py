@@ -137,11 +137,6 @@ class TrainConfig:
             (list(self.optim.lr_steps) == sorted(self.optim.lr_steps), "--lr-steps must be increasing"),
             (self.model.max_size >= self.model.min_size, "--min-size must be <= --max-size"),
             (
-                not (self.amp and self.amp_dtype == "float16" and self.engine == "pipeline"),
-                "--amp-dtype float16 is not available with --engine pipeline: fp16 needs a gradient scaler, "
-                "which distributed autograd cannot apply; the pipeline's --amp computes in bfloat16",
-            ),
-            (
                 not (self.optim.norm_weight_decay is not None and self.engine == "pipeline"),
                 "--norm-weight-decay is not available with --engine pipeline: its stages merge their "
                 "optimizers as one parameter group, and the flag makes two",
@@ -164,8 +159,8 @@ class TrainConfig:
             ),
             (
                 not (self.compile and self.engine == "pipeline"),
-                "--compile is for --engine local and ddp: the pipeline's stages run eagerly (compiled stages under "
-                "distributed autograd are untested); leave out --compile",
+                "--compile is for --engine local and ddp: the pipeline's stages run eagerly (a stage's backward from "
+                "the gradients of its outputs is untested compiled); leave out --compile",
             ),
             (
                 not (self.peers.elastic and self.engine != "ddp"),

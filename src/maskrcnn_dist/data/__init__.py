@@ -2,7 +2,7 @@
 whole, and their loaders. The rooms below it import downward only (tests/test_layering.py):
 
     cache < annotations/ < classes < sources/ < parse_ahead < images/ < check_ahead < synthetic
-          < dataset < plan < loader < transforms/ < prepare
+          < dataset < plan < old_order < loader < transforms/ < prepare
 
 The names below are imported when first asked for (PEP 562), not with the package: annotations/,
 sources/, cache and parse_ahead need no torch, and the command line starts parsing a large annotation

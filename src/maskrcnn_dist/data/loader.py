@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..lifetime.stop import leave_process_group
-from .plan import BatchLayout, RankShare, RankShares, epoch_plan
+from .plan import BatchLayout, GlobalBatch, RankShare, RankShares, epoch_plan
 
 Batch = tuple[list[torch.Tensor], list[dict[str, Any]]]
 
@@ -103,18 +103,21 @@ def build_step_loader(
     groups: Sequence[int] | None = None,
     start_batch: int = 0,
     share: tuple[int, int] = (0, 1),
+    plan: Sequence[GlobalBatch] | None = None,
     **options: Any,
 ) -> StepLoader:
     """Rank r of n's (`share`) part of every global batch of `epoch` (plan.py) from global batch
     `start_batch` on. `groups`: each image's aspect-ratio group (aspect_ratio_groups; None: no grouping);
-    `options`: the DataLoader's (num_workers, pin_memory, collate_fn).
+    `plan`: the epoch's global batches where they are not the plan's (old_order.py); `options`: the
+    DataLoader's (num_workers, pin_memory, collate_fn).
 
     Build one per epoch. `len(loader)` is the number of steps left in the epoch, the same on every rank.
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)  # flips depend on the epoch; set before workers copy the dataset
-    plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
-    shares = plan.shares(*share, start=start_batch)  # each made as the loader reaches it
+    if plan is None:
+        plan = epoch_plan(len(dataset), layout, epoch=epoch, seed=seed, groups=groups)  # type: ignore[arg-type]
+    shares = RankShares(plan, *share, start=start_batch)  # each made as the loader reaches it
     return StepLoader(_loader(dataset, MicroBatches(shares), **options), shares)
 
 

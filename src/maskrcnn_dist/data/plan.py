@@ -224,9 +224,10 @@ def _check_rank(rank: int, world_size: int) -> None:
 
 
 class RankShares(Sequence[RankShare]):
-    """A rank's share of each global batch of a plan from `start` on, each made when it is asked for."""
+    """A rank's share of each global batch of a plan from `start` on, each made when it is asked for (an
+    EpochPlan, or global batches listed whole: old_order.py's)."""
 
-    def __init__(self, plan: EpochPlan, rank: int, world_size: int, start: int = 0) -> None:
+    def __init__(self, plan: Sequence[GlobalBatch], rank: int, world_size: int, start: int = 0) -> None:
         if not 0 <= start <= len(plan):
             raise ValueError(f"start_batch {start} is outside the epoch's {len(plan)} global batches")
         _check_rank(rank, world_size)
@@ -248,8 +249,12 @@ class RankShares(Sequence[RankShare]):
 
     def micro_batch_count(self) -> int:
         """The micro-batches this rank runs over these shares, fillers included (every rank runs as many)."""
-        counts = self.plan.micro_batch_counts()[self.start :]
-        return int((-(-counts // self.world_size)).sum())
+        plan = self.plan
+        if isinstance(plan, EpochPlan):
+            counts = plan.micro_batch_counts()
+        else:  # global batches listed whole
+            counts = np.array([len(batch.micro_batches) for batch in plan], dtype=np.int64)
+        return int((-(-counts[self.start :] // self.world_size)).sum())
 
 
 def share_at(
@@ -291,10 +296,28 @@ def layout_change(layout: BatchLayout, before: int, batch_size: int, world_size:
         notes.append(
             f"world size {before} -> {world_size}: the global batch stays {layout.global_batch_size} images "
             f"({layout.micro_batches} micro-batches of {layout.batch_size}), {rounds} micro-batch(es) per rank per step"
+            + _idle_ranks(layout.micro_batches, world_size)
         )
     if batch_size != layout.batch_size:
         notes.append(f"--batch-size {batch_size} is not used: the run's micro-batches hold {layout.batch_size}")
     return ("resume: " + "; ".join(notes)) if notes else None
+
+
+def _idle_ranks(micro_batches: int, world_size: int) -> str:
+    """What the ranks without a real micro-batch of their own do (rank_share's fillers), in words; empty when
+    every rank trains in every full step."""
+    idle = world_size - micro_batches
+    short = micro_batches % world_size
+    if idle > 0:
+        ranks = f"rank {micro_batches}" if idle == 1 else f"ranks {micro_batches}-{world_size - 1}"
+        return (
+            f"; {ranks} train{'s' if idle == 1 else ''} nothing: a filler of weight 0 each step keeps the "
+            "collectives paired (more ranks than micro-batches add no speed)"
+        )
+    if short:
+        ranks = f"rank {short}" if world_size - short == 1 else f"ranks {short}-{world_size - 1}"
+        return f"; {ranks} run{'s' if world_size - short == 1 else ''} a filler of weight 0 in the last round"
+    return ""
 
 
 #: The checkpoint's keys for the run's layout and the world size that wrote it.

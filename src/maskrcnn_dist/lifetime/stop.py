@@ -124,20 +124,32 @@ class Stopped(Exception):  # noqa: N818 (not an error: the way out of a stop, to
     """This process's part of a stop is done (`request.finish` said what it saved): the entry point logs
     `closing_line()` and exits EXIT_STOPPED."""
 
-    def __init__(self, request: StopRequest, where: str = "") -> None:
+    #: What goes on after a stop of the run: its newest checkpoint.
+    RESUMES = "--resume auto continues"
+    #: What goes on after an elastic member drained alone: the others; this pod, started again, rejoins them.
+    REJOINS = "the others train on; started again, this pod rejoins them at a step boundary"
+
+    def __init__(self, request: StopRequest, where: str = "", then: str = RESUMES) -> None:
         super().__init__(request.saved)
-        self.request, self.where = request, where
+        self.request, self.where, self.then = request, where, then
 
     @classmethod
     def before_any_step(cls, request: StopRequest, where: str) -> Stopped:
         request.finish("no step finished since the start or the newest checkpoint, nothing to save")
         return cls(request, where)
 
+    @classmethod
+    def left_group(cls, request: StopRequest, step: int) -> Stopped:
+        """An elastic member drained alone (training/elastic_loop.py): the run goes on without it, and its
+        --resume is not what continues it."""
+        request.finish(f"left the elastic group after step {step}")
+        return cls(request, then=cls.REJOINS)
+
     def closing_line(self) -> str:
         where = f" during {self.where}" if self.where else ""
         return (
             f"stopped by {self.request.reason}{where}: {self.request.saved}; {self.request.seconds():.1f}s from "
-            f"the request to exit; exit {EXIT_STOPPED} (--resume auto continues)"
+            f"the request to exit; exit {EXIT_STOPPED} ({self.then})"
         )
 
 

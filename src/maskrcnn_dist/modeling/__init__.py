@@ -2,6 +2,8 @@
 numerics every engine shares.
 
 - `model.py`: `build_model` (torchvision's builders, weights, frozen layers) and reading state dicts;
+- `batched/`: the RPN and RoI heads' training forward on the whole batch (--heads batched), a few host
+  waits a step; `waits.py` counts them; `canvas.py`: fixed canvases and the backbone as CUDA graphs;
 - `roi_align.py`: the RoIAlign that replaces torchvision's on CPU (same numbers, faster backward);
 - `exact_resize.py`: the model's resize in float64, for exported models;
 - `perf.py`: mixed precision, memory format and denormal floats, in one place;

@@ -18,6 +18,7 @@ from torchvision.ops import misc as misc_nn_ops
 from ..checkpoint import read_torch_file
 from ..config import ModelConfig
 from ..errors import WeightsError
+from .batched import use_batched_heads
 from .exact_resize import use_exact_resize
 from .fold_bn import fold_frozen_batchnorm
 from .perf import keep_head_outputs_fp32, to_channels_last
@@ -182,6 +183,8 @@ def build_model(
     keep_head_outputs_fp32(model)
     # torchvision's CPU RoIAlign is single-threaded and scalar: ~15% of an R50 step (roi_align.py).
     use_sparse_roi_align(model.roi_heads)
+    if cfg.heads == "batched":
+        use_batched_heads(model)  # training forwards only: no parameter, key or eval result changes
     if cfg.channels_last:
         to_channels_last(model)
     if cfg.fold_frozen_bn:

@@ -26,6 +26,7 @@ ratio (`sampling_ratio <= 0`, a different number of samples per RoI), torchvisio
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -44,14 +45,15 @@ def _csr(crow: Tensor, columns: Tensor, values: Tensor, shape: tuple[int, int]) 
 
 
 def transpose_csr(matrix: Tensor) -> Tensor:
-    """The transpose of a CSR matrix, as CSR (what the backward multiplies by)."""
+    """The transpose of a CSR matrix, as CSR (what the backward multiplies by). Every size comes from
+    the host (the number of entries is the values' length): nothing waits for the device."""
     n_rows, n_columns = matrix.shape
     crow, columns, values = matrix.crow_indices(), matrix.col_indices(), matrix.values()
-    rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow.diff())
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow.diff(), output_size=values.shape[0])
     order = torch.argsort(columns, stable=True)
-    crow_t = torch.zeros(n_columns + 1, dtype=crow.dtype, device=crow.device)
-    crow_t[1:] = torch.cumsum(torch.bincount(columns, minlength=n_columns), 0)
-    return _csr(crow_t, rows[order], values[order], (n_columns, n_rows))
+    per_column = torch.zeros(n_columns + 1, dtype=crow.dtype, device=crow.device)
+    per_column.index_add_(0, columns + 1, torch.ones_like(columns, dtype=crow.dtype))
+    return _csr(torch.cumsum(per_column, 0), rows[order], values[order], (n_columns, n_rows))
 
 
 class _SparseRowsProduct(torch.autograd.Function):
@@ -68,14 +70,15 @@ class _SparseRowsProduct(torch.autograd.Function):
         return transpose_csr(ctx.matrix) @ grad.contiguous(), None
 
 
-def _axis_corners(coord: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """torchvision's bilinear_interpolate along one axis: low and high pixel, their weights, and
-    whether the sample lies within one pixel of the map (outside that it contributes zero)."""
+def _axis_corners(coord: Tensor, size: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """torchvision's bilinear_interpolate along one axis of maps `size` (K, 1, 1) pixels long: low and
+    high pixel, their weights, and whether the sample lies within one pixel of the map (outside that
+    it contributes zero)."""
     inside = (coord >= -1.0) & (coord <= size)
     coord = coord.clamp(min=0.0)
     low = coord.long()  # truncation, as the kernel's (int) cast; coord >= 0 here
     at_edge = low >= size - 1
-    low = low.clamp(max=size - 1)
+    low = torch.minimum(low, size - 1)
     high = torch.where(at_edge, low, low + 1)
     frac = torch.where(at_edge, torch.zeros_like(coord), coord - low.to(coord.dtype))
     return low, high, 1.0 - frac, frac, inside
@@ -91,6 +94,32 @@ def _sample_coords(start: Tensor, end: Tensor, pooled: int, sampling_ratio: int)
     return start[:, None, None] + cell[None, :, None] * bin_size + sample[None, None, :] * bin_size / sampling_ratio
 
 
+@dataclass(frozen=True)
+class MapGeometry:
+    """Where each RoI samples: the height, width and spatial scale of its map, and the row of the
+    (pixels, channels) feature matrix where its image's map begins, as (K,) tensors; `n_pixels` is
+    the matrix's row count."""
+
+    height: Tensor
+    width: Tensor
+    scale: Tensor
+    first_pixel: Tensor
+    n_pixels: int
+
+
+def one_map(rois: Tensor, feature_shape: tuple[int, int, int], spatial_scale: float) -> MapGeometry:
+    """Every RoI samples one (N, H, W) map, as torchvision's roi_align."""
+    n_images, height, width = feature_shape
+    full = rois.new_full((rois.shape[0],), 1, dtype=torch.long)
+    return MapGeometry(
+        full * height,
+        full * width,
+        full.to(torch.float32) * spatial_scale,
+        rois[:, 0].long() * (height * width),
+        n_images * height * width,
+    )
+
+
 def sampling_matrix(
     rois: Tensor,
     feature_shape: tuple[int, int, int],
@@ -103,12 +132,17 @@ def sampling_matrix(
     `rois` is (K, 5): image index, then x1, y1, x2, y2 in input pixels. Row k*ph*pw + i*pw + j of S
     holds the weights that make output cell (i, j) of RoI k from the rows of the (N*H*W, C) features.
     """
-    n_images, height, width = feature_shape
+    return geometry_matrix(rois, one_map(rois, feature_shape, spatial_scale), output_size, sampling_ratio)
+
+
+def geometry_matrix(rois: Tensor, maps: MapGeometry, output_size: tuple[int, int], sampling_ratio: int) -> Tensor:
+    """`sampling_matrix` for RoIs that each sample a map of their own geometry (FPN levels: one product
+    pools every level); nothing is read back to the host."""
     pooled_h, pooled_w = output_size
     n_rois = rois.shape[0]
     rois = rois.float()
-    image = rois[:, 0].long()
-    x1, y1, x2, y2 = (rois[:, i] * spatial_scale for i in range(1, 5))
+    x1, y1, x2, y2 = (rois[:, i] * maps.scale for i in range(1, 5))
+    height, width = maps.height.view(n_rois, 1, 1), maps.width.view(n_rois, 1, 1)
     ys = _sample_coords(y1, y2, pooled_h, sampling_ratio)  # (K, ph, r)
     xs = _sample_coords(x1, x2, pooled_w, sampling_ratio)  # (K, pw, r)
     y_low, y_high, wy_low, wy_high, y_inside = _axis_corners(ys, height)
@@ -123,19 +157,36 @@ def sampling_matrix(
 
     samples = sampling_ratio * sampling_ratio
     weight_scale = (along_y(y_inside) & along_x(x_inside)).float() / samples
-    pixel0 = (image * (height * width)).view(n_rois, 1, 1, 1, 1)
+    pixel0 = maps.first_pixel.view(n_rois, 1, 1, 1, 1)
+    row_width = maps.width.view(n_rois, 1, 1, 1, 1)
     columns, weights = [], []
     for y_index, y_weight in ((y_low, wy_low), (y_high, wy_high)):
         for x_index, x_weight in ((x_low, wx_low), (x_high, wx_high)):
-            columns.append(pixel0 + along_y(y_index) * width + along_x(x_index))
+            columns.append(pixel0 + along_y(y_index) * row_width + along_x(x_index))
             weights.append(along_y(y_weight) * along_x(x_weight) * weight_scale)
     # (K, ph, pw, ry, rx, corner) flattened: the entries of each row are contiguous.
     columns_t = torch.stack(columns, dim=-1).reshape(-1)
     weights_t = torch.stack(weights, dim=-1).reshape(-1)
-    n_rows, n_pixels = n_rois * pooled_h * pooled_w, n_images * height * width
+    n_rows = n_rois * pooled_h * pooled_w
     per_row = 4 * samples
     crow = torch.arange(0, n_rows * per_row + 1, per_row, device=rois.device)
-    return _csr(crow, columns_t, weights_t, (n_rows, n_pixels))
+    return _csr(crow, columns_t, weights_t, (n_rows, maps.n_pixels))
+
+
+def feature_rows(maps: list[Tensor]) -> Tensor:
+    """The (N, C, H, W) maps as one (sum of N*H*W, C) fp32 matrix, map after map: a view of one
+    channels_last map, a copy otherwise (or the fp32 cast under amp)."""
+    with torch.autocast(maps[0].device.type, enabled=False):
+        rows = [m.permute(0, 2, 3, 1).reshape(-1, m.shape[1]).float() for m in maps]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+def pool_rows(rows: Tensor, matrix: Tensor, n_rois: int, output_size: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """`matrix @ rows` (with its backward) as (K, C, ph, pw) pooled features of `dtype`."""
+    with torch.autocast(rows.device.type, enabled=False):
+        pooled = _SparseRowsProduct.apply(rows, matrix)
+    pooled = pooled.view(n_rois, output_size[0], output_size[1], rows.shape[1]).permute(0, 3, 1, 2)
+    return pooled.contiguous().to(dtype)
 
 
 def sparse_roi_align(
@@ -145,14 +196,9 @@ def sparse_roi_align(
     aligned=False)` for CPU tensors and `sampling_ratio > 0`, computed as a sparse product."""
     if sampling_ratio <= 0:
         raise ValueError(f"sparse_roi_align needs a fixed sampling_ratio > 0, got {sampling_ratio}")
-    n_images, channels, height, width = features.shape
+    n_images, _, height, width = features.shape
     matrix = sampling_matrix(rois.detach(), (n_images, height, width), output_size, spatial_scale, sampling_ratio)
-    with torch.autocast("cpu", enabled=False):
-        # A view for channels_last features; one copy for NCHW ones (or the fp32 cast under amp).
-        rows = features.permute(0, 2, 3, 1).reshape(n_images * height * width, channels).float()
-        pooled = _SparseRowsProduct.apply(rows, matrix)
-    pooled = pooled.view(rois.shape[0], output_size[0], output_size[1], channels).permute(0, 3, 1, 2)
-    return pooled.contiguous().to(features.dtype)
+    return pool_rows(feature_rows([features]), matrix, rois.shape[0], output_size, features.dtype)
 
 
 class SparseMultiScaleRoIAlign(MultiScaleRoIAlign):

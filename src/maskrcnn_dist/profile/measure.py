@@ -23,7 +23,7 @@ from ..config import TrainConfig
 from ..data.transforms.augment import augment_batch, build_augmentation
 from ..engines.base import resolve_device
 from ..engines.pipeline.stages import MicroBatchState, StageModule, build_stages
-from ..engines.pipeline.transport import gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes
+from ..engines.pipeline.transport import Route, gradient_bytes, map_tensors, tensors_in, to_wire, wire_bytes
 from ..modeling.model import build_model
 from ..modeling.optim import build_optimizer
 from ..modeling.perf import autocast_context
@@ -169,7 +169,7 @@ def _one_pass(
         fwd_s.append(seconds)
         act.append(torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else saved.total)
         if not stage.is_last:
-            state = to_wire(state, cfg.pipeline.bf16_transport, to_cpu=False)
+            state = to_wire(state, cfg.pipeline.bf16_transport, Route(str(device)))  # as a device map sends it
             sent.append((wire_bytes(state), gradient_bytes(state)))
         else:
             losses = list(state.losses.values())

@@ -138,8 +138,7 @@ class ElasticTrainer(Trainer):
         """At the boundary: members asked to leave go, the joiners the leader admits come in."""
         self.engine.release()
         if self.group.regroup(decision) is None:  # this member was drained: it leaves alone
-            self.stop.finish(f"left the elastic group after step {self.position.step}; the others train on")
-            raise Stopped(self.stop)
+            raise Stopped.left_group(self.stop, self.position.step)
         self._enter_generation()
 
     def _hold(self) -> None:

@@ -164,5 +164,33 @@ def test_a_resume_keeps_the_checkpoints_global_batch_and_says_so_in_one_line(cap
     ]
     assert layout_of_run(None, 3, 4) == BatchLayout(4, 3)
     assert "--batch-size 5 is not used" in layout_change(BatchLayout(2, 3), 2, 5, 2)
-    # A checkpoint written before the layout was kept: its batches were cut for this launch's world size.
+    # A checkpoint written before the layout was kept: its batches were cut for this launch's world size
+    # (training/resume_plan.py reads which one, and keeps it).
     assert layout_of_run({"step": 3}, 3, 2) == BatchLayout(2, 3)
+
+
+@pytest.mark.parametrize(
+    ("micro_batches", "world_size", "said"),
+    [
+        (2, 3, "; rank 2 trains nothing: a filler of weight 0 each step"),
+        (1, 3, "; ranks 1-2 train nothing: a filler of weight 0 each step"),
+        (3, 2, "; rank 1 runs a filler of weight 0 in the last round"),
+        (4, 3, "; ranks 1-2 run a filler of weight 0 in the last round"),
+        (4, 2, ""),
+    ],
+)
+def test_the_notice_of_more_ranks_than_micro_batches_says_which_train_nothing(
+    micro_batches: int, world_size: int, said: str
+) -> None:
+    """The ranks the notice names are those rank_share gives only fillers (in every step, or in its last round)."""
+    line = layout_change(BatchLayout(micro_batches, 1), micro_batches, 1, world_size)
+    assert line is not None and ((said in line) if said else line.endswith("per rank per step")), line
+    batch = epoch_plan(micro_batches, BatchLayout(micro_batches, 1), epoch=0, seed=0)[0]
+    fillers = {r for r in range(world_size) for m in rank_share(batch, r, world_size).micro_batches if m.filler}
+    idle = {r for r in range(world_size) if not rank_share(batch, r, world_size).trained}
+    if "trains nothing" in said or "train nothing" in said:
+        assert idle == fillers and f"rank{'s' if len(idle) > 1 else ''} {min(idle)}" in said
+    elif said:
+        assert not idle and fillers and f"{min(fillers)}" in said
+    else:
+        assert not fillers

@@ -155,6 +155,10 @@ def test_a_worker_drained_by_sigterm_leaves_alone_with_exit_75(job, uninterrupte
     assert code == 0, out[-5000:]
     assert "[local] worker1 left (exit 75): the others go on without it" in out
     assert "rank 1 left after step" in out
+    # Its closing line says what goes on (the others; this pod rejoins if started again), not --resume auto.
+    closing = [line for line in out.splitlines() if "left the elastic group after step" in line]
+    assert len(closing) == 1 and closing[0].startswith("[worker1]"), out[-5000:]
+    assert "rejoins them at a step boundary" in closing[0] and "--resume" not in closing[0], closing[0]
     records = running.records()
     assert_the_same_steps(records, uninterrupted, out)
     assert [r["world_size"] for r in records][-1] == 2

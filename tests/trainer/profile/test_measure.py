@@ -7,7 +7,7 @@ import torch
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState, build_stages
-from maskrcnn_dist.engines.pipeline.transport import gradient_bytes, to_wire, wire_bytes
+from maskrcnn_dist.engines.pipeline.transport import HOST, gradient_bytes, to_wire, wire_bytes
 from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.profile.measure import NUM_CLASSES, measure, synthetic_batch
 
@@ -22,7 +22,7 @@ def test_bytes_over_a_cut_are_what_the_transport_sends() -> None:
     torch.manual_seed(cfg.seed)
     first, _ = build_stages(build_model(cfg.model, NUM_CLASSES).train())
     images, targets = synthetic_batch(2, (64, 80), 2, seed=cfg.seed)
-    sent = to_wire(first(MicroBatchState.from_inputs(images, targets)), bf16_features=False, to_cpu=True)
+    sent = to_wire(first(MicroBatchState.from_inputs(images, targets)), bf16_features=False, route=HOST)
     cut = meas.cut_after("backbone")
     assert cut.forward_bytes == wire_bytes(sent)
     assert cut.backward_bytes == gradient_bytes(sent) > 0

@@ -11,6 +11,7 @@ from typing import Protocol
 from ...config import TrainConfig
 from ..dataset import CocoInstanceDataset
 from ..loader import StepLoader, aspect_ratio_groups, build_step_loader, collate
+from ..old_order import OldOrder, old_epoch_plan
 from ..plan import BatchLayout
 from .flip import Flipped
 
@@ -24,10 +25,15 @@ class Feeder(Protocol):
 
 
 def train_loaders(
-    cfg: TrainConfig, train_set: CocoInstanceDataset, feeder: Feeder, layout: BatchLayout | None = None
+    cfg: TrainConfig,
+    train_set: CocoInstanceDataset,
+    feeder: Feeder,
+    layout: BatchLayout | None = None,
+    old_order: OldOrder | None = None,
 ) -> Callable[[int, int], StepLoader]:
     """(epoch, first global batch) -> the loader of `feeder`'s share of that epoch's global batches of
-    `layout` (plan.py; default: this launch's, world size x --batch-size), one StepBatch per step: the dataset
+    `layout` (plan.py; default: this launch's, world size x --batch-size; `old_order`'s epoch: the order it
+    began in before the plan, old_order.py), one StepBatch per step: the dataset
     through --data-augmentation, batched by collate or, with --use-copypaste, by copy-paste's."""
     # Imported here: torchvision's v2 transforms cost every process that imports the trainer without
     # training (check-data, predict, profile, a loader benchmark) a third of a second and ~160 MiB.
@@ -46,6 +52,11 @@ def train_loaders(
     groups = aspect_ratio_groups(train_set.aspect_ratios(), factor) if factor >= 0 else None
 
     def loader(epoch: int, start_batch: int) -> StepLoader:
+        plan = None
+        if old_order is not None and epoch == old_order.epoch:
+            plan = old_epoch_plan(
+                len(train_set), layout.batch_size, old_order.world_size, epoch=epoch, seed=cfg.seed, groups=groups
+            )
         return build_step_loader(
             samples,
             layout,
@@ -55,6 +66,7 @@ def train_loaders(
             share=(feeder.data_rank, feeder.data_world_size),
             num_workers=data.workers,
             start_batch=start_batch,
+            plan=plan,
             pin_memory=feeder.pin_memory,
             collate_fn=CopyPaste(cfg.seed, epoch) if data.use_copypaste else collate,
         )

@@ -1,16 +1,23 @@
-"""The master's side of the pipeline engine: micro-batches in, losses out, steps driven over RPC.
+"""The master's side of the pipeline engine: micro-batches in, one step driven over plain RPC calls.
 
-One training step, as in PyTorch's "distributed pipeline parallelism using RPC" tutorial, with the
-stage hosts reached through functions called by name (hosts.py), never through an RRef to a host:
+One training step, every tensor by value in plain `rpc_async` calls (hosts.py); no RRef, no distributed
+autograd, no distributed optimizer:
 
-    for each micro-batch k:                      # none of these calls waits
-        y_k = rpc.remote(worker1, hosts.forward, (run, 0, k, batch_k))   # the output stays on worker 1
-        z_k = rpc.rpc_async(worker2, hosts.forward, (run, 1, k, y_k))    # worker 2 pulls y_k from worker 1
-    losses = weighted mean of wait(z_k)           # the master holds every micro-batch's losses
-    dist_autograd.backward(ctx, [sum(losses)])
-    every stage: hosts.reduce (its replicas' gradients summed), (clip globally), hosts.apply
+    for each micro-batch k:                       # none of these calls waits
+        rpc_async(stage 1, forward, ticket_k, images_k + targets_k)
+            stage s runs F(k) in its schedule's turn, keeps its input leaves and outputs, and calls
+            stage s+1 with the activations itself (never through the master); the last stage weighs and
+            scales its loss and runs B(k) in its turn: backward from the loss, the input gradients to
+            stage s-1, which runs autograd.backward(outputs, grads) in its turn, and so on to stage 1
+    wait for every forward chain
+    every stage: reduce (after its whole schedule: gradients summed over replicas, unscaled, checked;
+                 norms; the last stage's loss terms)        -> one small answer per stage
+    the master: any stage's inf/nan skips the step everywhere; the global clipping coefficient
+    every stage: apply (optimizer step unless skipped, scheduler step)
+    the loss scale's update (scaler.py)
 
-Stage 1 works on micro-batch k+1 while stage 2 works on k: the master only waits at the end.
+Which turn each forward and backward takes on a replica is the schedule's (`--pipeline-schedule`,
+schedule.py): 1F1B keeps at most (stages - s) micro-batches in flight on stage s, GPipe all of them.
 """
 
 from __future__ import annotations
@@ -22,41 +29,24 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from maskrcnn_launcher.contract import StagePlacement, validate_placement
 from torch import Tensor
 
 from ...config import TrainConfig
-from ...errors import PeerLostError, TrainingError
+from ...errors import ConfigError, PeerLostError, TrainingError
 from ...lifetime.stop import StopRequest
-from ..base import Engine, Images, Targets, check_finite
+from ..base import Engine, Images, Targets
 from .hosts import StageClient, new_run_id
-from .stages import MicroBatchState
+from .micro import fp16_on_cpu_stage, split_batch, weighted_mean
+from .rounds import Ticket
+from .scaler import LossScaler
 from .state import merge_optimizer_states, split_optimizer_state
-from .transport import wire_bytes
+from .transport import Activation, wire_bytes
 
 log = logging.getLogger(__name__)
 
 MASTER = "master"
-
-
-def split_batch(images: Images, targets: Targets | None, micro_batches: int) -> list[tuple[Images, Targets | None]]:
-    """Up to `micro_batches` contiguous, nearly equal slices (fewer when the batch is smaller)."""
-    count = min(micro_batches, len(images))
-    bounds = [round(i * len(images) / count) for i in range(count + 1)]
-    return [(images[a:b], None if targets is None else targets[a:b]) for a, b in zip(bounds, bounds[1:])]
-
-
-def weighted_mean(losses: Sequence[dict[str, Tensor]], sizes: Sequence[int]) -> dict[str, Tensor]:
-    """Mean of the micro-batches' loss dicts weighted by their image counts.
-
-    torchvision's terms are means over the sampled anchors/RoIs of a (micro-)batch; weighting by
-    image count is the closest the micro-batch terms come to the full batch's mean (exact for M=1;
-    for M>1 the sampling normalisers and BatchNorm's batch statistics differ per micro-batch).
-    """
-    total = sum(sizes)
-    return {name: sum(d[name] * (n / total) for d, n in zip(losses, sizes)) for name in losses[0]}
 
 
 def _ping() -> bool:
@@ -81,24 +71,33 @@ class PipelineEngine(Engine):
         `stop`: the master's stop request (stop.py), which its workers feed over RPC; None: nothing asks."""
         super().__init__(stop)
         validate_placement([s.modules for s in stages])
+        if problem := fp16_on_cpu_stage(cfg, stages):
+            raise ConfigError(problem)
         self.cfg = cfg
         self.timeout = cfg.peers.timeout
         self.micro_batches = cfg.pipeline.micro_batches
+        self.schedule = cfg.pipeline.schedule
         self.workers = [s.rpc_name for s in stages]
         self.run = new_run_id()
         self.hosts = self._connect(stages)
         with self._rpc_errors("building the stages"):
             created = [h.create(cfg, tuple(stages), num_classes, iters_per_epoch, transport) for h in self.hosts]
             self.layout = torch.futures.wait_all(created)
+        # fp16 in any stage: the last stage scales the loss and every stage unscales (scaler.py).
+        self.scaler = LossScaler(enabled=any(layout["fp16"] for layout in self.layout))
+        self.skips_expected = self.scaler.enabled
+        self._skipped: Tensor | None = None
         self._lr = self.layout[0]["lr"]
         self._round = 0
         self._last_step = 0
         self._metrics: dict[str, float] = {}
+        self._sent = 0  # bytes the master sent the first stage in the last round
         self._failed = False  # an RPC call of this engine failed (_rpc_errors)
         log.info(
-            "pipeline: %s, %d micro-batches",
+            "pipeline: %s, %d micro-batches, %s",
             " -> ".join(f"{s.rpc_name}{list(s.modules)}x{len(s.devices)}" for s in stages),
             self.micro_batches,
+            self.schedule,
         )
 
     def _connect(self, stages: Sequence[StagePlacement]) -> list[StageClient]:
@@ -132,77 +131,78 @@ class PipelineEngine(Engine):
                 return name
         return None
 
-    # -- the micro-batch flow ------------------------------------------------------------------
+    # -- a round of micro-batches ------------------------------------------------------------
 
-    def _launch(
-        self, round_id: int, step: int, micro: int, images: Images, targets: Targets | None, mode: str
-    ) -> torch.futures.Future:
-        """Send one micro-batch down the pipeline without waiting; the future holds the last stage's
-        output. Intermediate outputs stay on their workers (RRefs): the next stage pulls them."""
-        carried: MicroBatchState | rpc.RRef = MicroBatchState.from_inputs(images, targets)
-        for host in self.hosts[:-1]:
-            carried = host.forward_kept(round_id, step, micro, carried, mode)
-        return self.hosts[-1].forward(round_id, step, micro, carried, mode)
-
-    def _run_round(
-        self, step: int, images: Images, targets: Targets | None, mode: str
-    ) -> tuple[list[MicroBatchState], list[int], int]:
+    def _run_round(self, step: int, images: Images, targets: Targets | None, mode: str) -> tuple[int, list, list[int]]:
+        """Every micro-batch of the batch into the pipeline; (round id, the last stage's answers, sizes)."""
         self._round += 1
         micro = split_batch(images, targets, self.micro_batches)
+        sizes = [len(imgs) for imgs, _ in micro]
+        tickets = [
+            Ticket(
+                self._round,
+                step,
+                k,
+                len(micro),
+                mode,
+                self.schedule,
+                loss_weight=sizes[k] / sum(sizes),
+                loss_scale=self.scaler.scale,
+            )
+            for k in range(len(micro))
+        ]
         with self._rpc_errors(f"running step {step} ({mode})"):
-            futures = [self._launch(self._round, step, k, imgs, tgts, mode) for k, (imgs, tgts) in enumerate(micro)]
-            outputs = torch.futures.wait_all(futures)
-        sent = sum(wire_bytes(MicroBatchState.from_inputs(imgs, tgts)) for imgs, tgts in micro)
-        return outputs, [len(imgs) for imgs, _ in micro], sent
+            sent = [Activation.of_inputs(imgs, tgts) for imgs, tgts in micro]
+            answers = torch.futures.wait_all([self.hosts[0].forward(t, a) for t, a in zip(tickets, sent)])
+        self._sent = sum(wire_bytes(a) for a in sent)
+        return self._round, answers, sizes
 
     # -- Engine ---------------------------------------------------------------------------
 
     def train_step(self, step: int, images: Images, targets: Targets) -> dict[str, Tensor]:
         started, cpu_started = time.perf_counter(), time.process_time()
         self._last_step = step
-        with dist_autograd.context() as context_id:
-            outputs, sizes, sent = self._run_round(step, images, targets, "train")
-            loss_dict = weighted_mean([o.losses for o in outputs], sizes)
-            # The master holds the losses in host memory: reading them costs nothing, and a non-finite
-            # one stops the step before backward, so no stage changes a parameter.
-            logged = {name: value.detach() for name, value in loss_dict.items()}
-            check_finite(step + 1, {name: float(value) for name, value in logged.items()})
-            with self._rpc_errors(f"backward of step {step}"):
-                dist_autograd.backward(context_id, [sum(loss_dict.values())])
-                reports = self._step(context_id)
-        self._record(
-            reports, outputs, sent, len(images), time.perf_counter() - started, time.process_time() - cpu_started
-        )
-        return logged
+        round_id, _, sizes = self._run_round(step, images, targets, "train")
+        with self._rpc_errors(f"updating at step {step}"):
+            reports, losses = self._update(round_id)
+        self._record(reports, len(images), time.perf_counter() - started, time.process_time() - cpu_started)
+        # Host values already: the loop reads them (and stops at a non-finite one) without a device read.
+        return weighted_mean(losses, sizes)
 
-    def _step(self, context_id: int) -> list[dict[str, float]]:
+    def _update(self, round_id: int) -> tuple[list[dict[str, float]], list[dict[str, Tensor]]]:
+        """Both phases of the step on every stage; the stages' reports and the micro-batches' loss terms."""
         clip = self.cfg.optim.clip_grad_norm
-        norms = torch.futures.wait_all([h.reduce(context_id, bool(clip)) for h in self.hosts])
+        parts = torch.futures.wait_all([h.reduce(round_id, self.scaler.inv_scale, bool(clip)) for h in self.hosts])
+        # Every stage and replica agrees before any optimizer steps: one inf or nan anywhere skips it everywhere.
+        skip = any(part["found_inf"] for part in parts)
         coef = None
-        if clip:
+        if clip and not skip:
             # Global norm over every stage, as clip_grad_norm_ computes it over the whole model.
-            total = torch.linalg.vector_norm(torch.cat([n for n in norms]))
+            total = torch.linalg.vector_norm(torch.cat([p["norms"] for p in parts]))
             coef = torch.clamp(clip / (total + 1e-6), max=1.0)
-        return torch.futures.wait_all([h.apply(coef) for h in self.hosts])
+        reports = torch.futures.wait_all([h.apply(round_id, coef, skip) for h in self.hosts])
+        self.scaler.update(found_inf=skip)
+        self._skipped = torch.tensor(skip)
+        return reports, parts[-1]["losses"]
 
-    def _record(
-        self,
-        reports: list[dict[str, float]],
-        outputs: list[MicroBatchState],
-        sent: int,
-        images: int,
-        seconds: float,
-        master_cpu_s: float,
-    ) -> None:
+    def skipped(self) -> Tensor | None:
+        return self._skipped
+
+    def _record(self, reports: list[dict[str, float]], images: int, seconds: float, master_cpu_s: float) -> None:
         self._lr = reports[0]["lr"]
         metrics: dict[str, float] = {"pipeline/step_s": seconds, "pipeline/master_busy_s": master_cpu_s}
-        metrics[f"link/{MASTER}->{self.workers[0]}/bytes"] = float(sent)
+        metrics[f"link/{MASTER}->{self.workers[0]}/bytes"] = float(self._sent)
         for i, report in enumerate(reports):
-            src, dst = self.workers[i], ([*self.workers[1:], MASTER])[i]
-            metrics[f"link/{src}->{dst}/bytes"] = report["bytes_forward"]
-            metrics[f"link/{dst}->{src}/grad_bytes"] = report["bytes_backward"]
+            if i + 1 < len(reports):
+                src, dst = self.workers[i], self.workers[i + 1]
+                metrics[f"link/{src}->{dst}/bytes"] = report["bytes_forward"]
+                metrics[f"link/{dst}->{src}/grad_bytes"] = reports[i + 1]["bytes_backward"]
             metrics[f"stage{i + 1}/busy_s"] = report["busy_s"]
             metrics[f"stage{i + 1}/forward_s"] = report["forward_s"]
+            metrics[f"stage{i + 1}/backward_s"] = report["backward_s"]
+            metrics[f"stage{i + 1}/peak_in_flight"] = report["peak_in_flight"]
+        if self.scaler.enabled:
+            metrics["pipeline/loss_scale"] = self.scaler.scale
         # A stage is idle (in the bubble) for whatever part of the step it is not busy.
         busy = [r["busy_s"] for r in reports]
         metrics["pipeline/bubble_fraction"] = sum(max(0.0, 1 - b / seconds) for b in busy) / len(busy)
@@ -211,13 +211,13 @@ class PipelineEngine(Engine):
         self._metrics = metrics
 
     def predict(self, images: Images) -> list[dict[str, Tensor]]:
-        outputs, _, _ = self._run_round(self._last_step, images, None, "eval")
-        return [d for o in outputs for d in o.detections]
+        _, answers, _ = self._run_round(self._last_step, images, None, "eval")
+        return [d for answer in answers for d in answer.detections]
 
     def validation_losses(self, images: Images, targets: Targets) -> dict[str, Tensor]:
         # The same seeding position a local engine's validation uses: the last training step.
-        outputs, sizes, _ = self._run_round(self._last_step, images, targets, "validate")
-        return {k: v.float() for k, v in weighted_mean([o.losses for o in outputs], sizes).items()}
+        _, answers, sizes = self._run_round(self._last_step, images, targets, "validate")
+        return {k: v.float() for k, v in weighted_mean([a.losses for a in answers], sizes).items()}
 
     # -- state ------------------------------------------------------------------------------
 
@@ -234,7 +234,7 @@ class PipelineEngine(Engine):
             "model": model,
             "optimizer": merge_optimizer_states([p["optimizer"] for p in parts]),
             "scheduler": parts[0]["scheduler"],
-            "scaler": {},
+            "scaler": self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -259,6 +259,10 @@ class PipelineEngine(Engine):
             )
         if optimizers is not None and state.get("scheduler"):
             self._lr = state["optimizer"]["param_groups"][0]["lr"]
+        # fp16's scale goes on where it stopped; a checkpoint without one (bf16, fp32, or a pipeline
+        # checkpoint from before fp16 ran in the stages: "scaler" {}) starts from GradScaler's initial scale.
+        if optimizers is not None:
+            self.scaler.load_state_dict(state.get("scaler") or {})
 
     def lr(self) -> float:
         return self._lr

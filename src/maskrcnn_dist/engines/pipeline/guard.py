@@ -1,4 +1,5 @@
-"""The device-map guard: every RPC result of this process walked as TensorPipe walks it with device maps.
+"""The device-map guard: every RPC result (and pipeline request) of this process walked as TensorPipe
+walks it with device maps.
 
 An RPC agent that has devices (any device map) finds the CUDA tensors of every Python function's
 result, and of every OwnerRRef's value, by pickling it: `Future::markCompleted` -> `extractStorages`
@@ -21,7 +22,9 @@ are a stage's machinery and state, not values. An error's result
 (torch's RemoteException) is walked but not bounded: the guard must not hide the error it carries.
 
 A result that fails is replaced by the error the agent would give, `DeviceMapGuardError`, naming the
-function, the worker and the cause; the caller raises it.
+function, the worker and the cause; the caller raises it. The pipeline sends its activations and
+gradients in requests, which the sending agent walks the same way: `check_request` holds them to the
+same rule before they are sent (hosts.send calls it while the guard is installed).
 
 Installed before `rpc.init_rpc`: torch's Python RPC handler looks `_run_function` up when RPC starts
 (python_rpc_handler.cpp) and keeps it until RPC shuts down. `runtime.join_rpc` installs it when
@@ -125,10 +128,19 @@ def _worker() -> str:
         return f"pid {os.getpid()}"
 
 
-def _refuse(what: str, exc: DeviceMapGuardError) -> DeviceMapGuardError:
-    message = f"device-map guard on {_worker()}: the result of {what} cannot cross: {exc}"
+def _refuse(what: str, exc: DeviceMapGuardError, part: str = "result") -> DeviceMapGuardError:
+    message = f"device-map guard on {_worker()}: the {part} of {what} cannot cross: {exc}"
     print(message, file=sys.stderr, flush=True)
     return DeviceMapGuardError(message)
+
+
+def check_request(what: str, callee: str, args: Any, max_plain_bytes: int = DEFAULT_MAX_PLAIN_BYTES) -> None:
+    """DeviceMapGuardError unless the arguments of a call of `what` on `callee` could cross: the pipeline
+    sends activations and gradients in requests, which an agent with device maps walks as it walks results."""
+    try:
+        check(args, max_plain_bytes)
+    except DeviceMapGuardError as exc:
+        raise _refuse(f"a request of {what} to {callee}", exc, "arguments") from exc
 
 
 def _checked(what: str, max_plain_bytes: int, future: torch.futures.Future) -> Any:
@@ -146,7 +158,9 @@ def _run_guarded(run_function: Callable[[Any], Any], max_plain_bytes: int, pytho
     what = _describe(python_udf)
     is_error = isinstance(result, rpc_internal.RemoteException)
     is_async = getattr(getattr(python_udf, "func", None), "_wrapped_async_rpc_function", None) is not None
-    if is_async and isinstance(result, torch.futures.Future):
+    # torch._C.Future: what rpc_async returns (an async_execution function may return it as it is);
+    # torch.futures.Future derives from it.
+    if is_async and isinstance(result, torch._C.Future):
         return result.then(functools.partial(_checked, what, max_plain_bytes))
     try:
         check(result, None if is_error else max_plain_bytes)

@@ -1,44 +1,44 @@
-"""The stage hosts' RPC surface: a registry on each worker, functions called by name, the master's handle.
+"""The stage hosts' RPC surface: a registry on each worker, the functions called by name, the handles.
 
-A stage host (host.py) holds a model, optimizers, locks and CUDA streams: it must never become an
-RPC result or an RRef's value, because an agent with device maps pickles both to find their CUDA
-tensors (guard.py). So the host stays in its worker's `REGISTRY`, under the key (run, stage), and
-the master reaches it through the module-level functions below, which RPC names by their qualified
-name (``rpc.rpc_async(worker, hosts.apply, args=(run, stage, coef))``):
+A stage host (host.py) holds a model, optimizers, locks and CUDA streams: it never crosses the wire.
+It stays in its worker's `REGISTRY`, under the key (run, stage), and is reached through the
+module-level functions below, which RPC names by their qualified name. Every call is a plain
+`rpc_async` whose arguments and result carry tensors by value (device maps move CUDA tensors GPU to
+GPU): no RRef, no distributed autograd, no distributed optimizer.
 
-    create   build the host, return what the master must know of it (describe(): plain values)
-    forward  one micro-batch through the stage; via rpc.remote its MicroBatchState stays on the
-             worker as an RRef's value (tensors only) that the next stage pulls
-    reduce   phase 1 of the step: this backward pass's gradients summed over replicas; the norms
-    apply    phase 2: clipping, optimizer and scheduler steps; the step's figures
-    state    this stage's part of a checkpoint (tensors, plain values)
-    load     a checkpoint's part into every replica
-    drop     forget the host (the engine is closed)
+    create    build the host, return what the master must know of it (describe(): plain values)
+    forward   a micro-batch's activation into the stage; the stage passes its output to the next stage
+              itself (`RpcLinks.forward`), so the answer is the next stage's: async_execution chains them
+    backward  the gradients of what a micro-batch sent on, from the stage after it (`RpcLinks.backward`)
+    reduce    phase 1 of the step: gradients summed over replicas, unscaled and checked; norms; losses
+    apply     phase 2: clipping, optimizer and scheduler steps (unless the master skips it); figures
+    state     this stage's part of a checkpoint (tensors, plain values)
+    load      a checkpoint's part into every replica
+    drop      forget the host (the engine is closed)
 
-Every call carries the run's key, so no RRef owns a host: no RRef type query, no fork to confirm
-and no RRef to delete per stage call (benchmarks/bench_pipeline.py counts the messages).
-
-`StageClient` is the master's handle on one host: its worker, its key, the calls. The run id is
-the master's own (one per PipelineEngine), so engines made one after the other in one session
-never reach each other's hosts.
+`StageClient` is the master's handle on one host; `RpcLinks` a host's handle on its neighbours. The run
+id is the master's own (one per PipelineEngine), so engines made one after the other in one session
+never reach each other's hosts. With the device-map guard on, every request that carries tensors is
+walked as the guard walks results (guard.check) before it is sent.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from maskrcnn_launcher.contract import StagePlacement
 
 from ...config import TrainConfig
+from .guard import check_request, is_installed
 from .host import StageHost
-from .stages import MicroBatchState
+from .rounds import Ticket
+from .transport import Activation
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,28 @@ class HostRegistry:
 REGISTRY = HostRegistry()
 
 
-# -- the functions the master calls by name (each on the stage's worker) ------------------------
+def send(worker: str, fn: Callable[..., Any], args: tuple, timeout: float) -> torch.futures.Future:
+    """`rpc_async(worker, fn, args)`, its request walked by the device-map guard first when it is on. The
+    arguments are held until the answer comes: a stage's activations or gradients on a GPU stay allocated
+    (not reused by the caching allocator) at least until the callee has what it was sent."""
+    if is_installed():
+        check_request(f"{fn.__module__}.{fn.__qualname__}", worker, args)
+    future = rpc.rpc_async(worker, fn, args=args, timeout=timeout)
+    future.add_done_callback(lambda _, held=args: None)
+    return future
+
+
+def _future_of(work: Callable[[], torch.futures.Future]) -> torch.futures.Future:
+    """`work()`'s future, or one holding the error it raised (an async_execution function's result)."""
+    try:
+        return work()
+    except Exception as exc:
+        failed: torch.futures.Future = torch.futures.Future()
+        failed.set_exception(exc)
+        return failed
+
+
+# -- the functions called by name (each on the stage's worker) -------------------------------------------
 
 
 def create(
@@ -93,24 +114,27 @@ def create(
     iters_per_epoch: int,
     transport: str,
 ) -> dict[str, Any]:
-    host = StageHost(cfg, placements, stage, num_classes, iters_per_epoch, transport)
+    links = RpcLinks(run, placements, stage, cfg.peers.timeout)
+    host = StageHost(cfg, placements, stage, num_classes, iters_per_epoch, transport, links=links)
     REGISTRY.add(HostKey(run, stage), host)
     return host.describe()
 
 
-def forward(
-    run: str, stage: int, round_id: int, step: int, micro: int, incoming: MicroBatchState | rpc.RRef, mode: str
-) -> MicroBatchState:
-    return REGISTRY.get(HostKey(run, stage)).forward(round_id, step, micro, incoming, mode)
+@rpc.functions.async_execution
+def forward(run: str, stage: int, ticket: Ticket, activation: Activation) -> torch.futures.Future:
+    return _future_of(lambda: REGISTRY.get(HostKey(run, stage)).forward(ticket, activation))
 
 
-def reduce(run: str, stage: int, context_id: int, want_norms: bool) -> torch.Tensor | None:
-    grads = dist_autograd.get_gradients(context_id)
-    return REGISTRY.get(HostKey(run, stage)).reduce_gradients(grads, want_norms)
+def backward(run: str, stage: int, ticket: Ticket, grads: list[torch.Tensor | None]) -> None:
+    REGISTRY.get(HostKey(run, stage)).backward(ticket, grads)
 
 
-def apply(run: str, stage: int, clip_coef: torch.Tensor | None) -> dict[str, float]:
-    return REGISTRY.get(HostKey(run, stage)).apply_step(clip_coef)
+def reduce(run: str, stage: int, round_id: int, inv_scale: float, want_norms: bool) -> dict[str, Any]:
+    return REGISTRY.get(HostKey(run, stage)).reduce(round_id, inv_scale, want_norms)
+
+
+def apply(run: str, stage: int, round_id: int, clip_coef: torch.Tensor | None, skip: bool) -> dict[str, float]:
+    return REGISTRY.get(HostKey(run, stage)).apply(round_id, clip_coef, skip)
 
 
 def state(run: str, stage: int) -> dict[str, Any]:
@@ -125,7 +149,23 @@ def drop(run: str, stage: int) -> None:
     REGISTRY.drop(HostKey(run, stage))
 
 
-# -- the master's side -----------------------------------------------------------------------------
+# -- the handles -------------------------------------------------------------------------------------------
+
+
+class RpcLinks:
+    """Stage `stage`'s calls to its neighbours in run `run`: a micro-batch's activation to the next stage
+    (the future holds that stage's answer), its input gradients to the stage before."""
+
+    def __init__(self, run: str, placements: Sequence[StagePlacement], stage: int, timeout: float) -> None:
+        self.run, self.stage, self.timeout = run, stage, timeout
+        self.workers = [p.rpc_name for p in placements]
+
+    def forward(self, ticket: Ticket, activation: Activation) -> torch.futures.Future:
+        args = (self.run, self.stage + 1, ticket, activation)
+        return send(self.workers[self.stage + 1], forward, args, self.timeout)
+
+    def backward(self, ticket: Ticket, grads: list[torch.Tensor | None]) -> torch.futures.Future:
+        return send(self.workers[self.stage - 1], backward, (self.run, self.stage - 1, ticket, grads), self.timeout)
 
 
 def new_run_id() -> str:
@@ -135,27 +175,20 @@ def new_run_id() -> str:
 class StageClient:
     """The master's handle on stage `stage` of run `run`, hosted by `worker`: each method is one RPC to
     the function of that name above, with the key in front of its arguments; it returns the future of
-    its result (`forward_kept`: an RRef to it, kept on the worker)."""
+    its result."""
 
     def __init__(self, worker: str, run: str, stage: int, timeout: float) -> None:
         self.worker, self.run, self.stage, self.timeout = worker, run, stage, timeout
 
-    def call(self, fn: Any, *args: Any) -> torch.futures.Future:
+    def call(self, fn: Callable[..., Any], *args: Any) -> torch.futures.Future:
         """`fn(run, stage, *args)` on the worker; the future holds its result."""
-        return rpc.rpc_async(self.worker, fn, args=(self.run, self.stage, *args), timeout=self.timeout)
-
-    def remote(self, fn: Any, *args: Any) -> rpc.RRef:
-        """`fn(run, stage, *args)` on the worker, its result kept there as an RRef's value."""
-        return rpc.remote(self.worker, fn, args=(self.run, self.stage, *args), timeout=self.timeout)
+        return send(self.worker, fn, (self.run, self.stage, *args), self.timeout)
 
     def create(self, *args: Any) -> torch.futures.Future:
         return self.call(create, *args)
 
-    def forward(self, *args: Any) -> torch.futures.Future:
-        return self.call(forward, *args)
-
-    def forward_kept(self, *args: Any) -> rpc.RRef:
-        return self.remote(forward, *args)
+    def forward(self, ticket: Ticket, activation: Activation) -> torch.futures.Future:
+        return self.call(forward, ticket, activation)
 
     def reduce(self, *args: Any) -> torch.futures.Future:
         return self.call(reduce, *args)

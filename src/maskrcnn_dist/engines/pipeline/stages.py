@@ -22,12 +22,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from maskrcnn_launcher.contract import MODULES, validate_placement
 from torch import Tensor, nn
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from torchvision.models.detection.image_list import ImageList
 
+from ...modeling.batched.model import check_boxes
 from ..base import as_float_image
 
 DEFAULT_PLACEMENT = (("transform", "backbone"), ("rpn", "roi_heads"))
@@ -124,7 +124,7 @@ class StageModule(nn.Module):
         images = [as_float_image(img) for img in state.images]
         image_list, targets = self.transform(images, state.targets)
         if targets is not None:
-            _check_degenerate_boxes(targets)
+            check_boxes(targets)  # GeneralizedRCNN's check, one host read for the micro-batch
         state.images, state.targets = None, targets
         state.padded = image_list.tensors
         state.image_sizes = list(image_list.image_sizes)
@@ -155,19 +155,6 @@ def _image_list(state: MicroBatchState) -> ImageList:
     height, width = state.batch_shape
     placeholder = first.new_empty((state.num_images, 0, height, width))
     return ImageList(placeholder, state.image_sizes)
-
-
-def _check_degenerate_boxes(targets: list[dict[str, Tensor]]) -> None:
-    """GeneralizedRCNN's own check, which runs between the transform and the backbone."""
-    for index, target in enumerate(targets):
-        boxes = target["boxes"]
-        degenerate = boxes[:, 2:] <= boxes[:, :2]
-        if degenerate.any():
-            bad = boxes[torch.where(degenerate.any(dim=1))[0][0]].tolist()
-            raise ValueError(
-                f"All bounding boxes should have positive height and width. Found invalid box {bad} "
-                f"for target at index {index}."
-            )
 
 
 def build_stages(

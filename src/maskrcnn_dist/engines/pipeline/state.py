@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import checksum as checksum  # the replicas' checksum is every engine's (host.py reads it here)
+from ..base import checksum as checksum  # the replicas' checksum is every engine's (update.py reads it here)
 
 
 def _single_group(state: dict[str, Any], what: str) -> dict[str, Any]:

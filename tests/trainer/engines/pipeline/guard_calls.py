@@ -31,7 +31,7 @@ class HostWithLambda:
 
 class HostWithTurnstile:
     def __init__(self) -> None:
-        from maskrcnn_dist.engines.pipeline.host import Turnstile
+        from maskrcnn_dist.engines.pipeline.rounds import Turnstile
 
         self.turnstile = Turnstile()
 
@@ -78,6 +78,13 @@ def async_value(make: str) -> torch.futures.Future:
     return future
 
 
+@rpc.functions.async_execution
+def chained(make: str) -> torch.futures.Future:
+    """An async_execution function that answers with another call's future, as a pipeline stage answers
+    with the next stage's (rpc_async's future is a torch._C.Future, not a torch.futures.Future)."""
+    return rpc.rpc_async("solo", globals()[make], timeout=30)
+
+
 def run(calls: dict) -> dict[str, str]:
     outcomes = {}
     for name, call in calls.items():
@@ -118,6 +125,8 @@ def main() -> None:
             "nothing": sync(nothing),
             "tensors via remote": to_here(tensors),
             "async tensors": sync(async_value, "tensors"),
+            "chained tensors": sync(chained, "tensors"),
+            "chained host with a lambda": sync(chained, "host_with_lambda"),
             "host with a lambda": sync(host_with_lambda),
             "host with a lambda via remote": via_remote(HostWithLambda),
             "host with a turnstile": sync(host_with_turnstile),

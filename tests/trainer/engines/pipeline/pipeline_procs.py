@@ -1,7 +1,9 @@
 """Processes of the multi-process pipeline tests: `python pipeline_procs.py ROLE ARGS_JSON`.
 
 A worker serves its stage (train()'s worker path). The master runs a scenario and writes what
-it measured to OUT/result.pt for the test to check; train()'s master path trains for real.
+it measured to OUT/result.pt for the test to check; train()'s master path trains for real. Every process
+runs with tripwires on RRefs, distributed autograd and the distributed optimizer (tripwires.py), its
+record in OUT/tripwires/ROLE-INDEX.log.
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def master_main(args: dict) -> None:
 
 if __name__ == "__main__":
     role, raw = sys.argv[1], json.loads(sys.argv[2])
+    import tripwires
+
+    tripwires.install(Path(raw["out"]) / "tripwires" / f"{role}-{raw.get('index', 0)}.log")
     started = time.time()
     {"worker": worker_main, "master": master_main}[role](raw)
     print(f"{role} done in {time.time() - started:.1f}s", flush=True)

@@ -23,9 +23,11 @@ SCHEDULE_ITERS = 2
 SCHEDULE_STEPS = 4
 
 
-def _pipeline(cfg, micro_batches: int, replicas=(1, 1), iters_per_epoch: int = 10) -> PipelineEngine:
+def _pipeline(
+    cfg, micro_batches: int, replicas=(1, 1), iters_per_epoch: int = 10, schedule: str = "1f1b"
+) -> PipelineEngine:
     master, _ = make_plans(0, replicas=replicas)
-    cfg = replace(cfg, pipeline=replace(cfg.pipeline, micro_batches=micro_batches))
+    cfg = replace(cfg, pipeline=replace(cfg.pipeline, micro_batches=micro_batches, schedule=schedule))
     stages = [replace(s, devices=("cpu",) * r) for s, r in zip(master.stages, replicas)]
     return PipelineEngine(cfg, stages, NUM_CLASSES, iters_per_epoch=iters_per_epoch)
 
@@ -83,6 +85,13 @@ def compare(args: dict, cfg) -> None:
             out["sched_pipe_lrs"].append(_stage_lrs(sched))
         out["sched_pipe_state"] = sched.state_dict()
         sched.close()
+        # Four micro-batches under each schedule, over real RPC: the same bits.
+        for schedule in ("gpipe", "1f1b"):
+            four = _pipeline(cfg, 4, schedule=schedule)
+            out[f"m4_{schedule}_losses"] = _train(four, steps, batch)
+            out[f"m4_{schedule}_state"] = four.state_dict()
+            out[f"m4_{schedule}_metrics"] = four.extra_metrics()
+            four.close()
         rep = _pipeline(cfg, 2, replicas=(2, 2))
         out["r2_losses"] = _train(rep, steps, batch)
         out["r2_state"] = rep.state_dict()

@@ -16,7 +16,7 @@ import torch
 from maskrcnn_launcher.contract import DEVICE_MAP_GUARD
 
 from maskrcnn_dist.engines.pipeline import guard
-from maskrcnn_dist.engines.pipeline.host import Turnstile
+from maskrcnn_dist.engines.pipeline.rounds import Turnstile
 from maskrcnn_dist.errors import ConfigError
 from maskrcnn_dist.modeling.optim import lr_factor
 
@@ -36,7 +36,7 @@ def outcomes() -> dict[str, dict[str, str]]:
 
 
 def test_tensors_and_small_values_pass(outcomes) -> None:
-    for call in ("tensors", "tensors via remote", "async tensors", "nothing"):
+    for call in ("tensors", "tensors via remote", "async tensors", "chained tensors", "nothing"):
         assert outcomes["guarded"][call] == "ok", call
 
 
@@ -56,6 +56,7 @@ def test_tensors_and_small_values_pass(outcomes) -> None:
         ("host with a turnstile", "RLock", False),
         ("a plain lock", "cannot pickle '_thread.lock'", False),  # torch's walk skips a Lock; the guard does not
         ("async host with a lambda", "Can't pickle local object", False),
+        ("chained host with a lambda", "Can't pickle local object", False),
     ],
 )
 def test_the_guard_refuses_what_a_device_map_agent_cannot_send(outcomes, call: str, cause: str, escapes_cpu) -> None:

@@ -13,13 +13,19 @@ from torch import nn
 
 from maskrcnn_dist.config import OptimConfig
 from maskrcnn_dist.engines.pipeline import split_batch, weighted_mean
-from maskrcnn_dist.engines.pipeline.host import Turnstile
+from maskrcnn_dist.engines.pipeline.rounds import Turnstile
 from maskrcnn_dist.engines.pipeline.stages import MicroBatchState
 from maskrcnn_dist.engines.pipeline.state import checksum, merge_optimizer_states, split_optimizer_state
 from maskrcnn_dist.engines.pipeline.transport import (
+    HOST,
+    Activation,
+    Route,
+    attach,
+    cut,
     from_wire,
     gradient_bytes,
-    sends_device_tensors,
+    route_for,
+    send_gradients,
     to_wire,
     wire_bytes,
 )
@@ -67,7 +73,7 @@ def test_bf16_transport_halves_feature_bytes_and_keeps_autograd() -> None:
     feature = torch.randn(2, 8, 4, 4, requires_grad=True)
     state = MicroBatchState(original_image_sizes=[(4, 4)] * 2, features=OrderedDict([("0", feature * 1)]))
     full = wire_bytes(state)
-    sent = to_wire(state, bf16_features=True, to_cpu=True)
+    sent = to_wire(state, bf16_features=True, route=HOST)
     assert wire_bytes(sent) == full // 2 and gradient_bytes(sent) == full // 2
     received = from_wire(sent, torch.device("cpu"))
     assert received.features["0"].dtype == torch.float32
@@ -80,12 +86,24 @@ def test_an_empty_device_tensor_crosses_as_an_empty_host_tensor() -> None:
     image without objects has empty targets. ("meta" stands in for a device here: it holds no data.)"""
     empty, full = torch.empty(0, 4, device="meta"), torch.empty(2, 4, device="meta")
     state = MicroBatchState(original_image_sizes=[(4, 4)], targets=[{"boxes": empty, "masks": full}])
-    sent = to_wire(state, bf16_features=False, to_cpu=False)
+    sent = to_wire(state, bf16_features=False, route=Route("meta"))
     boxes, masks = sent.targets[0]["boxes"], sent.targets[0]["masks"]
     assert (boxes.device.type, boxes.shape, boxes.dtype) == ("cpu", (0, 4), torch.float32)
     assert masks.device.type == "meta"  # a tensor with elements stays where device maps move it
     received = from_wire(sent, torch.device("meta"))
     assert received.targets[0]["boxes"].device.type == "meta"
+
+
+def test_turnstile_refuses_an_abandoned_round_and_says_when_a_round_is_done() -> None:
+    gate = Turnstile()
+    with gate.turn(1, 0):
+        pass
+    assert not gate.wait_past(1, 2, timeout=0.01) and gate.wait_past(1, 1, timeout=0.01)
+    with gate.turn(2, 0):  # round 1 abandoned after its first op
+        pass
+    with pytest.raises(RuntimeError, match="round 1 was abandoned: round 2 has begun"), gate.turn(1, 1):
+        pass
+    assert gate.wait_past(1, 5, timeout=0.01) and gate.wait_past(3, 0, timeout=0.01)
 
 
 def test_turnstile_lets_calls_through_in_order() -> None:
@@ -125,6 +143,34 @@ def test_master_with_a_bad_data_path_fails_before_any_worker_joins(tmp_path, mon
         train(cfg, master)
 
 
+def test_an_activation_crosses_by_value_and_its_gradients_come_back_in_order() -> None:
+    """The sender keeps what wants a gradient (features, a loss term), with its graph; the receiver gets
+    detached copies, makes those leaves, and their gradients drive the sender's backward. Integer
+    tensors, targets and detached proposals carry no gradient either way."""
+    weight = torch.tensor(2.0, requires_grad=True)
+    features = OrderedDict([("0", torch.ones(1, 2, 2, 2) * weight), ("pool", torch.ones(1, 2, 1, 1) * weight)])
+    state = MicroBatchState(
+        original_image_sizes=[(4, 4)],
+        targets=[{"boxes": torch.zeros(1, 4), "labels": torch.ones(1, dtype=torch.int64)}],
+        features=features,
+        proposals=[torch.rand(3, 4)],
+        losses={"loss_objectness": weight * 3},
+    )
+    sent, outputs = cut(state, train=True)
+    assert [o.shape for o in outputs] == [(1, 2, 2, 2), (1, 2, 1, 1), ()] and all(o.grad_fn for o in outputs)
+    assert not any(t.requires_grad for t in sent.state.targets[0].values())
+    received, leaves = attach(sent)
+    assert [leaf.shape for leaf in leaves] == [o.shape for o in outputs]
+    assert all(leaf.is_leaf and leaf.requires_grad for leaf in leaves)
+    assert received.features["0"] is leaves[0] and received.losses["loss_objectness"] is leaves[2]
+    (received.features["0"].sum() + received.losses["loss_objectness"] * 5).backward()
+    grads = send_gradients([leaf.grad for leaf in leaves], HOST)
+    assert grads[1] is None  # "pool" was not used: no gradient, nothing to send
+    torch.autograd.backward([o for o, g in zip(outputs, grads) if g is not None], [g for g in grads if g is not None])
+    assert float(weight.grad) == 8 * 1 + 5 * 3
+    assert cut(state, train=False)[0].wants_grad == () and Activation.of_inputs([], None).wants_grad == ()
+
+
 def _placements(*devices: tuple[str, ...]) -> tuple[StagePlacement, ...]:
     return tuple(
         StagePlacement(i + 1, f"stage{i + 1}", i, i + 1, f"worker{i + 1}", (f"m{i}",), d) for i, d in enumerate(devices)
@@ -132,21 +178,33 @@ def _placements(*devices: tuple[str, ...]) -> tuple[StagePlacement, ...]:
 
 
 @pytest.mark.parametrize(
-    ("devices", "transport", "expected"),
+    ("sender", "receiver", "transport", "expected"),
     [
-        # A GPU stage before a CPU stage: the CPU side has no map, so stage 1 stages through host memory.
-        ((("cuda:0",), ("cpu",)), "device_maps", [set(), set()]),
-        # GPU to GPU under device maps: stage 1 sends device tensors; the last stage answers the CPU master.
-        ((("cuda:0",), ("cuda:0", "cuda:1")), "device_maps", [{"cuda:0"}, set()]),
-        # The same GPUs without the opt-in: host memory.
-        ((("cuda:0",), ("cuda:0",)), "cpu", [set(), set()]),
-        # CPU before GPU: CPU tensors need no map; GPU -> CPU -> GPU: only what the receiver maps.
-        ((("cpu",), ("cuda:0",)), "device_maps", [set(), set()]),
-        ((("cuda:0",), ("cuda:0",), ("cpu",), ("cuda:0",)), "device_maps", [{"cuda:0"}, set(), set(), set()]),
-        # Replicas beyond what the next stage maps (refused by the topology; never sent unmapped here).
-        ((("cuda:0", "cuda:1"), ("cuda:0",)), "device_maps", [{"cuda:0"}, set()]),
+        # GPU to GPU: each replica leaves from its own device, where the map covers it.
+        (("cuda:0", "cuda:1"), ("cuda:0", "cuda:1"), "device_maps", ["cuda:0", "cuda:1"]),
+        # More replicas than the receiver has: the uncovered one leaves through a covered device of its worker.
+        (("cuda:0", "cuda:1"), ("cuda:0",), "device_maps", ["cuda:0", "cuda:0"]),
+        (("cuda:0", "cuda:1", "cuda:2"), ("cuda:0", "cuda:1"), "auto", ["cuda:0", "cuda:1", "cuda:0"]),
+        # transport cpu, or a CPU end: host memory.
+        (("cuda:0",), ("cuda:0",), "cpu", [None]),
+        (("cuda:0",), ("cpu",), "device_maps", [None]),
+        (("cpu", "cpu"), ("cuda:0",), "device_maps", [None, None]),
     ],
 )
-def test_device_tensors_cross_an_edge_only_where_the_receiver_maps_them(devices, transport, expected) -> None:
-    placements = _placements(*devices)
-    assert [set(sends_device_tensors(placements, i, transport)) for i in range(len(placements))] == expected
+def test_each_replica_leaves_from_a_device_the_callers_map_covers(sender, receiver, transport, expected) -> None:
+    from maskrcnn_launcher.contract import edge_device_map
+
+    mapping = edge_device_map(transport, sender, receiver)
+    assert [route_for(mapping, device).via for device in sender] == expected
+    assert set(mapping) <= set(sender) and len(set(mapping.values())) == len(mapping)  # one-to-one
+
+
+def test_a_host_routes_activations_forward_and_gradients_back() -> None:
+    """Stage 2 of three: activations to stage 3 by its map, gradients to stage 1 by the other one."""
+    from maskrcnn_launcher.contract import edge_device_map
+
+    placements = _placements(("cuda:0",), ("cuda:0", "cuda:1"), ("cpu",))
+    forward = edge_device_map("device_maps", placements[1].devices, placements[2].devices)
+    backward = edge_device_map("device_maps", placements[1].devices, placements[0].devices)
+    assert forward == {} and backward == {"cuda:0": "cuda:0"}
+    assert [route_for(backward, d).via for d in placements[1].devices] == ["cuda:0", "cuda:0"]

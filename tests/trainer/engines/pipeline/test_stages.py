@@ -116,3 +116,18 @@ def test_a_seeded_stage_pickles_and_draws_alike_after(model) -> None:
             hook(module, ())
         draws.append(torch.rand(4))
     assert torch.equal(draws[0], draws[1])
+
+
+def test_a_degenerate_box_is_refused_as_the_whole_model_refuses_it(model) -> None:
+    """The first stage checks the micro-batch's boxes with GeneralizedRCNN's message (one host read for
+    the whole micro-batch, modeling/batched/model.py), before the backbone runs."""
+    images, targets = make_batch(2)
+    targets[1]["boxes"][0, 2] = targets[1]["boxes"][0, 0]  # zero width
+    reference, _, stages = _seeded_pair(model, PLACEMENTS[0])
+    reference.train()
+    with pytest.raises(ValueError, match="at index 1") as expected:
+        reference(images, targets)
+    stages[0].train()
+    with pytest.raises(ValueError) as got:
+        stages[0](MicroBatchState.from_inputs(images, targets))
+    assert str(got.value) == str(expected.value)

@@ -30,9 +30,8 @@ from ...stop_procs import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS = 8
-# One micro-batch: the run is then the same bit for bit from one run to the next. With two, dist_autograd
-# adds the micro-batches' gradients in whichever order they arrive (1e-7 apart at step 5 of two
-# uninterrupted runs, and the small model trained from scratch grows that to 30% by step 7).
+# One micro-batch: the shortest run that is the same bit for bit from one run to the next (so is any M:
+# each stage adds its micro-batches' gradients in its schedule's order, whatever order the calls arrive in).
 MICRO_BATCHES = 1
 
 
