@@ -22,6 +22,14 @@ def draw_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(_digest(seed, parts)[:8], "little") & ((1 << SEED_BITS) - 1)
 
 
+def model_draw_seed(*parts: object) -> int:
+    """The seed of the model's own draws at `parts` (modeling/rng.py: seed, step, micro-batch, module).
+    Its hash (blake2b of the parts' repr) predates draw_seed's and stays: moving it would change every
+    run's sampled anchors and proposals, a resumed checkpoint's included."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << SEED_BITS) - 1)
+
+
 def draw_order(seed: int, items: Iterable[T]) -> list[T]:
     """`items` shuffled by `seed`: each put at the place its own draw gives it, so that an item keeps its
     rank among any others of the same seed."""

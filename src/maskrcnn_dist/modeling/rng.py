@@ -12,21 +12,13 @@ where we are in training rather than of everything that ran before. Three things
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch import nn
 
+from ..seeds import model_draw_seed
+
 # The GeneralizedRCNN children that draw random numbers in training.
 RANDOM_MODULES = ("transform", "rpn", "roi_heads")
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from any printable parts (Python's hash() is salted per process). Not
-    seeds.draw_seed (sha256 of other text): moving to it would change every run's samples, a resumed
-    checkpoint's included."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 class StepSeeder:
@@ -59,4 +51,4 @@ class Reseed:
 
     def __call__(self, _module: nn.Module, _inputs: object) -> None:
         seeder = self.seeder
-        torch.manual_seed(derive_seed(seeder.base_seed, seeder.step, seeder.micro, self.name))
+        torch.manual_seed(model_draw_seed(seeder.base_seed, seeder.step, seeder.micro, self.name))
