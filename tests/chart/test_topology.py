@@ -64,7 +64,6 @@ ESTIMATES = [
     (["--batch-size", "8", "--micro-batches", "4"], None, {"batch_size": 8, "micro_batches": 4}),
     (["--batch-size=6"], {}, {"batch_size": 6}),
     (["--micro-batches=2", "--amp", "--batch-size", "4"], None, {"batch_size": 4, "micro_batches": 2}),
-    (["--batch-size", "2", "--batch-size", "6"], None, {"batch_size": 6}),
     (["--batch-size", "{{ add 4 4 }}"], None, {"batch_size": 8}),
     (
         ["--batch-size", "8"],

@@ -37,7 +37,7 @@ def test_the_other_sections_are_still_checked_beside_an_unknown_engine() -> None
     assert [e.split(": ")[1] for e in caught.value.errors] == ["engine", "network.master_port"]
 
 
-@pytest.mark.parametrize("name", ["a/b", "x" * 16, "eth 0", "..", ""])
+@pytest.mark.parametrize("name", ["a/b", "x" * 16, "eth 0", "." * 2, ""])
 def test_an_interface_name_no_host_can_have_is_refused_by_the_topology(name: str) -> None:
     with pytest.raises(TopologyError, match="network.interface"):
         parse_topology({"engine": "ddp", "network": {"interface": name}}, "t.yaml")

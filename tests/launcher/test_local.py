@@ -17,7 +17,9 @@ from topologies import CPU_DDP_TOPOLOGY
 from .conftest import STAND_IN, TOPOLOGY, clean_env
 
 
-def run_local(tmp_path: Path, trainer: str, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess:
+def run_local(
+    tmp_path: Path, trainer: str, *extra: str, timeout: float = 90, wait_timeout: str = "30"
+) -> subprocess.CompletedProcess:
     (tmp_path / "topology.yaml").write_text(TOPOLOGY)
     script = tmp_path / "trainer.py"
     script.write_text(trainer)
@@ -31,7 +33,7 @@ def run_local(tmp_path: Path, trainer: str, *extra: str, timeout: float = 90) ->
         str(tmp_path / "topology.yaml"),
         # No --master-port: `local` picks a free loopback port itself (the topology says 29500).
         "--wait-timeout",
-        "30",
+        wait_timeout,
         *extra,
     ]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
@@ -87,7 +89,7 @@ def test_pods_still_waiting_for_peers_are_stopped_at_once(tmp_path: Path) -> Non
     """A master that fails before opening its port (a bad --data-path): the workers, still waiting
     for it in their launchers, have nothing to lose and are stopped without the grace period."""
     started = time.monotonic()
-    result = run_local(tmp_path, MASTER_FAILS_AT_ONCE, "--grace", "3600", "--wait-timeout", "3600", timeout=500)
+    result = run_local(tmp_path, MASTER_FAILS_AT_ONCE, "--grace", "3600", timeout=500, wait_timeout="3600")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "master exited with 2" in result.stdout
     assert "worker1, worker2: still waiting for peers, stopping now" in result.stdout
