@@ -142,6 +142,7 @@ def test_a_trainer_engine_argument_that_agrees_with_the_topology_is_passed_on():
         check_engine_args("pipeline", ["--lr", "0.01", "--engine", "ddp"])
 
 
+@pytest.mark.slow
 def test_an_option_of_the_launcher_after_dashes_reaches_a_trainer_of_the_user_s_own(console) -> None:
     """--trainer-cmd is the user's program, whose options the launcher cannot know: passed on as given."""
     import json

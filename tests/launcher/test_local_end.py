@@ -167,6 +167,7 @@ def test_local_help_says_the_restart_budget_is_shared_and_shows_its_default() ->
     assert "--restart-workers N" in text and "[default: 0" in text.split("--restart-workers N", 1)[1][:400]
 
 
+@pytest.mark.slow
 def test_a_process_tree_is_ended_whole_frozen_members_included(tmp_path: Path) -> None:
     """contract.end_process_tree reaches a child that left its parent's session and is stopped."""
     from maskrcnn_launcher.contract import end_process_tree, process_tree, stopped_pids

@@ -229,6 +229,7 @@ def test_flush_denormal_flag_reaches_torch():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--flush-denormal", "--no-flush-denormal"])
 def test_flush_denormal_reaches_every_intra_op_thread(flag):
     """A fresh process, as the CLI starts one: the flag must reach the worker threads too (each thread

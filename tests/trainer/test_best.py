@@ -215,6 +215,7 @@ def test_a_resume_publishes_the_best_checkpoint_a_crash_left_unpublished(four_im
 # -- a real evaluation ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_real_run_keeps_its_best_evaluation_and_eval_best_scores_it(four_images, tmp_path):
     out = tmp_path / "run"
     train(config(four_images, out, epochs=2, lr=0.01))

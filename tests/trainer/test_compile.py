@@ -32,6 +32,7 @@ LOSS_TOLERANCE = (1e-5, 2e-2)  # relative, each loss term: the first step after 
 PARAMETER_TOLERANCE = 1e-3  # of the parameters' norm (all of them as one vector), after both steps
 
 
+@pytest.mark.slow
 def test_without_a_cpp_compiler_the_backbone_stays_eager_with_one_line(tiny_coco, tmp_path, caplog):
     cpu = torch.device("cpu")
     model = build_model(fast_config(tiny_coco, tmp_path).model, num_classes=3)

@@ -69,6 +69,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
 
 
+@pytest.mark.slow
 def test_posts_reach_the_server_over_tls_with_the_token_and_a_valid_body(
     authority: Authority, trainer_status_schema: dict, tmp_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_posts_reach_the_server_over_tls_with_the_token_and_a_valid_body(
     assert names == {"loss": "1.25", "lr": "0.02", "images_per_s": "8.5", "bbox_AP": "0.3125", "segm_AP": "0.25"}
 
 
+@pytest.mark.slow
 def test_the_server_certificate_is_checked_against_the_given_ca(
     authority: Authority, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

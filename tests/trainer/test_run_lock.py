@@ -75,6 +75,7 @@ def refusal(folder: Path) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_a_second_trainer_is_refused_in_one_line_naming_the_holder(console, tiny_coco: Path, tmp_path: Path):
     run = tmp_path / "run"
     with holder(run) as proc:
@@ -87,6 +88,7 @@ def test_a_second_trainer_is_refused_in_one_line_naming_the_holder(console, tiny
     assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]  # neither wrote a thing
 
 
+@pytest.mark.slow
 def test_the_trainer_holds_its_folder_from_start_to_end(tiny_coco: Path, tmp_path: Path, monkeypatch):
     from maskrcnn_dist.train import train
 
@@ -105,6 +107,7 @@ def test_the_trainer_holds_its_folder_from_start_to_end(tiny_coco: Path, tmp_pat
     assert refusal(tmp_path / "run") == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fork", [False, True], ids=["alone", "with-a-child-left"])
 def test_a_killed_trainers_lock_blocks_no_resume(tmp_path: Path, fork: bool):
     run = tmp_path / "run"
@@ -119,6 +122,7 @@ def test_a_killed_trainers_lock_blocks_no_resume(tmp_path: Path, fork: bool):
         assert json.loads((run / LOCK_FILE).read_text())["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_resume_waits_a_while_for_a_holder_on_another_machine(tmp_path: Path):
     run = tmp_path / "run"
     naps: list[float] = []

@@ -41,6 +41,7 @@ def momenta(engine: TorchEngine) -> list[torch.Tensor]:
     return [v["momentum_buffer"].clone() for v in state.values() if v.get("momentum_buffer") is not None]
 
 
+@pytest.mark.slow
 def test_fp16_runs_the_scaler_on_cpu_and_the_checkpoint_holds_its_state(tiny_coco, tmp_path, batches):
     num_classes, data = batches
     engine = engine_for(fp16_config(tiny_coco, tmp_path), num_classes)
@@ -50,6 +51,7 @@ def test_fp16_runs_the_scaler_on_cpu_and_the_checkpoint_holds_its_state(tiny_coc
     assert saved["scale"] == engine.scaler.get_scale() and saved["_growth_tracker"] in (0, 1)
 
 
+@pytest.mark.slow
 def test_an_overflowing_step_changes_neither_weights_nor_momenta(tiny_coco, tmp_path, batches):
     num_classes, data = batches
     engine = engine_for(fp16_config(tiny_coco, tmp_path), num_classes)
@@ -66,6 +68,7 @@ def test_an_overflowing_step_changes_neither_weights_nor_momenta(tiny_coco, tmp_
     assert engine.scaler.get_scale() == pytest.approx(3.0e38 * 0.5) != scale
 
 
+@pytest.mark.slow
 def test_gradients_are_unscaled_before_they_are_clipped(tiny_coco, tmp_path, batches, monkeypatch):
     """The norm clip_grad_norm_ sees under fp16 is the fp32 step's (within autocast's rounding), not
     the scaled one (256 times larger)."""
@@ -89,6 +92,7 @@ def test_gradients_are_unscaled_before_they_are_clipped(tiny_coco, tmp_path, bat
     assert 0.5 < fp16 / fp32 < 2.0, seen
 
 
+@pytest.mark.slow
 def test_a_resume_carries_the_scale_on(tiny_coco, tmp_path, batches):
     num_classes, data = batches
     first = engine_for(fp16_config(tiny_coco, tmp_path / "a"), num_classes)

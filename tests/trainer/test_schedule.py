@@ -23,6 +23,7 @@ from .test_train_local import train_only_coco  # noqa: F401 -- the fixture, shar
 SMALL_BATCH_NORM = ModelConfig(name="maskrcnn_resnet18_fpn", min_size=64, max_size=64, backbone_norm="batch")
 
 
+@pytest.mark.slow
 def test_cosine_follows_torchs_cosine_annealing_stepped_at_epoch_ends():
     """torchvision's reference: CosineAnnealingLR(T_max=epochs), stepped once per epoch, is the oracle."""
     cfg = OptimConfig(lr=1.0, warmup_iters=0, lr_scheduler="cosineannealinglr")
@@ -112,6 +113,7 @@ def test_the_scheduler_pickles():
     ]
 
 
+@pytest.mark.slow
 def test_resume_restores_the_cosine_and_the_param_groups(train_only_coco, tmp_path):  # noqa: F811
     """Stopped at step 4 and resumed, a cosine run with two param groups gives the uninterrupted run's
     rates at every step and its optimizer and scheduler at the end."""

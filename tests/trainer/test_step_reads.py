@@ -66,6 +66,7 @@ def setup(tiny_coco, tmp_path_factory):
     return cfg, train_set.num_classes, list(images), list(targets)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("amp", [False, True])
 def test_the_local_step_reads_nothing_beyond_the_model(setup, amp):
     cfg, num_classes, images, targets = setup
@@ -77,6 +78,7 @@ def test_the_local_step_reads_nothing_beyond_the_model(setup, amp):
     assert len(calls) - own == 0, calls
 
 
+@pytest.mark.slow
 def test_the_ddp_step_reads_once_for_the_stop_agreement(setup, free_port):
     cfg, num_classes, images, targets = setup
     cfg.amp = False
@@ -122,6 +124,7 @@ def test_a_step_waits_a_few_times_whatever_the_batch(tiny_coco, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_where_the_losses_are_read(tiny_coco, tmp_path):
     """The loss turns NaN at step 3; records print every 2 steps: step 2's record is written, the run stops
     at the read after step 4 naming step 3, writes no record of steps 3 and 4, and no checkpoint."""

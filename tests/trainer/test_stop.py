@@ -91,6 +91,7 @@ def waiter():
         w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_the_first_signal_asks_and_a_second_one_ends_the_process_by_that_signal(waiter, signum) -> None:
     w = waiter()
@@ -102,6 +103,7 @@ def test_the_first_signal_asks_and_a_second_one_ends_the_process_by_that_signal(
     assert f"second {signal.Signals(signum).name}" in w.proc.communicate()[1]
 
 
+@pytest.mark.slow
 def test_a_forwarded_stop_is_never_a_second_signal(waiter) -> None:
     """torchrun's forward (SIGUSR1) and a SIGTERM sent to every process reach a rank in either order."""
     w = waiter()
@@ -114,6 +116,7 @@ def test_a_forwarded_stop_is_never_a_second_signal(waiter) -> None:
     assert w.exit_code() == -signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_a_forward_sent_while_the_process_starts_waits_for_its_handler(waiter) -> None:
     """torchrun's ranks start with SIGUSR1 blocked (the wrapper's mask): a forward sent before a rank
     installed its handler is not lost, nor does it kill the rank (SIGUSR1's default action)."""
@@ -123,6 +126,7 @@ def test_a_forward_sent_while_the_process_starts_waits_for_its_handler(waiter) -
     assert w.requested_by().startswith("SIGUSR1")
 
 
+@pytest.mark.slow
 def test_once_the_checkpoint_is_written_any_signal_exits_stopped(waiter) -> None:
     w = waiter("finish")
     w.send(signal.SIGTERM)
@@ -266,6 +270,7 @@ def test_the_agent_keeps_only_the_signals_the_wrapper_does_not_take() -> None:
     assert without_stop_signals("SIGUSR2") == "SIGUSR2"
 
 
+@pytest.mark.slow
 def test_child_pids_finds_this_process_s_children() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:

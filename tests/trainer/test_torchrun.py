@@ -23,6 +23,7 @@ def _torchrun(codes: dict[str, int], port: int) -> list[str]:
     return torchrun_command(2, port, "--no-python", sys.executable, "-c", WORKER.format(codes=codes))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("codes", "status"),
     [

@@ -76,6 +76,7 @@ def train_only_coco(tiny_coco, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(train_only_coco, tmp_path):
     """Stopping at step 4 (mid-epoch: 6 batches per epoch) and resuming gives the uninterrupted losses,
     across the epoch boundary at step 6 (new shuffle, new flips)."""
@@ -92,6 +93,7 @@ def test_resume_continues_exactly(train_only_coco, tmp_path):
     assert load_checkpoint(second_half.output_dir / "checkpoints")["step"] == 9
 
 
+@pytest.mark.slow
 def test_a_non_finite_step_changes_no_weight_nor_momentum(tiny_coco, tmp_path):
     """The step reads nothing back: it returns the NaN and skips its update on the device (the scaler's
     found_inf with the fused optimizer); the loop stops the run where it reads the loss (test_step_reads)."""
@@ -136,6 +138,7 @@ def test_validation_changes_no_model_state(tiny_coco, tmp_path, model):
     assert all(m.training for m in bn_layers)  # training mode restored afterwards
 
 
+@pytest.mark.slow
 def test_eval_counts_its_checkpoints_step_and_records_only_where_told(four_images, tmp_path, capsys):
     out = tmp_path / "run"
     train(fast_config(four_images, out, **{"max-steps": 1}))

@@ -32,6 +32,7 @@ def load_topology_text(name: str) -> str:
     return read_topology_text(name)[1]
 
 
+@pytest.mark.slow
 def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accepts(tmp_path: Path) -> None:
     topology = small_topology(tmp_path / "small.yaml")
     written = tmp_path / "new" / "recommended.yaml"  # a missing folder is made, as for --output-dir
@@ -62,6 +63,7 @@ def test_profile_prints_a_ranked_table_and_writes_a_topology_the_launcher_accept
     assert plan.exit_code == 0, plan.output
 
 
+@pytest.mark.slow
 def test_with_a_data_path_the_report_and_topology_hold_the_datas_image_size_and_instances(
     tmp_path: Path, tiny_coco: Path
 ) -> None:
@@ -163,6 +165,7 @@ def test_wrong_inputs_through_the_console_script(console, tmp_path: Path, case: 
     assert "Traceback" not in result.stderr and not result.stdout
 
 
+@pytest.mark.slow
 def test_profile_writes_nothing_when_no_candidate_fits(tmp_path: Path) -> None:
     topology = small_topology(tmp_path / "small.yaml")
     written = tmp_path / "recommended.yaml"

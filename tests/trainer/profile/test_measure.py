@@ -3,6 +3,7 @@ first stage, counted by the transport, gives the bytes reported for the cut afte
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
@@ -12,6 +13,7 @@ from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.profile.measure import NUM_CLASSES, measure, synthetic_batch
 
 
+@pytest.mark.slow
 def test_bytes_over_a_cut_are_what_the_transport_sends() -> None:
     torch.set_num_threads(2)
     cfg = apply_overrides(TrainConfig(), small_cpu_run(64, batch_size=2, micro_batches=1), "test")
@@ -30,6 +32,7 @@ def test_bytes_over_a_cut_are_what_the_transport_sends() -> None:
     assert cut.forward_bytes > sum(t.numel() * 4 for t in sent.features.values()) * 0.9
 
 
+@pytest.mark.slow
 def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
     """--data-path: the passes run the training set's own micro-batches (their input bytes, not a
     synthetic batch's), and the model gets the data set's class count."""
@@ -52,6 +55,7 @@ def test_profile_runs_on_micro_batches_of_the_data_set(tiny_coco) -> None:
     assert meas.data == what
 
 
+@pytest.mark.slow
 def test_profile_measures_lsjs_squares() -> None:
     """With --data-augmentation lsj the profile runs the 82 px squares training runs at --min-size 64 (not
     the model's 64 x 80 resize): more bytes cross the cut after the backbone."""
