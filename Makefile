@@ -31,7 +31,7 @@ demo: install ## train Mask R-CNN on a generated synthetic COCO set on CPU, eval
 # committed baseline, `python tests/hack/timings.py report runs/test-timings.json` prints them per folder.
 TEST_TIMINGS ?= runs/test-timings.json
 
-test: install ## run the whole test suite but the soak (within 15 minutes on 2 cores); writes $(TEST_TIMINGS)
+test: install ## run the whole test suite but the soak (about 40 minutes on 2 cores); writes $(TEST_TIMINGS)
 	$(BIN)/python -m pytest -q -m 'not soak' tests --timings $(TEST_TIMINGS)
 
 test-fast: install ## the quick loop: no test that trains or starts a process (within 3 minutes)
