@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from maskrcnn_launcher.contract.processes import process_state
 from topologies import CPU_DDP_TOPOLOGY
 
 from .conftest import TOPOLOGY, clean_env
@@ -56,11 +57,7 @@ def run_local(tmp_path: Path, topology: str, trainer: str, *extra: str) -> subpr
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
 def gone(pid: int) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["child_pids", "end_process_tree", "parent_pid", "process_tree", "stopped_pids"]
+__all__ = ["child_pids", "end_process_tree", "parent_pid", "process_state", "process_tree", "stopped_pids"]
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -33,6 +33,12 @@ def _parents() -> dict[int, int]:
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
             found[int(entry.name)] = stat[1]
     return found
+
+
+def process_state(pid: int) -> str | None:
+    """`pid`'s state letter (R, S, T stopped, Z a zombie, ...); None once it is gone."""
+    stat = _stat(pid)
+    return None if stat is None else stat[0]
 
 
 def parent_pid(pid: int) -> int | None:
