@@ -17,17 +17,21 @@ def _digest(seed: int, parts: tuple[object, ...]) -> bytes:
     return hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
 
 
+def _as_seed(digest: bytes) -> int:
+    """A torch seed from a digest's first 8 bytes."""
+    return int.from_bytes(digest[:8], "little") & ((1 << SEED_BITS) - 1)
+
+
 def draw_seed(seed: int, *parts: object) -> int:
     """The seed of the draws at `parts` (printed with str: 3 and "3" are one place) in a run of `seed`."""
-    return int.from_bytes(_digest(seed, parts)[:8], "little") & ((1 << SEED_BITS) - 1)
+    return _as_seed(_digest(seed, parts))
 
 
 def model_draw_seed(*parts: object) -> int:
     """The seed of the model's own draws at `parts` (modeling/rng.py: seed, step, micro-batch, module).
     Its hash (blake2b of the parts' repr) predates draw_seed's and stays: moving it would change every
     run's sampled anchors and proposals, a resumed checkpoint's included."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << SEED_BITS) - 1)
+    return _as_seed(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest())
 
 
 def draw_order(seed: int, items: Iterable[T]) -> list[T]:
