@@ -15,9 +15,9 @@ names such a fixture.
 
 Not counted: a plain fork (the data cache's writer, the data check's pool: no new interpreter, a few
 milliseconds, its work done while this test waits and so in its time); helm and docker, which have
-their own marks (`needs_helm`, `needs_docker`) and train nothing; the console fixture's forking
-server (tests/console_zygote.py, once a session), whose children report their own steps and programs
-here (`note_child_work`); a test marked `slow` or `soak`.
+their own marks (`needs_helm`, `needs_docker`) and train nothing, and helm's fetch in a fresh clone
+(get-helm.sh); the console fixture's forking server (tests/console_zygote.py, once a session), whose
+children report their own steps and programs here (`note_child_work`); a test marked `slow` or `soak`.
 
 Loaded by tests/conftest.py (`pytest_plugins`).
 """
@@ -32,7 +32,9 @@ import pytest
 from checkout_guard import fail_teardown
 
 # Tools with their own marks: starting them is not what `slow` is about.
-OWN_MARK_TOOLS = {"helm", "docker"}
+# get-helm.sh: the `helm` fixture's fetch of the pinned helm when none is installed (a fresh clone),
+# once a session, for whichever needs_helm test asks first.
+OWN_MARK_TOOLS = {"helm", "docker", "get-helm.sh"}
 # The `console` fixture's forking server, started once a session (its children are reported to
 # note_child_work, as they are not this process's).
 ZYGOTE = "console_zygote.py"
