@@ -30,12 +30,19 @@ demo: install ## train Mask R-CNN on a generated synthetic COCO set on CPU, eval
 # Each test's wall and CPU seconds (tests/timings.py): `make test-budget` holds them against the
 # committed baseline, `python tests/hack/timings.py report runs/test-timings.json` prints them per folder.
 TEST_TIMINGS ?= runs/test-timings.json
+# pytest-xdist workers: a whole file each (its module fixtures shared), the longest files first
+# (tests/longest_first.py). Two on 2 cores: most slow tests wait on their processes (docs/testing.md).
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
+# .ci/run sets it empty: the soak then shares the workers with the rest of the suite.
+TEST_MARKS ?= not soak
 
 test: install ## run the whole test suite but the soak (about 40 minutes on 2 cores); writes $(TEST_TIMINGS)
-	$(BIN)/python -m pytest -q -m 'not soak' tests --timings $(TEST_TIMINGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m '$(TEST_MARKS)' tests --timings $(TEST_TIMINGS)
 
 test-fast: install ## the quick loop: no test that trains or starts a process (within 3 minutes)
-	$(BIN)/python -m pytest -q -m 'not slow and not soak'
+	$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not soak'
 
 test-soak: install ## the long fault runs (the elastic chaos test: repeated kills and rejoins); .ci/run runs it
 	$(BIN)/python -m pytest -q -m soak

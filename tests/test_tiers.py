@@ -76,12 +76,13 @@ slow_fixtures =
 """
 
 
-def run_project(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def run_project(tmp_path: Path, *args: str, plugins: tuple[str, ...] = ("tiers",)) -> subprocess.CompletedProcess:
+    """This suite's plugins (`plugins`) over PROJECT_TESTS, in a pytest of its own with `args`."""
     tests = tmp_path / "tests"
     tests.mkdir()
-    for name in ("tiers.py", "checkout_guard.py"):
+    for name in ("tiers.py", "checkout_guard.py", "timings.py"):
         shutil.copy(TESTS / name, tests / name)
-    (tests / "conftest.py").write_text('pytest_plugins = ("tiers",)\n')
+    (tests / "conftest.py").write_text(f"pytest_plugins = {plugins!r}\n")
     (tests / "test_project.py").write_text(PROJECT_TESTS)
     (tmp_path / "pytest.ini").write_text(PROJECT_INI)
     return subprocess.run(

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from hack import timings as budget
+from longest_first import longest_first, seconds_per_file
+from test_tiers import run_project
 from timings import Cost, Timings
 
 
@@ -47,6 +49,13 @@ def test_a_test_grown_past_twice_its_baseline_is_named_and_one_noisy_test_is_not
     assert problems == [] and name in notes[-1] and notes[-1].startswith("warning:")
 
 
+def test_the_soak_counts_nothing() -> None:
+    """CI runs the soak in `make test`'s session; it is bounded by its own timeout, not by the budget."""
+    soak = "tests/a/test_x.py::test_chaos"
+    assert budget.budget_problems(run_of(BASE | {soak: 400.0}, markers={soak: ["soak"]}), BASE)[0] == []
+    assert budget.budget_problems(run_of(BASE | {soak: 400.0}, markers={soak: ["slow"]}), BASE)[0] != []
+
+
 def test_failed_and_skipped_tests_count_nothing() -> None:
     run = run_of(BASE | {"tests/a/test_x.py::test_new": 500.0})
     run.tests["tests/a/test_x.py::test_new"] = budget.Test("tests/a/test_x.py::test_new", 500.0, 1.0, "failed", ())
@@ -78,3 +87,42 @@ def test_the_committed_baseline_is_within_the_suites_budgets() -> None:
     walls, slow = baseline["tests"], set(baseline["slow"])
     assert sum(walls.values()) <= budget.SUITE_BUDGET_S, sum(walls.values())
     assert sum(wall for name, wall in walls.items() if name not in slow) <= budget.FAST_BUDGET_S
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "loadfile"]], ids=["one process", "xdist"])
+def test_every_test_is_recorded_with_its_cost_in_one_process_and_under_xdist(tmp_path: Path, workers) -> None:
+    """`make test` runs under pytest-xdist: its workers measure, the controller writes one record per test,
+    with what the tiers plugin saw (its teardown note) and the work of the test's own child process."""
+    out = tmp_path / "run.json"
+    result = run_project(tmp_path, *workers, "--tiers", "report", "--timings", str(out), plugins=("tiers", "timings"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = {t.id.rsplit("::", 1)[1]: t for t in budget.Run.read(out).tests.values()}
+    assert len(records) == 6 and {t.outcome for t in records.values()} == {"passed"}, records
+    assert records["test_trains_marked"].markers == ("slow",)
+    assert records["test_reads_a_listed_fixture"].markers == ("slow",)  # given by `slow_fixtures`
+    for test in records.values():
+        assert test.wall > 0 and test.cpu >= 0, test
+    # The child's seconds count for the test that waited for it (RUSAGE_CHILDREN, in the worker).
+    child = records["test_starts_a_process_unmarked"]
+    assert child.cpu > records["test_quiet"].cpu, records
+    raw = {t["id"].rsplit("::", 1)[1]: t for t in json.loads(out.read_text())["tests"]}
+    assert raw["test_trains_unmarked"]["work"] == "trained (1 optimizer step(s))", raw
+    assert raw["test_starts_a_process_unmarked"]["work"].startswith("started a process ("), raw
+    assert raw["test_quiet"]["work"] == ""
+
+
+def test_xdist_workers_get_the_longest_files_first_each_file_in_its_own_order() -> None:
+    files = {"tests/a.py": 10.0, "tests/b.py": 300.0, "tests/c.py": 0.5}
+    nodeids = ["tests/a.py::x", "tests/c.py::y", "tests/b.py::z", "tests/a.py::w", "tests/new.py::v", "tests/b.py::u"]
+    order = [nodeids[i] for i in longest_first(nodeids, files)]
+    assert order == [
+        "tests/new.py::v",  # not in the baseline: may be long
+        "tests/b.py::z",
+        "tests/b.py::u",
+        "tests/a.py::x",
+        "tests/a.py::w",
+        "tests/c.py::y",
+    ]
+    committed = seconds_per_file(json.loads(budget.BASELINE.read_text())["tests"])
+    assert committed["tests/checks/test_gpu_check.py"] > committed["tests/test_timings.py"]

@@ -7,6 +7,11 @@ one JSON record per test (id, outcome, markers, wall, cpu) when the session ends
 timings.py reports them per folder, and checks a run against the committed baseline
 (tests/hack/timings-baseline.json: the budget check that `.ci/run` runs after `make test`).
 
+Two halves, so that pytest-xdist's workers (`make test` runs `-n 2`) are measured where they run:
+`Meter`, in the process that runs the test, puts each phase's seconds on its report (the report
+is what a worker sends to the controller); `Timings`, in the controller (or the only process),
+sums the phases of each test and writes the file.
+
 What the CPU figure leaves out: a child process that nobody waits for (its time never reaches
 RUSAGE_CHILDREN), and a module-scoped fixture's setup is charged to the first test that asks for it
 (as pytest's own --durations does).
@@ -47,8 +52,50 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+COST = "cost"  # the user property a phase's report carries: {"wall", "cpu", "load", "markers", "work"}
+PHASE_CPU = pytest.StashKey[float]()
+
+
+class Meter:
+    """Where a test runs: each phase's wall (pytest's own duration) and CPU seconds on its report."""
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        return (yield from self._phase(item))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        return (yield from self._phase(item))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        return (yield from self._phase(item))
+
+    @staticmethod
+    def _phase(item: pytest.Item) -> Iterator[None]:
+        started = _cpu_seconds()
+        try:
+            return (yield)
+        finally:
+            item.stash[PHASE_CPU] = _cpu_seconds() - started
+
+    # Outermost, so that the tiers plugin's teardown note ("work") is on the item when this reads it.
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+        report = yield
+        cost = {"wall": report.duration, "cpu": item.stash.get(PHASE_CPU, 0.0)}
+        if call.when == "setup":
+            cost["load"] = os.getloadavg()[0]
+            cost["markers"] = sorted({mark.name for mark in item.iter_markers()} - {"parametrize", "usefixtures"})
+        if call.when == "teardown":
+            cost["work"] = "; ".join(text for name, text in item.user_properties if name == "work")
+        report.user_properties.append((COST, cost))
+        return report
+
+
 class Timings:
-    """Times every phase of every test and writes the records to `path` at the session's end."""
+    """Sums every phase of every test (their reports, from this process or from xdist's workers) and
+    writes the records to `path` at the session's end."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -56,23 +103,19 @@ class Timings:
         self.started = time.time()
         self.load_at_start = list(os.getloadavg())
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        cost = self.costs.setdefault(item.nodeid, Cost(item.nodeid))
-        cost.markers = sorted({mark.name for mark in item.iter_markers()} - {"parametrize", "usefixtures"})
-        cost.load = os.getloadavg()[0]
-        wall, cpu = time.perf_counter(), _cpu_seconds()
-        yield
-        cost.wall += time.perf_counter() - wall
-        cost.cpu += _cpu_seconds() - cpu
-        cost.work = "; ".join(text for name, text in item.user_properties if name == "work")
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         cost = self.costs.setdefault(report.nodeid, Cost(report.nodeid))
         if report.failed:
             cost.outcome = "failed"
         elif report.skipped and cost.outcome != "failed":
             cost.outcome = "skipped"
+        for name, phase in report.user_properties:
+            if name == COST:
+                cost.wall += phase["wall"]
+                cost.cpu += phase["cpu"]
+                cost.load = phase.get("load", cost.load)
+                cost.markers = phase.get("markers", cost.markers)
+                cost.work = phase.get("work", cost.work)
 
     def pytest_sessionfinish(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +141,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    path = config.getoption("--timings")
-    if path and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(Timings(Path(path)), "timings_recorder")
+    if not config.getoption("--timings"):
+        return
+    config.pluginmanager.register(Meter(), "timings_meter")  # in xdist's workers too
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(Timings(Path(config.getoption("--timings"))), "timings_recorder")

@@ -1,0 +1,53 @@
+"""A pytest plugin that hands pytest-xdist's workers the longest test files first.
+
+`make test` runs `-n 2 --dist loadfile --no-loadscope-reorder`: each worker takes a whole file (its
+module fixtures, a trained run or a started group, stay shared by the tests that read them) and the
+next one when it is nearly done. Taken in the order of the committed baseline's seconds per file
+(tests/hack/timings-baseline.json), longest first, the workers end within about one short file of
+each other, where collection order could leave the slowest file to start last. A file the baseline
+does not know yet goes first (it may be long; it is not known to be short).
+
+Only xdist's workers reorder (they must agree, and they read the same baseline); a plain pytest keeps
+the collection order. Within a file the order is the file's own.
+
+Loaded by tests/conftest.py (`pytest_plugins`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+BASELINE = Path(__file__).with_name("hack") / "timings-baseline.json"
+
+
+def seconds_per_file(baseline: dict[str, float]) -> dict[str, float]:
+    files: dict[str, float] = defaultdict(float)
+    for nodeid, wall in baseline.items():
+        files[nodeid.split("::", 1)[0]] += wall
+    return dict(files)
+
+
+def longest_first(nodeids: list[str], files: dict[str, float]) -> list[int]:
+    """Positions of `nodeids` reordered: files by their seconds, longest (or unknown) first; stable."""
+    first_seen = {}
+    for position, nodeid in enumerate(nodeids):
+        first_seen.setdefault(nodeid.split("::", 1)[0], position)
+
+    def key(position: int) -> tuple[float, int, int]:
+        path = nodeids[position].split("::", 1)[0]
+        return (-files.get(path, float("inf")), first_seen[path], position)
+
+    return sorted(range(len(nodeids)), key=key)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput") or not BASELINE.exists():
+        return
+    files = seconds_per_file(json.loads(BASELINE.read_text())["tests"])
+    order = longest_first([item.nodeid for item in items], files)
+    items[:] = [items[position] for position in order]
