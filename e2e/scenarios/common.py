@@ -29,6 +29,7 @@ class Settings:
     image: str
     out: Path  # runs/e2e
     kubelet_backoff: float = 10.0  # the kubelet's first crash-loop back-off
+    session: str = ""  # the harness run's id: the start of every run id, so of every container and network name
 
 
 @dataclass

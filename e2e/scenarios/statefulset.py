@@ -63,10 +63,14 @@ def scenario_pipeline(settings: Settings) -> dict[str, Any]:
     with Deployment(settings, "pipeline") as d:
         d.render(CPU_VALUES, {"trainer": {"args": trainer_args(steps, period)}})
         d.cluster.start(*d.workers)
-        time.sleep(30)
+        early = time.monotonic()
+        # Each worker says it waits (however long a loaded machine takes to start it), and 30 s after
+        # their start none has given up: no verdict here depends on how fast the containers start.
+        waiting = r"waiting for master \S+ to resolve"
+        d.wait_until("the workers' waiting line", lambda: all(d.log_has(w, waiting) for w in d.workers), 120)
+        time.sleep(max(0.0, 30 - (time.monotonic() - early)))
         for w in d.workers:
             require(d.cluster.state(w).running, f"{w} did not wait for the master: {d.cluster.state(w)}")
-            require(d.log_has(w, r"waiting for master \S+ to resolve"), f"{w}: no 'waiting for master' log line")
         posture = check_posture(d, d.workers[0], d.release.workers[0])
         d.cluster.start(d.master)
         started = time.monotonic()
@@ -150,8 +154,9 @@ def _kill_and_recover(d: Deployment, victim: str, steps: int, period: int, resum
 
 def _inject_fault(d: Deployment, target: str, how: str, steps: int) -> tuple[int, dict[str, int], float]:
     """SIGKILL `target` (or, `how` == "pause", freeze it); every peer must exit non-zero within
-    --rpc-timeout plus teardown. A frozen target is killed once its peers have exited. Returns the
-    step at the fault, the peers' exit codes by pod, and the seconds they took to exit."""
+    --rpc-timeout plus teardown (a frozen one: a peer's log names the --rpc-timeout that fired). A
+    frozen target is killed once its peers have exited. Returns the step at the fault, the peers'
+    exit codes by pod, and the seconds they took to exit."""
     if how == "pause":
         d.cluster.pause(target)
     else:
@@ -160,12 +165,19 @@ def _inject_fault(d: Deployment, target: str, how: str, steps: int) -> tuple[int
     at_kill = checks.last_train_step(d.run_dir)
     require(at_kill < steps, f"training finished (step {at_kill}) before the fault could be injected")
     peers = [n for n in d.all if n != target]
+    # A frozen peer is noticed by the RPC timeout alone, which is checked in the survivors' logs (torch
+    # names the timeout that fired): a verdict load cannot move. The bound on their exit then only
+    # catches a hang, with room for the CPU time around the timeout (the step in flight before the call
+    # that blocks, the teardown after it), which a scenario running beside this one stretches.
+    bound = RPC_TIMEOUT + EXIT_MARGIN + (RPC_TIMEOUT if how == "pause" else 0)
     try:
-        states = d.cluster.wait_exit(peers, RPC_TIMEOUT + EXIT_MARGIN, poll=0.25)
+        states = d.cluster.wait_exit(peers, bound, poll=0.25)
     except DockerError as exc:
         raise Failed(f"after killing {target}: {exc}") from exc
     exit_s = time.monotonic() - killed_at
     if how == "pause":
+        fired = f"RPC ran for more than set timeout ({RPC_TIMEOUT * 1000} ms)"
+        require(any(fired in d.cluster.logs(p) for p in peers), f"no peer of the frozen {target} logged '{fired}'")
         d.cluster.unpause(target)
         d.cluster.kill(target)
         d.cluster.wait_exit([target], 30)
