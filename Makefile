@@ -35,8 +35,11 @@ TEST_TIMINGS ?= runs/test-timings.json
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# .ci/run sets it empty: the soak then shares the workers with the rest of the suite.
+TEST_MARKS ?= not soak
+
 test: install ## run the whole test suite but the soak (about 40 minutes on 2 cores); writes $(TEST_TIMINGS)
-	$(BIN)/python -m pytest -q $(XDIST) -m 'not soak' tests --timings $(TEST_TIMINGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m '$(TEST_MARKS)' tests --timings $(TEST_TIMINGS)
 
 test-fast: install ## the quick loop: no test that trains or starts a process (within 3 minutes)
 	$(BIN)/python -m pytest -q $(XDIST) -m 'not slow and not soak'

@@ -49,6 +49,13 @@ def test_a_test_grown_past_twice_its_baseline_is_named_and_one_noisy_test_is_not
     assert problems == [] and name in notes[-1] and notes[-1].startswith("warning:")
 
 
+def test_the_soak_counts_nothing() -> None:
+    """CI runs the soak in `make test`'s session; it is bounded by its own timeout, not by the budget."""
+    soak = "tests/a/test_x.py::test_chaos"
+    assert budget.budget_problems(run_of(BASE | {soak: 400.0}, markers={soak: ["soak"]}), BASE)[0] == []
+    assert budget.budget_problems(run_of(BASE | {soak: 400.0}, markers={soak: ["slow"]}), BASE)[0] != []
+
+
 def test_failed_and_skipped_tests_count_nothing() -> None:
     run = run_of(BASE | {"tests/a/test_x.py::test_new": 500.0})
     run.tests["tests/a/test_x.py::test_new"] = budget.Test("tests/a/test_x.py::test_new", 500.0, 1.0, "failed", ())
