@@ -35,6 +35,10 @@ from checkout_guard import fail_teardown
 # get-helm.sh: the `helm` fixture's fetch of the pinned helm when none is installed (a fresh clone),
 # once a session, for whichever needs_helm test asks first.
 OWN_MARK_TOOLS = {"helm", "docker", "get-helm.sh"}
+# Started by an import, not by a test: ctypes.util.find_library runs `ldconfig -p` when torch (or another
+# library) is first imported in a process, inside whichever test imports it first (an xdist worker's
+# first file decides which); that test neither trains nor starts anything of its own.
+IMPORT_TOOLS = {"ldconfig"}
 # The `console` fixture's forking server, started once a session (its children are reported to
 # note_child_work, as they are not this process's).
 ZYGOTE = "console_zygote.py"
@@ -76,7 +80,7 @@ class WorkSeen:
     def note_command(self, executable: object, argv: object) -> None:
         words = [os.fsdecode(w) for w in argv] if isinstance(argv, (list, tuple)) else [os.fsdecode(argv)]
         program = os.fsdecode(executable) if executable else (words[0] if words else "")
-        if Path(program).name in OWN_MARK_TOOLS or any(w.endswith(ZYGOTE) for w in words):
+        if Path(program).name in OWN_MARK_TOOLS | IMPORT_TOOLS or any(w.endswith(ZYGOTE) for w in words):
             return
         self.process = " ".join(" ".join(words).split())[:200]
 
