@@ -97,8 +97,9 @@ class Timings:
     """Sums every phase of every test (their reports, from this process or from xdist's workers) and
     writes the records to `path` at the session's end."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, workers: int = 1) -> None:
         self.path = path
+        self.workers = workers
         self.costs: dict[str, Cost] = {}
         self.started = time.time()
         self.load_at_start = list(os.getloadavg())
@@ -123,6 +124,7 @@ class Timings:
             "started": self.started,
             "wall": time.time() - self.started,
             "cpus": os.cpu_count(),
+            "workers": self.workers,
             "load_at_start": self.load_at_start,
             "load_at_end": list(os.getloadavg()),
             "tests": [asdict(cost) for cost in self.costs.values()],
@@ -145,4 +147,5 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     config.pluginmanager.register(Meter(), "timings_meter")  # in xdist's workers too
     if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(Timings(Path(config.getoption("--timings"))), "timings_recorder")
+        workers = config.getoption("numprocesses", None) or 1  # pytest-xdist's -n
+        config.pluginmanager.register(Timings(Path(config.getoption("--timings")), int(workers)), "timings_recorder")

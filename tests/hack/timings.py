@@ -60,6 +60,7 @@ class Run:
     tests: dict[str, Test]
     wall: float
     load: tuple[float, ...]  # one-minute load average at the start and at the end
+    workers: int = 1  # pytest-xdist's workers (1: one process)
 
     @staticmethod
     def read(path: Path) -> Run:
@@ -71,7 +72,7 @@ class Run:
             for t in data["tests"]
         }
         load = (data.get("load_at_start", [0.0])[0], data.get("load_at_end", [0.0])[0])
-        return Run(tests, data.get("wall", sum(t.wall for t in tests.values())), load)
+        return Run(tests, data.get("wall", sum(t.wall for t in tests.values())), load, data.get("workers", 1))
 
 
 def machine_factor(run: Run, baseline: dict[str, float]) -> float:
@@ -133,8 +134,8 @@ def folder_table(runs: list[Run]) -> list[str]:
     for run in runs:
         fast = sum(t.wall for t in run.tests.values() if not t.slow)
         lines.append(
-            f"session {run.wall:.0f} s; not slow {fast:.0f} s; load {run.load[0]:.1f} at the start, "
-            f"{run.load[1]:.1f} at the end"
+            f"session {run.wall:.0f} s ({run.workers} worker(s)); not slow {fast:.0f} s; "
+            f"load {run.load[0]:.1f} at the start, {run.load[1]:.1f} at the end"
         )
     return lines
 
@@ -144,6 +145,8 @@ def write_baseline(run: Run, path: Path) -> None:
     record = {
         "about": "each test's wall seconds in a quiet `make test` on the 2-core CI machine (tests/hack/timings.py)",
         "load": list(run.load),
+        "session_wall": round(run.wall, 1),  # `make test`'s own seconds, start to end
+        "workers": run.workers,
         "tests": {t.id: round(t.wall, 2) for t in sorted(kept, key=lambda t: t.id)},
         "slow": sorted(t.id for t in kept if t.slow),
     }

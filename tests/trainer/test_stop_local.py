@@ -51,6 +51,10 @@ def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def test_sigterm_after_a_step_saves_it_and_the_resume_trains_the_rest_exactly(stop_coco, reference, tmp_path) -> None:
+    """Stopped mid-epoch and resumed: the resume trains every step left as the uninterrupted run did. It
+    is stopped in turn during the epoch end's evaluation, which it leaves pending, and a second resume
+    runs that evaluation alone. (One chain for both: a stop during evaluation needs a run that trained to
+    the epoch's end, which the first resume is.)"""
     out = tmp_path / "run"
     # DataLoader workers, and SIGTERM to the whole process group, as dumb-init (PID 1 in the image)
     # sends it: the workers must not die of it (they leave the group), the trainer stops.
@@ -69,7 +73,18 @@ def test_sigterm_after_a_step_saves_it_and_the_resume_trains_the_rest_exactly(st
     warnings = [line for line in job.stderr.splitlines() if "terminationGracePeriodSeconds" in line]
     assert len(warnings) == 1 and " WARNING " in warnings[0] and TERMINATION_GRACE_SECONDS in warnings[0]
 
-    resumed = run(Job([*args, "--resume", "auto"], tmp_path / "resumed", {TERMINATION_GRACE_SECONDS: "3600"}))
+    resumed = Job([*args, "--resume", "auto"], tmp_path / "resumed", {TERMINATION_GRACE_SECONDS: "3600"})
+    try:
+        resumed.start().wait_for(out / "metrics.jsonl", "val", STEPS, timeout=300)  # its evaluation runs now
+        resumed.signal(signal.SIGTERM)
+        code = resumed.finish(120)
+    finally:
+        resumed.kill()
+    (closing,) = assert_stopped_cleanly(resumed, code)
+    assert closing["reason"] == "SIGTERM during evaluation", resumed.output
+    assert _final(out, "eval") == []  # no AP record from an evaluation that did not finish
+    state = newest_checkpoint(out)
+    assert (state["step"], state["pending_hooks"]) == (STEPS, ["evaluation"])
     assert "holds a stop" in resumed.stderr and "terminationGracePeriodSeconds" not in resumed.stderr
     assert "dropped" not in resumed.stderr  # no step after the checkpoint was recorded: none is trained twice
     # Every planned step once, each with the uninterrupted run's losses, bit for bit.
@@ -77,33 +92,16 @@ def test_sigterm_after_a_step_saves_it_and_the_resume_trains_the_rest_exactly(st
     assert [s for s, _ in train_losses(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
     print(f"local: stopped at step {step} (signalled after 3), {job.seconds_to_exit:.2f}s from SIGTERM to exit")
 
+    run(Job([*args, "--resume", "auto"], tmp_path / "evaluated", NO_GRACE))
+    # The last resume evaluated the same model: one validation and one AP record, the reference's.
+    assert _final(out, "val") == _final(reference, "val") and len(_final(out, "val")) == 1
+    assert _final(out, "eval") == _final(reference, "eval") and len(_final(out, "eval")) == 1
+    assert newest_checkpoint(out)["pending_hooks"] == []  # done: a later resume does not run it again
+
 
 def _final(run_dir: Path, kind: str) -> list[dict]:
     found = [r for r in records(run_dir / "metrics.jsonl") if r["kind"] == kind]
     return [{k: v for k, v in r.items() if k != "time"} for r in found]
-
-
-def test_a_stop_during_evaluation_leaves_it_pending_and_the_resume_runs_it(stop_coco, reference, tmp_path) -> None:
-    out = tmp_path / "run"
-    args = [*TRAIN, *small_args(stop_coco, out, batch_size=2)]
-    job = Job(args, tmp_path / "stopped", NO_GRACE).start()
-    try:
-        job.wait_for(out / "metrics.jsonl", "val", STEPS, timeout=300)  # the epoch end's evaluation runs now
-        job.signal(signal.SIGTERM)
-        code = job.finish(120)
-    finally:
-        job.kill()
-    (closing,) = assert_stopped_cleanly(job, code)
-    assert closing["reason"] == "SIGTERM during evaluation", job.output
-    assert _final(out, "eval") == []  # no AP record from an evaluation that did not finish
-    state = newest_checkpoint(out)
-    assert (state["step"], state["pending_hooks"]) == (STEPS, ["evaluation"])
-
-    run(Job([*args, "--resume", "auto"], tmp_path / "resumed", NO_GRACE))
-    # The resumed run evaluated the same model: one validation and one AP record, the reference's.
-    assert _final(out, "val") == _final(reference, "val") and len(_final(out, "val")) == 1
-    assert _final(out, "eval") == _final(reference, "eval") and len(_final(out, "eval")) == 1
-    assert newest_checkpoint(out)["pending_hooks"] == []  # done: a later resume does not run it again
 
 
 def test_a_second_signal_ends_the_run_at_once_and_leaves_no_half_checkpoint(stop_coco, tmp_path) -> None:

@@ -79,8 +79,9 @@ def train_only_coco(tiny_coco, tmp_path_factory):
 @pytest.mark.slow
 def test_resume_continues_exactly(train_only_coco, tmp_path):
     """Stopping at step 4 (mid-epoch: 6 batches per epoch) and resuming gives the uninterrupted losses,
-    across the epoch boundary at step 6 (new shuffle, new flips)."""
-    common = dict(epochs=2, **{"checkpoint-period": 4})
+    across the epoch boundary at step 6 (new shuffle, new flips). At 64 px: what resumes is the state,
+    whatever the size."""
+    common = dict(epochs=2, **{"checkpoint-period": 4, "min-size": 64, "max-size": 64})
     straight = fast_config(train_only_coco, tmp_path / "straight", **common, **{"max-steps": 9})
     train(straight)
     first_half = fast_config(train_only_coco, tmp_path / "resumed", **common, **{"max-steps": 4})

@@ -47,6 +47,10 @@ def stop_lines(job: Job) -> dict[str, int]:
     return {rank: found.count(rank) for rank in sorted(set(found))}
 
 
+def sigterm_rank_1(job: Job) -> None:
+    job.signal(signal.SIGTERM, pid=trainer_pid(job.proc.pid, 1))
+
+
 @pytest.fixture(scope="module")
 def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("ddp_reference") / "run"
@@ -62,6 +66,11 @@ def reference(stop_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_is_exact(
     stop_coco, reference, tmp_path, free_port
 ) -> None:
+    """Stopped through torchrun mid-epoch, then resumed: the resume trains every step left as the
+    uninterrupted run did, and is itself stopped by a signal to rank 1 alone while both evaluate at the
+    epoch's end (their shards hold 2 images each at --val-batch-size 1): the agreement after each batch
+    stops rank 0 too, instead of leaving it in the results' gather for ever. (One run for both: a stop
+    during evaluation needs a run that trained to the epoch's end, which the resume is.)"""
     out = tmp_path / "run"
     job = ddp_job(stop_coco, out, free_port, tmp_path / "stopped")
     code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM))
@@ -73,11 +82,12 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_is_exac
     assert stop_lines(job) == {"0": 1, "1": 1}
     assert "every rank stopped on request; exit 75" in job.stderr
 
-    resumed = ddp_job(stop_coco, out, free_port, tmp_path / "resumed", "--resume", "auto").start()
-    try:
-        assert resumed.finish(300) == 0, resumed.output
-    finally:
-        resumed.kill()
+    resumed = ddp_job(stop_coco, out, free_port, tmp_path / "resumed", "--resume", "auto", "--val-batch-size", "1")
+    closing = assert_stopped_cleanly(resumed, stop_after(resumed, out, "val", STEPS, sigterm_rank_1), lines=2)
+    assert all(m["reason"].endswith("during evaluation") for m in closing), resumed.output
+    assert [r for r in records(out / "metrics.jsonl") if r["kind"] == "eval"] == []
+    state = newest_checkpoint(out)
+    assert (state["step"], state["pending_hooks"]) == (STEPS, ["evaluation"])
     assert "dropped" not in resumed.stderr  # no step after the checkpoint was recorded: none is trained twice
     assert train_losses(out / "metrics.jsonl") == train_losses(reference / "metrics.jsonl")  # bit for bit
     assert [s for s, _ in train_losses(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
@@ -105,24 +115,11 @@ def test_a_signal_to_every_process_stops_each_rank_once(stop_coco, tmp_path, fre
 def test_a_signal_to_one_rank_stops_both_at_the_same_step(stop_coco, tmp_path, free_port) -> None:
     out = tmp_path / "run"
     job = ddp_job(stop_coco, out, free_port, tmp_path / "logs")
-    code = stop_after(job, out, "train", 3, lambda j: j.signal(signal.SIGTERM, pid=trainer_pid(j.proc.pid, 1)))
+    code = stop_after(job, out, "train", 3, sigterm_rank_1)
     closing = assert_stopped_cleanly(job, code, lines=2)
     assert sorted(m["reason"] for m in closing) == ["SIGTERM", "a stop on another rank"]
     assert_stop_step(out, 3, latest=2)
     assert stop_lines(job) == {"0": 1, "1": 1}
-
-
-def test_a_signal_to_one_rank_during_evaluation_stops_both_there(stop_coco, tmp_path, free_port) -> None:
-    """Rank 1 alone is asked while both evaluate (their shards hold 2 images each here): the agreement
-    after each batch stops rank 0 too, instead of leaving it in the results' gather for ever."""
-    out = tmp_path / "run"
-    job = ddp_job(stop_coco, out, free_port, tmp_path / "logs", "--val-batch-size", "1")
-    code = stop_after(job, out, "val", STEPS, lambda j: j.signal(signal.SIGTERM, pid=trainer_pid(j.proc.pid, 1)))
-    closing = assert_stopped_cleanly(job, code, lines=2)
-    assert all(m["reason"].endswith("during evaluation") for m in closing), job.output
-    assert [r for r in records(out / "metrics.jsonl") if r["kind"] == "eval"] == []
-    state = newest_checkpoint(out)
-    assert (state["step"], state["pending_hooks"]) == (STEPS, ["evaluation"])
 
 
 def test_a_second_sigterm_to_torchrun_ends_the_ranks_at_once(stop_coco, tmp_path, free_port) -> None:

@@ -5,10 +5,8 @@ file, exit 2."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -207,10 +205,12 @@ def test_earlier_predictions_are_refused_or_moved_aside(trained: Path, tmp_path:
 # bad input, through the CLI in a subprocess
 
 
-def _predict_cli(*args: object) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    argv = [sys.executable, "-m", "maskrcnn_dist.cli", "predict", "--device", "cpu", *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+def _predict_cli(console, *args: object) -> subprocess.CompletedProcess:
+    """`maskrcnn-dist predict` as its own process (the `console` fixture forks it, torch already imported:
+    the refusal is the console script's, exit code and standard streams as a user sees them)."""
+    argv = ["predict", "--device", "cpu", *map(str, args)]
+    result = console("maskrcnn-dist", *argv, env={"PYTHONWARNINGS": "ignore"}, timeout=180)
+    return subprocess.CompletedProcess(argv, result.code, result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +256,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("earlier predictions", r"--out .*earlier already holds predictions \(detections.json\): add --overwrite"),
     ],
 )
-def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, case: str, message: str):
+def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, case: str, message: str, console):
     out = bad_inputs / f"out-{case.replace(' ', '-')}"
     args = {
         "broken image": ["--resume", trained, "--out", out, bad_inputs / "broken.png"],
@@ -275,6 +275,6 @@ def test_bad_input_is_one_line_naming_the_file(trained: Path, bad_inputs: Path, 
         "drawing over its input": ["--resume", trained, "--out", bad_inputs, bad_inputs / "good.png"],
         "earlier predictions": ["--resume", trained, "--out", bad_inputs / "earlier", bad_inputs / "good.png"],
     }[case]
-    line = the_error_line(_predict_cli(*args))
+    line = the_error_line(_predict_cli(console, *args))
     assert line.startswith("error: ") and re.search(message, line), line
     assert not out.exists()  # nothing written for a run that was refused
