@@ -14,5 +14,7 @@ Modules:
   scenarios/    the scenarios by workload (statefulset, bare_nodes, jobset), their shared deployment
                 and chart helpers, and the registry `SCENARIOS`
   checks.py     assertions on what the master wrote to the shared volume (metrics, checkpoints)
+  schedule.py   which scenarios run when: up to --jobs at once, the longest first; a stop stops them all
+  runner.py     one scenario run and reported, in a process of its own
   __main__.py   the command line
 """

@@ -10,6 +10,9 @@
 E2E_TIMEOUT ?= 2400
 # Scenario selection, e.g. E2E_ARGS='--only pipeline,ddp' or E2E_ARGS='--skip restart-alone'.
 E2E_ARGS    ?=
+# Scenarios run at once, each in its own process and cluster, the longest first; 1 runs them one by
+# one in registry order. Mostly they wait (back-offs, timeouts, restarts), so two fit on 2 cores.
+E2E_JOBS    ?= 2
 # `ddp` runs only the ddp scenarios (for trees where the pipeline engine is not usable).
 E2E_ENGINES ?= pipeline,ddp
 # The image id `e2e-image` last built, so an unchanged tree does not rebuild (a build re-installs every
@@ -22,7 +25,7 @@ E2E_MIN_FREE_GB ?= 10
 
 e2e: install helm e2e-image ## run the chart's pods as containers on a docker network: pipeline, ddp, start order, bare-node recipe, fault recovery, JobSet (emulated controller)
 	timeout --signal=TERM --kill-after=60 $(E2E_TIMEOUT) \
-	    $(BIN)/python -m e2e run --image $(IMAGE) --helm $(HELM) --engines $(E2E_ENGINES) $(E2E_ARGS)
+	    $(BIN)/python -m e2e run --image $(IMAGE) --helm $(HELM) --engines $(E2E_ENGINES) --jobs $(E2E_JOBS) $(E2E_ARGS)
 
 # Builds $(IMAGE) unless the one built last from this wheelhouse, Dockerfile and entrypoint is still
 # there. The base: BASE_IMAGE when it is present or can be pulled, else the local debootstrap one

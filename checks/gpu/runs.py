@@ -38,7 +38,7 @@ def base_flags(env: Env, data: Path, output_dir: Path, **flags: Any) -> dict[str
         "print-freq": 1,
         "warmup-iters": 10,
         "aspect-ratio-group-factor": -1,
-        "threads": 2 if env.device == "cpu" else None,
+        "threads": p.threads,
     }
     values.update({k.replace("_", "-"): v for k, v in flags.items()})
     return {k: v for k, v in values.items() if v is not None}

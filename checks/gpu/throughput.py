@@ -40,10 +40,14 @@ def check_throughput_graph(env: Env) -> dict[str, Any]:
 def run_benchmark(env: Env, name: str, budget_s: float, variants: tuple[str, ...] = ()) -> dict[str, Any]:
     out = Path(env.work) / name
     report = out / "bench_gpu_step.json"
+    # The benchmark leaves out what would not end in its budget: the scaled one (the hang guard's), so that a
+    # busy machine under the self-test's --budget-scale cannot leave out every round and with it the figures.
+    budget_s *= env.budget_scale
     command = [sys.executable, str(SCRIPT), "--device", env.device, "--json-out", str(report)]
     command += ["--time-budget", str(max(10.0, budget_s - START_AND_REPORT_S))]
+    command += ["--rounds", str(env.profile.throughput_rounds)]
     command += ["--variants", ",".join(variants)] if variants else []
-    log = run_logged(command, out / "bench.log", budget_s * env.budget_scale, threads=2)
+    log = run_logged(command, out / "bench.log", budget_s, threads=env.profile.threads or 2)
     table = log[: log.index("{\n")] if "{\n" in log else log
     (out / "table.md").write_text(table)
     figures = json.loads(report.read_text())

@@ -17,7 +17,7 @@ of scenarios, their checks or the trainer (tests/e2e/test_e2e_layout.py holds bo
 """
 
 from .containers import pvc_dir, quantity_bytes
-from .docker import Cluster, ContainerState, DockerError, clean_all, container_exists, daemon_answers, image_exists
+from .docker import Cluster, ContainerState, DockerError, clean_all, daemon_answers, image_exists
 from .failure_rules import DISRUPTION_REASONS
 from .job import Job, Pod
 from .jobset import Attempt, JobSetController, jobset_controller
@@ -40,7 +40,6 @@ __all__ = [
     "SpecError",
     "StatusServer",
     "clean_all",
-    "container_exists",
     "daemon_answers",
     "image_exists",
     "jobset_controller",

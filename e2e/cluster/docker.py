@@ -231,16 +231,15 @@ def image_exists(image: str) -> bool:
     return docker("image", "inspect", image, check=False).returncode == 0
 
 
-def container_exists(name: str) -> bool:
-    return docker("container", "inspect", name, check=False).returncode == 0
-
-
-def clean_all() -> int:
-    """Remove every container and network labelled by this harness (leftovers of a killed run)."""
-    ids = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
+def clean_all(session: str = "") -> int:
+    """Remove every container and network labelled by this harness (leftovers of a killed run); with
+    `session`, only that harness run's (its containers are `e2e-<run id>-...`, its networks
+    `maskrcnn-e2e-<run id>`, and each of its run ids starts with the session)."""
+    only = ["--filter", f"name=e2e-{session}"] if session else []
+    ids = docker("ps", "-aq", "--filter", f"label={LABEL}", *only, check=False).stdout.split()
     if ids:
         docker("rm", "--force", *ids, check=False, timeout=120)
-    nets = docker("network", "ls", "-q", "--filter", f"label={LABEL}", check=False).stdout.split()
+    nets = docker("network", "ls", "-q", "--filter", f"label={LABEL}", *only, check=False).stdout.split()
     for net in nets:
         docker("network", "rm", net, check=False)
     return len(ids) + len(nets)

@@ -3,7 +3,7 @@
 Every scenario is bounded in time (each wait has its own limit, and `make e2e` adds one over the
 whole run) and runs inside a `Deployment` (deployment.py) that removes its containers and network
 whatever happened. `SCENARIOS` is the registry `python -m e2e` runs, lists and selects from, in
-this order.
+this order (one at a time; `--jobs N` starts them by MEASURED_SECONDS, the longest first).
 
   common.py       release names, bounds, settings, the trainer's small CPU run
   chart.py        the chart: ci/ values files, `helm template`, the rendered release
@@ -62,7 +62,29 @@ SCENARIOS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "jobset-disruption": scenario_jobset_disruption,
     "jobset-elastic": scenario_jobset_elastic,
 }
+# Seconds each took in a serial run on a 2-core machine (runs/e2e/summary.json): `--jobs N` starts
+# the longest first, so that short ones fill in at the end. Refresh after a scenario's length changes
+# a lot; one missing here counts as the longest.
+MEASURED_SECONDS: dict[str, float] = {
+    "pipeline": 72,
+    "ddp": 25,
+    "bare-nodes": 30,
+    "faults": 81,
+    "restart-alone": 70,
+    "silent-peer": 93,
+    "ddp-fault": 66,
+    "jobset": 46,
+    "jobset-lost-worker": 72,
+    "jobset-user-error": 22,
+    "jobset-user-error-ddp": 30,
+    "jobset-max-restarts": 21,
+    "trainjob": 32,
+    "preempt-pipeline": 53,
+    "preempt-ddp": 63,
+    "jobset-disruption": 131,
+    "jobset-elastic": 134,
+}
 # Until the pipeline engine lands, `--engines ddp` runs only what needs no pipeline.
 DDP_ONLY = ("ddp", "ddp-fault", "jobset-user-error-ddp", "trainjob", "preempt-ddp", "jobset-elastic")
 
-__all__ = ["DDP_ONLY", "ROOT", "SCENARIOS", "Result", "Settings"]
+__all__ = ["DDP_ONLY", "MEASURED_SECONDS", "ROOT", "SCENARIOS", "Result", "Settings"]

@@ -18,7 +18,7 @@ from maskrcnn_dist.run_dir import METRICS_FILE
 
 from .. import checks
 from ..checks import Failed, require
-from ..cluster import DockerError, container_exists
+from ..cluster import DockerError
 from .chart import ROOT
 from .common import Settings
 from .deployment import Deployment
@@ -43,16 +43,23 @@ def set_site_variables(recipe: str, site: dict[str, str]) -> str:
     return recipe
 
 
+def name_containers(recipe: str, prefix: str) -> tuple[str, list[str]]:
+    """The recipe with each of its `--name`s (and every later use of it) prefixed: docker's container
+    names are global, and another harness run may be running this recipe too. The new names."""
+    names = re.findall(r"--name\s+(\S+)", recipe)
+    for name in names:
+        recipe = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", f"{prefix}{name}", recipe)
+    return recipe, [f"{prefix}{name}" for name in names]
+
+
 def scenario_bare_nodes(settings: Settings) -> dict[str, Any]:
     """The docs' `docker run` recipe for three bare nodes, run as written; the docker network
-    stands in for the hosts' network (NET), container names for host names (MASTER)."""
+    stands in for the hosts' network (NET), container names (made unique) for host names (MASTER)."""
     recipe, source = extract_recipe()
-    names = re.findall(r"--name\s+(\S+)", recipe)
-    require(len(names) == 3, f"the recipe in {source} should start 3 named containers, found {names}")
     steps = int(re.search(r"--max-steps\s+(\d+)", recipe).group(1))
-    taken = [n for n in names if container_exists(n)]
-    require(not taken, f"containers named {taken} exist already (a killed run's?): docker rm -f {' '.join(taken)}")
     with Deployment(settings, "bare-nodes") as d:
+        recipe, names = name_containers(recipe, f"e2e-{d.run_id}-")
+        require(len(names) == 3, f"the recipe in {source} should start 3 named containers, found {names}")
         for n in names:
             d.cluster.adopt(n)
         data = d.cluster.host_dir / "srv-maskrcnn"

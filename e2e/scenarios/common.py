@@ -18,7 +18,12 @@ from maskrcnn_dist.config import small_cpu_run, to_argv
 RELEASE = "e2e"
 NAMESPACE = "e2e"
 RUN_DIR = f"/data/runs/{RELEASE}"  # the chart's --output-dir, /data/runs/{{ .Release.Name }}
-RPC_TIMEOUT = 30  # --rpc-timeout: "seconds before a silent peer counts as lost"
+# --rpc-timeout, "seconds before a silent peer counts as lost": the trainer's default of 120 s where no
+# scenario waits for it (a killed or restarted peer's connection closes, which is noticed at once), so
+# that a step slowed by a loaded machine, or by the scenario running beside this one, is never taken
+# for a lost peer; 30 s in silent-peer, which waits it out (a frozen peer closes nothing).
+LIVENESS_TIMEOUT = 120
+RPC_TIMEOUT = 30
 EXIT_MARGIN = 15  # process teardown on top of it (interpreter exit, torchrun's agent)
 WAIT_TIMEOUT = 240  # MASKRCNN_WAIT_TIMEOUT: how long a worker waits for the master
 
@@ -29,6 +34,7 @@ class Settings:
     image: str
     out: Path  # runs/e2e
     kubelet_backoff: float = 10.0  # the kubelet's first crash-loop back-off
+    session: str = ""  # the harness run's id: the start of every run id, so of every container and network name
 
 
 @dataclass
@@ -47,6 +53,7 @@ def trainer_args(
     keep: int = 50,
     epochs: int = 20,
     extra: tuple[str, ...] = (),
+    rpc_timeout: int = LIVENESS_TIMEOUT,
 ) -> list[str]:
     """The small CPU run (config.small_cpu_run): R18-FPN at 64-96 px, 8 synthetic images, batch 2, one
     thread per process."""
@@ -64,7 +71,7 @@ def trainer_args(
         eval_every_epoch=False,
         checkpoint_period=checkpoint_period,
         keep_checkpoints=keep,
-        rpc_timeout=RPC_TIMEOUT,
+        rpc_timeout=rpc_timeout,
         print_freq=1,
     )
     return [*to_argv(flags), *extra, "--output-dir", "/data/runs/{{ .Release.Name }}", "--resume", "auto"]

@@ -36,7 +36,8 @@ class Deployment:
     def __init__(self, settings: Settings, name: str) -> None:
         self.settings = settings
         self.name = name
-        self.run_id = secrets.token_hex(3)
+        # Unique among the scenarios running at once: it names the network, the containers and the host folder.
+        self.run_id = settings.session + secrets.token_hex(3)
         self.out = settings.out / name
         shutil.rmtree(self.out, ignore_errors=True)
         self.out.mkdir(parents=True)

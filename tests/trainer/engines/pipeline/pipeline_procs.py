@@ -3,7 +3,8 @@
 A worker serves its stage (train()'s worker path). The master runs a scenario and writes what
 it measured to OUT/result.pt for the test to check; train()'s master path trains for real. Every process
 runs with tripwires on RRefs, distributed autograd and the distributed optimizer (tripwires.py), its
-record in OUT/tripwires/ROLE-INDEX.log.
+record in OUT/tripwires/ROLE-INDEX.log. The master also lists every RPC call it makes, callee and
+function, one a line, in OUT/calls-master.log (record_calls).
 """
 
 from __future__ import annotations
@@ -59,10 +60,32 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
         proc.wait(timeout=30)
 
 
+def record_calls(record: Path) -> None:
+    """Append "CALLEE FUNCTION" to `record` for each rpc_sync/rpc_async this process makes, in order."""
+    import functools
+
+    import torch.distributed.rpc as rpc
+
+    def wired(original):
+        @functools.wraps(original)
+        def call(to, func, *args, **kwargs):
+            with open(record, "a") as out:
+                out.write(f"{getattr(to, 'name', to)} {getattr(func, '__name__', func)}\n")
+            return original(to, func, *args, **kwargs)
+
+        return call
+
+    record.write_text("")
+    for name in ("rpc_sync", "rpc_async"):
+        setattr(rpc, name, wired(getattr(rpc, name)))
+
+
 def _config(args: dict):
     from pipeline_toy import small_config
 
-    cfg = small_config(micro_batches=args.get("micro_batches", 4), peer_timeout=args.get("rpc_timeout", 20.0))
+    cfg = small_config(
+        micro_batches=args.get("micro_batches", 4), peer_timeout=args.get("rpc_timeout", 20.0), size=args["size"]
+    )
     if "output_dir" in args:
         cfg = replace(cfg, output_dir=Path(args["output_dir"]))
     return cfg
@@ -81,6 +104,8 @@ def master_main(args: dict) -> None:
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     import pipeline_scenarios
+
+    record_calls(Path(args["out"]) / "calls-master.log")
 
     from maskrcnn_dist.errors import TrainingError
 

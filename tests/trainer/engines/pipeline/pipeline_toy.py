@@ -10,11 +10,11 @@ NUM_CLASSES = 3
 SIZE = 96
 
 
-def small_config(peer_timeout: float = 20.0, **pipeline: object) -> TrainConfig:
-    """The small CPU run at 96 px: batch-statistics BatchNorm, no warm-up, global gradient clipping at 5 (a
-    random model's mask loss starts near 9 and diverges at lr 0.01 without it), one thread."""
+def small_config(peer_timeout: float = 20.0, size: int = SIZE, **pipeline: object) -> TrainConfig:
+    """The small CPU run at `size` px: batch-statistics BatchNorm, no warm-up, global gradient clipping at 5
+    (a random model's mask loss starts near 9 and diverges at lr 0.01 without it), one thread."""
     flags = small_cpu_run(
-        SIZE,
+        size,
         engine="pipeline",
         seed=0,
         threads=1,

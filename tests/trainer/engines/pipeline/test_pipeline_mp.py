@@ -18,10 +18,13 @@ from .pipeline_procs import spawn, stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
 
+# The smallest images make_batch's rectangles fit (and BatchNorm's deepest map has 2x2 values per image).
+SIZE = 64
+
 
 def run_job(tmp: Path, port: int, scenario: str, timeout: float, replicas=(1, 1), **extra) -> tuple[int, str, float]:
     """Start the master and both workers; return the master's exit code, its log and its run time."""
-    common = {"port": port, "out": str(tmp), "replicas": list(replicas), **extra}
+    common = {"port": port, "out": str(tmp), "replicas": list(replicas), "size": SIZE, **extra}
     procs = []
     try:
         procs.append(spawn("master", {**common, "scenario": scenario}, tmp))
@@ -39,7 +42,8 @@ def run_job(tmp: Path, port: int, scenario: str, timeout: float, replicas=(1, 1)
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("compare")
-    code, log, _ = run_job(tmp, pick_free_port(), "compare", timeout=600, micro_batches=2)
+    # Nothing here waits out --rpc-timeout: a long one keeps a busy machine from failing a healthy call.
+    code, log, _ = run_job(tmp, pick_free_port(), "compare", timeout=600, micro_batches=2, rpc_timeout=120)
     assert code == 0, log
     yield {**torch.load(tmp / "result.pt", weights_only=False), "tripwires": tripwires.tripped(tmp / "tripwires")}
     drop_checkpoints(tmp)
@@ -60,8 +64,8 @@ def test_m1_equals_single_process(compared) -> None:
 
 def test_m2_close_to_single_process(compared) -> None:
     # M=2: RPN/RoI sampling normalises per micro-batch and BatchNorm sees half the batch, so the
-    # terms differ; the first step's weights start equal, so the loss is close, not equal. Seen:
-    # total loss 10.73 vs 10.97, parameters 4e-3 apart after two steps at lr 0.01.
+    # terms differ; the first step's weights start equal, so the loss is close, not equal. Seen at 96
+    # px: total loss 10.73 vs 10.97, parameters 4e-3 apart after two steps at lr 0.01.
     first, expected = compared["m2_losses"][0], compared["local_losses"][0]
     for name in expected:
         assert first[name] == pytest.approx(expected[name], rel=0.25, abs=0.05), name
@@ -106,8 +110,13 @@ def test_replicas_stay_identical_and_match_one_replica(compared) -> None:
 
 def test_1f1b_equals_gpipe_over_rpc(compared) -> None:
     assert compared["m4_1f1b_losses"] == compared["m4_gpipe_losses"]
-    for key, expected in compared["m4_gpipe_state"]["model"].items():
-        assert torch.equal(compared["m4_1f1b_state"]["model"][key], expected), key
+    got, expected = compared["m4_1f1b_state"], compared["m4_gpipe_state"]
+    for key, value in expected["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    momenta = {i: s["momentum_buffer"] for i, s in expected["optimizer"]["state"].items()}
+    assert momenta and got["optimizer"]["state"].keys() == momenta.keys()
+    for i, value in momenta.items():
+        assert torch.equal(got["optimizer"]["state"][i]["momentum_buffer"], value), i
     # What each schedule kept in flight per stage: 1F1B at most the stages after it, GPipe every micro-batch.
     for schedule, held in (("1f1b", [2.0, 1.0]), ("gpipe", [4.0, 4.0])):
         metrics = compared[f"m4_{schedule}_metrics"]
@@ -152,7 +161,7 @@ def test_validation_losses_match_and_change_nothing(compared) -> None:
 
 def test_metrics_count_bytes_and_busy_time(compared) -> None:
     metrics = compared["metrics"]
-    assert metrics["link/worker1->worker2/bytes"] > 100_000  # FPN features of 4 images at 96 px
+    assert metrics["link/worker1->worker2/bytes"] > 100_000  # FPN features of 4 images at 64 px: 1.4 MB
     assert metrics["link/worker2->worker1/grad_bytes"] > 0
     assert 0.0 <= metrics["pipeline/bubble_fraction"] <= 1.0
     assert metrics["stage1/busy_s"] > 0 and metrics["stage2/busy_s"] > 0
@@ -164,38 +173,17 @@ def _records(path: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == kind]
 
 
-def test_train_pipeline_trains_evaluates_and_checkpoints(tmp_path, free_port) -> None:
-    """The CLI's path: train() on every process, the shared Trainer on the master."""
-    out = tmp_path / "run"
-    code, log, _ = run_job(tmp_path, free_port, "train_cli", timeout=200, steps=5, output_dir=str(out), micro_batches=2)
-    assert code == 0, log
-    train = _records(out / "metrics.jsonl", "train")
-    assert [r["step"] for r in train] == [1, 2, 3, 4, 5]
-    assert train[-1]["loss"] < train[0]["loss"], [r["loss"] for r in train]
-    assert train[0]["link/worker1->worker2/bytes"] > 0
-    assert _records(out / "metrics.jsonl", "eval"), "evaluation through the pipeline wrote no record"
-    # The checkpoint has torchvision's key names: it loads into a plain model.
-    from maskrcnn_dist.checkpoint import latest_checkpoint, load_checkpoint
-    from maskrcnn_dist.modeling.model import build_model
-
-    from .pipeline_toy import small_config
-
-    state = load_checkpoint(latest_checkpoint(out / "checkpoints"))
-    assert state["engine"] == "pipeline" and state["step"] == 5
-    build_model(
-        small_config().model, num_classes=state["model"]["roi_heads.box_predictor.cls_score.bias"].numel()
-    ).load_state_dict(state["model"])
-
-
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_master_exits_when_worker2_dies(tmp_path, free_port, fault: str) -> None:
     """Killed: the closed connection fails the step at once. Frozen (SIGSTOP: nothing closes, as
     `docker pause` in the e2e silent-peer scenario): the step's calls time out after --rpc-timeout and
     the master leaves right then, without a further call to the frozen peer."""
-    # Killed: at once (a second or two), not at --rpc-timeout (60 s). Frozen: one --rpc-timeout (30 s), the
-    # search for the lost peer (at most 5 s) and the exit, not two (60 s and more). Each bound lies far
-    # from both sides, so that a busy machine cannot decide it.
-    timeout = 60.0 if fault == "killed" else 30.0
+    # Killed: at once (a second or two), not at --rpc-timeout (60 s): the bound of 30 s lies far from both.
+    # Frozen: one --rpc-timeout (small, so as not to wait long for it, yet far above any call of a healthy
+    # step here), the search for the lost peer and the exit. That no call to the frozen peer follows the
+    # search (a drop in close() would wait out a second timeout) is read from the master's list of calls;
+    # the clock only guards against a hang.
+    timeout = 60.0 if fault == "killed" else 20.0
     out = tmp_path / "run"
     port = free_port
     common = {
@@ -205,6 +193,7 @@ def test_master_exits_when_worker2_dies(tmp_path, free_port, fault: str) -> None
         "output_dir": str(out),
         "rpc_timeout": timeout,
         "micro_batches": 2,
+        "size": SIZE,
     }
     procs = []
     try:
@@ -223,9 +212,12 @@ def test_master_exits_when_worker2_dies(tmp_path, free_port, fault: str) -> None
         elapsed = time.monotonic() - killed
         log = (tmp_path / "master-0.log").read_text()
         assert code != 0, log
-        limit = 30 if fault == "killed" else timeout + 15
-        assert elapsed < limit, f"master took {elapsed:.1f}s"
+        if fault == "killed":
+            assert elapsed < 30, f"master took {elapsed:.1f}s"
         assert "worker2" in log.splitlines()[-1] and "lost" in log.splitlines()[-1], log[-2000:]
+        calls = (tmp_path / "calls-master.log").read_text().splitlines()
+        search = len(calls) - calls[::-1].index("worker2 _ping")  # the search for the lost peer found it
+        assert [c for c in calls[search:] if c.startswith("worker2 ")] == [], calls[search - 1 :]
         # worker1 notices the master is gone and exits non-zero too.
         assert procs[1].wait(timeout=timeout + 10) != 0
     finally:
