@@ -55,7 +55,6 @@ from .membership import (
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
-POLL_S = 0.05
 
 
 class GroupFailure(RuntimeError):
@@ -186,7 +185,7 @@ class ElasticGroup:
                 why = f"member {(silent or missing)[0]} did not come to form generation {number}"
                 self.store.compare_set(f"g{number}/abort", "", why)
                 raise FormationFailed(why)
-            time.sleep(POLL_S)
+            time.sleep(self.policy.poll_s)
 
     def _generation(self) -> Generation:
         if self.generation is None:
@@ -220,7 +219,7 @@ class ElasticGroup:
         if self.store.add(f"{key}/n", 1) == self.size:
             self.store.compare_set(f"{key}/d", "", COMMITTED)
         ended = lambda: self.watcher.ended(number) or self._leader_silent()  # noqa: E731
-        if not store_wait(self.store, f"{key}/d", self.policy.timeout_s, POLL_S, give_up=ended):
+        if not store_wait(self.store, f"{key}/d", self.policy.timeout_s, self.policy.poll_s, give_up=ended):
             self.store.compare_set(f"{key}/d", "", "abort")
         if self.store.get(f"{key}/d").decode() != COMMITTED:
             raise StepAborted(f"step {step + 1} was not committed in generation {number}: {self._abort_reason()}")
@@ -281,7 +280,7 @@ class ElasticGroup:
                 self.desk.refuse(joiners, "the group stopped below its minimum size")
                 self.store.set(f"g{old.number}/stop", "1")
                 return None
-            time.sleep(POLL_S)
+            time.sleep(self.policy.poll_s)
 
     def share_state(self, state: Any) -> Any:
         """After a generation that admitted newcomers: the leader sends `state` (its checkpoint's dict) to
@@ -328,7 +327,7 @@ class ElasticGroup:
         """Wait for the leader to write `keys` (the first of several), up to the group's timeout plus
         `timeout_s`: None when its run has ended meanwhile, LeaderLost once its heartbeat has stopped."""
         over = lambda: self.store.check(["finished"]) or self._leader_silent()  # noqa: E731
-        came = store_wait(self.store, keys, self.policy.timeout_s + timeout_s, POLL_S, give_up=over)
+        came = store_wait(self.store, keys, self.policy.timeout_s + timeout_s, self.policy.poll_s, give_up=over)
         if came is not None or self.store.check(["finished"]):
             return came
         raise LeaderLost(f"the master (member {LEADER}) fell silent: the group cannot go on without it")

@@ -15,7 +15,6 @@ from .membership import REFUSED, ElasticPolicy, Generation, admissions, heartbea
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
-POLL_S = 0.05
 
 
 class Desk:
@@ -63,7 +62,7 @@ class Desk:
                 if verdict is not None:
                     staying += [member] if verdict else []
                     pending.discard(member)
-            time.sleep(POLL_S if pending else 0)
+            time.sleep(self.policy.poll_s if pending else 0)
         if pending:
             log.warning("elastic: members %s neither answered nor fell silent: left out", sorted(pending))
         return staying

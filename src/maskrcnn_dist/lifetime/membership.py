@@ -52,6 +52,7 @@ class ElasticPolicy:
     beat_s: float = 0.2
     dead_after_s: float = 2.0
     timeout_s: float = 1800.0  # a collective, and a wait for the leader's decision
+    poll_s: float = 0.05  # how often a wait on the store looks again (a step's commit waits once)
     min_size: int = 1  # --elastic-min-size
     min_wait_s: float = 300.0  # --elastic-min-wait
 

@@ -5,6 +5,9 @@ A global batch is a pure function of the step, and each member's loss is weighte
 global batch, so a step's update does not depend on the number of members: the final weights of any
 run, whatever members it lost or admitted, equal an uninterrupted one-process run's (`reference`).
 Each finished step appends one JSON line to <out>/member<id>.jsonl: step, generation, size, weights.
+A step sleeps STEP_SECONDS until <out>/release exists: the run lasts while a test's faults (kills, starts
+of replacements) happen, and once the test has written the file (its faults done) the rest of the steps
+run at once. The steps and the weights are the same either way.
 
     python elastic_member.py HOST PORT ID LAUNCH_WORLD STEPS OUT [STEP_SECONDS]
     python elastic_member.py env STEPS OUT [STEP_SECONDS]   (under torchrun: MASTER_ADDR, MASTER_PORT, RANK,
@@ -30,7 +33,8 @@ from maskrcnn_dist.lifetime.elastic import ElasticGroup, StepAborted
 from maskrcnn_dist.lifetime.membership import ElasticPolicy
 
 GLOBAL_BATCH = 6
-POLICY = ElasticPolicy(beat_s=0.1, dead_after_s=1.0, timeout_s=60.0)
+POLICY = ElasticPolicy(beat_s=0.1, dead_after_s=1.0, timeout_s=60.0, poll_s=0.01)
+RELEASE = "release"  # <out>/release: the test's faults are done, stop pacing the steps
 
 
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +98,8 @@ def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path
         failure = None
         try:
             local_gradients(model, step, group.rank, group.size)
-            time.sleep(step_s)
+            if step_s and not (out / RELEASE).exists():
+                time.sleep(step_s)
             flat = torch.cat([p.grad.flatten() for p in model.parameters()])
             summed = torch.cat([flat, group.boundary_flags(leave=bool(asked), stop=bool(asked))])
             dist.all_reduce(summed)
