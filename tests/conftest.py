@@ -21,7 +21,7 @@ from console_zygote import SCRIPTS as ZYGOTE_SCRIPTS
 from maskrcnn_launcher.contract import DEVICE_MAP_GUARD
 from maskrcnn_launcher.peers import free_port as pick_free_port
 
-pytest_plugins = ("checkout_guard", "timings", "tiers", "longest_first", "worker_threads")
+pytest_plugins = ("checkout_guard", "timings", "tiers", "longest_first")
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools"

@@ -5,7 +5,6 @@ itself stays within the budgets that README and .ci/run promise."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from hack import timings as budget
 from longest_first import longest_first, seconds_per_file
 from test_tiers import run_project
 from timings import Cost, Timings
-from worker_threads import threads_per_worker
 
 
 def run_of(walls: dict[str, float], factor: float = 1.0, markers: dict[str, list[str]] | None = None):
@@ -128,11 +126,3 @@ def test_xdist_workers_get_the_longest_files_first_each_file_in_its_own_order() 
     ]
     committed = seconds_per_file(json.loads(budget.BASELINE.read_text())["tests"])
     assert committed["tests/checks/test_gpu_check.py"] > committed["tests/test_timings.py"]
-
-
-def test_each_xdist_worker_gets_its_share_of_the_cpus() -> None:
-    assert [threads_per_worker(cpus, 2) for cpus in (1, 2, 3, 16)] == [1, 1, 1, 8]
-    assert threads_per_worker(2, 1) == 2
-    if "PYTEST_XDIST_WORKER" in os.environ:  # this very run, under `make test`
-        workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-        assert os.environ["MASKRCNN_TEST_THREADS"] == str(threads_per_worker(os.cpu_count() or 1, workers))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +37,9 @@ def four_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def threads_for_tests() -> int:
-    """A trainer test's torch threads: 2, or an xdist worker's share of the CPUs (tests/worker_threads.py)."""
-    return int(os.environ.get("MASKRCNN_TEST_THREADS", "2"))
-
-
 def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConfig:
     """The small CPU run (config.small_cpu_run) at 96 px, a few steps: what every trainer test starts from."""
-    torch.set_num_threads(threads_for_tests())
+    torch.set_num_threads(2)
     values = small_cpu_run(
         96,
         data_path=data_path,

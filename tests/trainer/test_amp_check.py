@@ -13,12 +13,12 @@ from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
-from .conftest import first_steps, threads_for_tests
+from .conftest import first_steps
 
 
 @pytest.fixture(scope="module")
 def engine_and_batches(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory):
-    torch.set_num_threads(threads_for_tests())
+    torch.set_num_threads(2)
     values = small_cpu_run(64, data_path=tiny_coco, output_dir=tmp_path_factory.mktemp("amp"), batch_size=2, lr=0.005)
     cfg = apply_overrides(TrainConfig(), {**values, "workers": 0, "aspect-ratio-group-factor": -1}, "test")
     train_set, _ = load_datasets(cfg)

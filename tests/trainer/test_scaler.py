@@ -18,12 +18,12 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling import perf
 
-from .conftest import first_steps, threads_for_tests
+from .conftest import first_steps
 
 
 def fp16_config(data: Path, out: Path, **flags: object) -> TrainConfig:
     """The tests' small CPU run under fp16 autocast, built without the command line's fp16 refusal."""
-    torch.set_num_threads(threads_for_tests())
+    torch.set_num_threads(2)
     values = small_cpu_run(64, data_path=data, output_dir=out, batch_size=1, workers=0, lr=0.005)
     values |= {"amp": True, "amp-dtype": "float16", "aspect-ratio-group-factor": -1, **flags}
     return apply_overrides(TrainConfig(), values, "test")
