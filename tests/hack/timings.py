@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BASELINE = Path(__file__).with_name("timings-baseline.json")
-# `make test` on the 2-core CI machine: the baseline measured 41 minutes (2,461 s of tests). Issue 54's
-# goal, 15 minutes, is not reached yet: this holds the suite where it is until the next cut.
-SUITE_BUDGET_S = 45 * 60
-FAST_BUDGET_S = 3 * 60  # `make test-fast`: every test not marked slow (or soak)
+# `make test` on the 2-core CI machine, two xdist workers: the baseline's session took 19.6 minutes (it was
+# 41 in one process). Issue 54's goal, 15 minutes, is not reached yet: this holds the suite near where it is.
+SUITE_BUDGET_S = 22 * 60
+FAST_BUDGET_S = 3 * 60  # `make test-fast`: every test not marked slow (or soak), shared by the workers
 NEW_TESTS_S = 60.0  # what a change's new tests may add together, in baseline seconds
 GROWTH_SLACK_S = 5.0  # a known test may take twice its baseline plus this before it counts as grown
 FACTOR_FLOOR_S = 1.0  # tests at least this long in the baseline set the machine factor
