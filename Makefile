@@ -38,7 +38,7 @@ XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfil
 # .ci/run sets it empty: the soak then shares the workers with the rest of the suite.
 TEST_MARKS ?= not soak
 
-test: install ## run the whole test suite but the soak (about 40 minutes on 2 cores); writes $(TEST_TIMINGS)
+test: install ## run the whole test suite but the soak (about 20 minutes on 2 cores, two xdist workers); writes $(TEST_TIMINGS)
 	$(BIN)/python -m pytest -q $(XDIST) -m '$(TEST_MARKS)' tests --timings $(TEST_TIMINGS)
 
 test-fast: install ## the quick loop: no test that trains or starts a process (within 3 minutes)
