@@ -15,13 +15,10 @@ Loaded by tests/conftest.py (`pytest_plugins`).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
-
-BASELINE = Path(__file__).with_name("hack") / "timings-baseline.json"
+from hack.timings import BASELINE, read_baseline
 
 
 def seconds_per_file(baseline: dict[str, float]) -> dict[str, float]:
@@ -48,6 +45,6 @@ def longest_first(nodeids: list[str], files: dict[str, float]) -> list[int]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not hasattr(config, "workerinput") or not BASELINE.exists():
         return
-    files = seconds_per_file(json.loads(BASELINE.read_text())["tests"])
+    files = seconds_per_file(read_baseline(BASELINE))
     order = longest_first([item.nodeid for item in items], files)
     items[:] = [items[position] for position in order]
