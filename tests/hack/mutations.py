@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one mutation's tests may take")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or any(part in m.name for part in args.only.split(","))]
+    if not chosen:
+        print(f"error: --only {args.only!r} names no mutation (`list` shows them)", file=sys.stderr)
+        return 2
     if args.command == "list":
         for m in chosen:
             print(f"{m.name:60} {' '.join(m.tests)}")
