@@ -20,6 +20,7 @@ import pytest
 from console_zygote import SCRIPTS as ZYGOTE_SCRIPTS
 from maskrcnn_launcher.contract import DEVICE_MAP_GUARD
 from maskrcnn_launcher.peers import free_port as pick_free_port
+from once import remove_all
 
 pytest_plugins = ("checkout_guard", "timings", "tiers", "longest_first")
 
@@ -42,6 +43,12 @@ def helm() -> str:
     if proc.returncode != 0:
         pytest.fail(f"no helm on PATH and helm/hack/get-helm.sh failed:\n{proc.stdout}\n{proc.stderr}")
     return str(TOOLS / "helm")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's own, as xdist reads it
+    if factory is not None:
+        remove_all(factory)  # once.py: after every worker is done with what it shares
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
