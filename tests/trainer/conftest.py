@@ -40,8 +40,8 @@ def four_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConfig:
     """The small CPU run (config.small_cpu_run) at 96 px, a few steps: what every trainer test starts from.
     One thread: `make test` runs two xdist workers on two cores, where two threads each only wait on each
-    other (the suite took 1,479 s with two, 1,177 s with one); the same in one process, so a test's
-    numbers do not depend on how it was run."""
+    other (docs/testing.md has the figures); the same in one process, so a test's numbers do not depend
+    on how it was run."""
     torch.set_num_threads(1)
     values = small_cpu_run(
         96,
