@@ -213,6 +213,14 @@ def _parse_then_write(annotation_file: Path, cache: CacheFile, release_fd: int) 
         with contextlib.suppress(OSError, DatasetError), cache.writer_lock():
             if not cache.made_for_key():
                 cache.write(store.chunks())
+    # The lock's file goes once the payload it guarded is made (left, one empty file per annotation file a
+    # node ever parsed piles up in the temporary folder). No one needs it after: a later process finds the
+    # payload made before it looks for the lock (`_start`; cache.py reads it first), and one that opened
+    # it before this unlink waits on this process's hold of the same inode; at worst such a one parses
+    # again and writes nothing.
+    with contextlib.suppress(OSError, DatasetError):
+        if cache.made_for_key():
+            os.unlink(cache.ahead_lock_path())
 
 
 def file_size(path: Path) -> int:

@@ -70,8 +70,9 @@ def test_the_trainer_waits_for_the_store_parsed_ahead_and_does_not_parse_again(
     monkeypatch.undo()
     for split in ("train", "val"):
         annotations = coco / split / "annotations.json"
-        written = samples_file(annotations, tmp_path / "run" / "cache").read()
-        assert bytes(written) == b"".join(read_store(annotations).chunks())  # the trainer's own parse, bit for bit
+        cache = samples_file(annotations, tmp_path / "run" / "cache")
+        assert bytes(cache.read()) == b"".join(read_store(annotations).chunks())  # the trainer's own parse, bit for bit
+        assert not cache.ahead_lock_path().exists()  # the child's lock file goes with the payload made
 
 
 def test_a_run_that_ends_before_its_data_is_loaded_writes_nothing(coco: Path, tmp_path: Path) -> None:
