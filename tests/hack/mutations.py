@@ -164,6 +164,11 @@ MUTATIONS = (
         ),
         ("tests/trainer/test_step_reads.py",),
     ),
+    Mutation(
+        "the parse-ahead lock file left in the temporary folder",
+        (("data/parse_ahead.py", "            os.unlink(cache.ahead_lock_path())\n", "            pass\n"),),
+        ("tests/trainer/data/test_parse_ahead.py",),
+    ),
 )
 
 
