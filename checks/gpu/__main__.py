@@ -52,7 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so run_group's cleanup ends the process tree it started: the
     # runner's check, and a check's own torchrun or launcher (its own session, out of the runner's reach).
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # Put back at the end: called as a library (the CPU self-test, in a pytest worker), the handler would
+    # outlive the run and turn a later SIGTERM to a fork of that process into a SystemExit in a copy of it.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.child:
         env = Env(**json.loads(args.plan.read_text()))
         return run_child({c.name: c for c in checks_for(env)}[args.child], env)

@@ -5,6 +5,7 @@ between GPU sessions (it runs the same code, with the small model on tiny images
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,13 @@ def test_the_elastic_check_needs_a_gpu_per_rank_on_cuda() -> None:
 
     assert needs_elastic_devices(env("cuda", 1)) == "needs 2 GPUs: NCCL refuses two ranks on one device (1 here)"
     assert needs_elastic_devices(env("cuda", 2)) is None and needs_elastic_devices(env("cpu", 0)) is None
+
+
+def test_the_runner_puts_back_the_sigterm_handler_it_installs(tmp_path: Path) -> None:
+    """main() unwinds on SIGTERM while it runs; called as a library (the self-test above, in a pytest
+    worker) it leaves the process's handler as it found it: left, a later SIGTERM to a fork of the worker
+    (the data check's readers) ran it there and unwound the fork into pytest's own loop."""
+    before = signal.getsignal(signal.SIGTERM)
+    argv = ["--device", "cpu", "--only", "no_such_check", "--work-dir", str(tmp_path / "work")]
+    assert gpu_check.main([*argv, "--json-out", str(tmp_path / "report.json")]) == 2  # refused: unknown check
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -40,6 +40,7 @@ _POLL_EVERY = 64
 # ints unpickle much faster than dataclasses).
 Facts = tuple[int, int, str | tuple[int, int, int, int]]
 _STOP = "stop"
+_ENDING = {signal.SIGTERM, signal.SIGINT}  # what ends a worker: terminate(), a pod's SIGTERM, Ctrl-C
 
 
 class CheckAhead:
@@ -56,7 +57,15 @@ class CheckAhead:
             worker = context.Process(
                 target=_read_files, args=(self.folders, mode, index, count, theirs), daemon=True, name="check-ahead"
             )
-            worker.start()
+            # A fork keeps the trainer's Python signal handlers until _read_files drops them: a SIGTERM in
+            # between (close() right after the start) would run the trainer's handler in the child, and one
+            # that raises would unwind the child into the trainer's own code. Blocked across the fork, it
+            # waits for the child's default handlers and ends it.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
+            try:
+                worker.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             theirs.close()
             self._workers.append((worker, mine))
         self._facts: dict[str, Facts] | None = None
@@ -145,9 +154,11 @@ def read_ahead(
 def _read_files(folders: Sequence[Path], mode: str, index: int, count: int, conn: Connection) -> None:
     """A worker: every `count`-th image file of the folders, from the `index`-th, until all are read or
     it is told to stop; then it sends what it read."""
-    # Dies with the trainer's process group (a pod's SIGTERM): what it read is optional.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Dies with the trainer's process group (a pod's SIGTERM): what it read is optional. (Blocked since
+    # the fork, CheckAhead's reason: a signal sent meanwhile is delivered here, to the default handlers.)
+    for signum in _ENDING:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ENDING)
     facts: dict[str, Facts] = {}
     try:
         paths = [path for folder in folders for path in _listing(folder)][index::count]

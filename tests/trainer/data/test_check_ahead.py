@@ -205,3 +205,30 @@ def test_check_data_reads_ahead_and_judges_alike(tmp_path: Path, monkeypatch: py
         assert one.frames == other.frames
     assert [b.image_id for b in ahead[0].bad] == [3]
     json.loads((root / "train" / "annotations.json").read_text())  # the set itself untouched
+
+
+def test_a_worker_ended_at_its_start_dies_by_the_signal_not_by_the_trainers_handler(tmp_path: Path) -> None:
+    """The fork keeps this process's Python handlers until the worker drops them; a SIGTERM from close()
+    in between must not run them there (one that raises unwound a worker into pytest's own loop, where it
+    hung its parent's join: check_ahead.py blocks the signal across the fork)."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, "PNG")
+    for k in range(2000):  # still reading when it is ended
+        (folder / f"{k:05d}.png").write_bytes(png.getvalue())
+
+    def trainers_handler(signum, frame):
+        raise SystemExit(99)
+
+    previous = signal.signal(signal.SIGTERM, trainers_handler)
+    try:
+        codes = []
+        for _ in range(10):
+            ahead = CheckAhead([folder], "header", processes=1)
+            ((worker, _conn),) = ahead._workers
+            ahead.close()  # terminate() at once, while the child may still be starting
+            codes.append(worker.exitcode)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert codes == [-signal.SIGTERM] * 10, codes
