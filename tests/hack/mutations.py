@@ -169,6 +169,17 @@ MUTATIONS = (
         (("data/parse_ahead.py", "            os.unlink(cache.ahead_lock_path())\n", "            pass\n"),),
         ("tests/trainer/data/test_parse_ahead.py",),
     ),
+    Mutation(
+        "a data-check reader forked with the trainer's signal handlers live",
+        (
+            (
+                "data/check_ahead.py",
+                "blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)",
+                "blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set())",
+            ),
+        ),
+        ("tests/trainer/data/test_check_ahead.py",),
+    ),
 )
 
 
