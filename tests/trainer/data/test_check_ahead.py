@@ -148,13 +148,19 @@ def test_a_worker_that_died_adds_nothing(tmp_path: Path, monkeypatch: pytest.Mon
     assert _said(report, split) == _said(checked, split)
 
 
-def test_the_workers_stop_when_the_check_starts(tmp_path: Path) -> None:
+def _many_pngs(tmp_path: Path, count: int) -> Path:
+    """A folder of `count` tiny PNG files: more than a worker reads before it is stopped."""
     folder = tmp_path / "many"
     folder.mkdir()
     png = io.BytesIO()
     Image.new("RGB", (8, 8)).save(png, "PNG")
-    for k in range(3000):
+    for k in range(count):
         (folder / f"{k:05d}.png").write_bytes(png.getvalue())
+    return folder
+
+
+def test_the_workers_stop_when_the_check_starts(tmp_path: Path) -> None:
+    folder = _many_pngs(tmp_path, 3000)
     ahead = CheckAhead([folder], "full", processes=1)
     facts = ahead.facts(wait_s=30)  # at once: the worker has read only some of them
     assert len(facts) < 3000
@@ -220,12 +226,7 @@ def test_a_worker_ended_at_its_start_dies_by_the_signal_not_by_the_trainers_hand
     """The fork keeps this process's Python handlers until the worker drops them; a SIGTERM from close()
     in between must not run them there (one that raises unwound a worker into pytest's own loop, where it
     hung its parent's join: check_ahead.py blocks the signal across the fork)."""
-    folder = tmp_path / "many"
-    folder.mkdir()
-    png = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(png, "PNG")
-    for k in range(2000):  # still reading when it is ended
-        (folder / f"{k:05d}.png").write_bytes(png.getvalue())
+    folder = _many_pngs(tmp_path, 2000)  # still reading when it is ended
 
     def trainers_handler(signum, frame):
         raise SystemExit(99)
