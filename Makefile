@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # Everything the demo writes; removed by `make clean`.
 DEMO_DIR ?= runs/demo
 
-.PHONY: help install demo test test-fast test-soak test-budget gpu-check lint docs clean
+.PHONY: help install demo test test-fast test-soak gpu-check-cpu test-budget gpu-check lint docs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -35,10 +35,10 @@ TEST_TIMINGS ?= runs/test-timings.json
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# .ci/run sets it empty: the soak then shares the workers with the rest of the suite.
-TEST_MARKS ?= not soak
+# .ci/run sets it empty: the soak and the GPU check's rehearsal then share the workers with the rest.
+TEST_MARKS ?= not soak and not rehearsal
 
-test: install ## run the whole test suite but the soak (about 20 minutes on 2 cores, two xdist workers); writes $(TEST_TIMINGS)
+test: install ## run the whole test suite but the soak and the gpu-check rehearsal (two xdist workers); writes $(TEST_TIMINGS)
 	$(BIN)/python -m pytest -q $(XDIST) -m '$(TEST_MARKS)' tests --timings $(TEST_TIMINGS)
 
 test-fast: install ## the quick loop: no test that trains or starts a process (within 3 minutes)
@@ -46,6 +46,9 @@ test-fast: install ## the quick loop: no test that trains or starts a process (w
 
 test-soak: install ## the long fault runs (the elastic chaos test: repeated kills and rejoins); .ci/run runs it
 	$(BIN)/python -m pytest -q -m soak
+
+gpu-check-cpu: install ## make gpu-check's every check on this CPU, as its self-test (about 3 minutes); .ci/run runs it
+	$(BIN)/python -m pytest -q -m rehearsal tests/checks
 
 test-budget: ## fail when the last `make test` added more test time than a change may (tests/hack/timings.py)
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) tests/hack/timings.py check $(TEST_TIMINGS)

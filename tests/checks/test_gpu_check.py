@@ -1,6 +1,8 @@
 """`make gpu-check` (checks/gpu) on CPU: every check passes or says why it is skipped, a failing check is
 recorded while the run goes on, and the JSON report holds every check. Keeps the GPU check from rotting
-between GPU sessions (it runs the same code, with the small model on tiny images)."""
+between GPU sessions (it runs the same code, with the small model on tiny images). The three tests
+of the whole run are marked `rehearsal`: `make gpu-check-cpu` and .ci/run run them, `make test` does not
+(each path it takes is the kit's own, which make test's engine tests cover; the run is 2-3 minutes)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def gpu_self_test(tmp_path_factory: pytest.TempPathFactory) -> SelfTest:
 
 
 @pytest.mark.slow
+@pytest.mark.rehearsal
 @pytest.mark.timeout(4000)
 def test_cpu_self_test_runs_every_check_in_order(gpu_self_test: SelfTest) -> None:
     injected = (INJECTED, INJECTED_HANG)
@@ -56,6 +59,7 @@ def test_cpu_self_test_runs_every_check_in_order(gpu_self_test: SelfTest) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.rehearsal
 @pytest.mark.timeout(4000)
 def test_injected_failure_and_hang_are_recorded_and_the_run_goes_on(gpu_self_test: SelfTest) -> None:
     """The injected hang holds a process tree of its own: the runner ends the check at its budget,
@@ -71,6 +75,7 @@ def test_injected_failure_and_hang_are_recorded_and_the_run_goes_on(gpu_self_tes
 
 
 @pytest.mark.slow
+@pytest.mark.rehearsal
 @pytest.mark.timeout(4000)
 def test_every_check_that_runs_on_cpu_passes_with_its_figures(gpu_self_test: SelfTest) -> None:
     checks = {n: c for n, c in gpu_self_test.checks.items() if n not in (INJECTED, INJECTED_HANG)}
@@ -154,3 +159,14 @@ def test_the_runner_puts_back_the_sigterm_handler_it_installs(tmp_path: Path) ->
     argv = ["--device", "cpu", "--only", "no_such_check", "--work-dir", str(tmp_path / "work")]
     assert gpu_check.main([*argv, "--json-out", str(tmp_path / "report.json")]) == 2  # refused: unknown check
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_work_dir_an_earlier_run_left_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    """A second run in the same --work-dir would resume the first one's checkpoints: refused before any check."""
+    (tmp_path / "data").mkdir()
+    with pytest.raises(SystemExit) as ended:
+        gpu_check.main(["--device", "cpu", "--work-dir", str(tmp_path), "--json-out", str(tmp_path / "r.json")])
+    assert ended.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"--work-dir {tmp_path}: not empty (an earlier run's?); give a new or an empty folder")
+    assert not (tmp_path / "r.json").exists()

@@ -33,6 +33,8 @@ BASELINE = Path(__file__).with_name("timings-baseline.json")
 SUITE_BUDGET_S = 22 * 60
 FAST_BUDGET_S = 3 * 60  # `make test-fast`: every test not marked slow (or soak), shared by the workers
 NEW_TESTS_S = 60.0  # what a change's new tests may add together, in baseline seconds
+# Marks of the tests `make test` leaves to CI (`make test TEST_MARKS=` runs them in the same session).
+CI_ONLY_MARKS = ("soak", "rehearsal")
 GROWTH_SLACK_S = 5.0  # a known test may take twice its baseline plus this before it counts as grown
 FACTOR_FLOOR_S = 1.0  # tests at least this long in the baseline set the machine factor
 FACTOR_MIN_TESTS = 5
@@ -53,6 +55,10 @@ class Test:
     @property
     def slow(self) -> bool:
         return "slow" in self.markers or "soak" in self.markers
+
+    @property
+    def in_make_test(self) -> bool:
+        return not set(self.markers) & set(CI_ONLY_MARKS)
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,8 @@ def machine_factor(run: Run, baseline: dict[str, float]) -> float:
 def budget_problems(run: Run, baseline: dict[str, float]) -> tuple[list[str], list[str]]:
     """(problems, notes): what breaks the budget, and the figures that decided it."""
     factor = machine_factor(run, baseline)
-    # The soak is not `make test`'s: CI runs it in the same session (`make test TEST_MARKS=`), under its own timeout.
-    counted = [t for t in run.tests.values() if t.outcome == "passed" and "soak" not in t.markers]
+    # The soak and the rehearsal are not `make test`'s: CI runs them in the same session, under their own timeouts.
+    counted = [t for t in run.tests.values() if t.outcome == "passed" and t.in_make_test]
     new = {t.id: t.wall / factor for t in counted if t.id not in baseline}
     grown = {
         t.id: (baseline[t.id], t.wall / factor)
@@ -141,7 +147,7 @@ def folder_table(runs: list[Run]) -> list[str]:
 
 
 def write_baseline(run: Run, path: Path) -> None:
-    kept = [t for t in run.tests.values() if "soak" not in t.markers]  # `make test`'s tests
+    kept = [t for t in run.tests.values() if t.in_make_test]
     record = {
         "about": "each test's wall seconds in a quiet `make test` on the 2-core CI machine (tests/hack/timings.py)",
         "load": list(run.load),
