@@ -180,6 +180,17 @@ MUTATIONS = (
         ),
         ("tests/trainer/data/test_check_ahead.py",),
     ),
+    Mutation(
+        "a progress poster whose final post timed out keeps its thread",
+        (
+            (
+                "training/progress_post.py",
+                "self._take_pending()  # not posted, now never",
+                "return  # not posted, now never",
+            ),
+        ),
+        ("tests/trainer/test_progress_post.py",),
+    ),
 )
 
 

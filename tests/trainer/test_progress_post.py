@@ -65,6 +65,18 @@ def train(p: ProgressPoster, clock: FakeClock, step: int, at: float, loss: float
     p.record("train", step, {"loss": loss, "lr": 0.02, "images_per_s": 8.5, "loss_mask": 0.3, "epoch": 0})
 
 
+@pytest.fixture(autouse=True)
+def no_poster_thread_outlives_its_test():
+    """Each test closes its posters, and close() ends the thread, its final post delivered or not (a process
+    that trains again, a library caller's, keeps no thread per run): none is left once the post in flight
+    is over, which its timeout bounds."""
+    yield
+    deadline = time.monotonic() + 30
+    while (left := [t for t in threading.enumerate() if t.name == "trainjob-progress"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"{len(left)} progress thread(s) outlived the test"
+
+
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
 
@@ -145,6 +157,7 @@ def test_a_rotated_token_is_read_again_for_the_next_post(authority: Authority, t
         assert p.drain(10)
     assert [r.authorization for r in server.received] == ["Bearer jwt-before", "Bearer jwt-after"]
     assert server.refused == []
+    p.close()  # the server is gone: the final post fails, and the thread ends all the same
 
 
 def test_posting_never_runs_on_the_training_thread(authority: Authority, tmp_path: Path) -> None:
@@ -184,6 +197,7 @@ def test_a_server_that_is_down_is_one_warning_then_rate_limited(
     train(p, clock, 21, at=400.0)  # past WARN_EVERY_S (300 s): the still-failing post is said again
     assert p.drain(10)
     assert len(warnings(caplog)) == 2 and "(21 failed in a row)" in warnings(caplog)[1]
+    p.close()
 
 
 def test_the_endpoint_comes_from_the_three_variables(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -219,6 +233,27 @@ def test_closing_waits_for_the_final_post_a_bounded_time(authority: Authority, t
         spent = time.monotonic() - started
     assert spent < 30, spent  # bounded: unbounded, it would wait for the black hole forever
     assert p.posted == 0 and "cannot post" in warnings(caplog)[0]
+
+
+def test_a_final_post_that_never_ends_leaves_no_thread_once_the_post_in_flight_does(tmp_path: Path, caplog) -> None:
+    """A send that outlasts close()'s bound (as a server that trickles its answer would): close() returns
+    after the bound with a warning, and the thread ends as soon as that send does, posting nothing more."""
+    release, sends = threading.Event(), []
+
+    def stuck(*args) -> None:
+        sends.append(args)
+        release.wait(60)
+
+    clock = FakeClock()
+    p = poster("https://localhost:1/status", tmp_path / "ca", tmp_path / "token", clock, timeout_s=0.2, send=stuck)
+    train(p, clock, 1, at=0.0)
+    p.close()  # bound: 2 x 0.2 + 1 s
+    assert "the final status was not posted within 1 s" in warnings(caplog)[-1]
+    release.set()  # the post in flight ends; the final status is dropped, not posted late
+    deadline = time.monotonic() + 30
+    while (alive := any(t.name == "trainjob-progress" for t in threading.enumerate())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive and len(sends) == 1, (alive, sends)
 
 
 def step_overheads(out: Path) -> tuple[dict[int, float], list[float]]:

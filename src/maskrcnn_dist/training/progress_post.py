@@ -186,18 +186,22 @@ class ProgressPoster:
         bound = 2 * self.timeout_s + 1.0
         if not self.drain(bound):
             log.warning("progress: the final status was not posted within %.0f s; training is done", bound)
-            return
-        self._pending.put_nowait(None)  # the thread ends; it is a daemon either way
+            self._take_pending()  # not posted, now never: the thread ends after the post in flight
+        # The thread ends: a process that trains again (a library caller, a test) keeps no thread per run.
+        self._pending.put_nowait(None)
+
+    def _take_pending(self) -> None:
+        try:
+            self._pending.get_nowait()
+            self._pending.task_done()
+        except queue.Empty:
+            pass
 
     def _submit(self, body: dict[str, Any]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="trainjob-progress", daemon=True)
             self._thread.start()
-        try:  # the newest status replaces one not posted yet
-            self._pending.get_nowait()
-            self._pending.task_done()
-        except queue.Empty:
-            pass
+        self._take_pending()  # the newest status replaces one not posted yet
         self._pending.put_nowait(body)
 
     def _run(self) -> None:
