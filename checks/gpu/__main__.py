@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--time-budget: seconds, more than 0")
     if args.budget_scale <= 0:
         parser.error("--budget-scale: a factor, more than 0")
+    if args.work_dir is not None and args.work_dir.exists() and not args.work_dir.is_dir():
+        parser.error(f"--work-dir {args.work_dir}: not a folder")
     if args.work_dir is not None and args.work_dir.is_dir() and any(args.work_dir.iterdir()):
         # An earlier run's checkpoints there would be resumed, and its data would clash with this run's.
         parser.error(f"--work-dir {args.work_dir}: not empty (an earlier run's?); give a new or an empty folder")

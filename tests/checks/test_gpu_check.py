@@ -170,3 +170,11 @@ def test_a_work_dir_an_earlier_run_left_is_refused_in_one_line(tmp_path: Path, c
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.endswith(f"--work-dir {tmp_path}: not empty (an earlier run's?); give a new or an empty folder")
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_work_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "work").write_text("")
+    with pytest.raises(SystemExit) as ended:
+        gpu_check.main(["--device", "cpu", "--work-dir", str(tmp_path / "work")])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--work-dir {tmp_path / 'work'}: not a folder")
