@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .pods import SpecError
 
@@ -144,7 +144,10 @@ class FailedJob(Protocol):
     failed_at: datetime | None
 
 
-def acting_rule(rules: Sequence[FailureRule], failed: Sequence[FailedJob]) -> tuple[FailureRule | None, FailedJob]:
+J = TypeVar("J", bound=FailedJob)
+
+
+def acting_rule(rules: Sequence[FailureRule], failed: Sequence[J]) -> tuple[FailureRule | None, J]:
     """The rule that acts on these failed Jobs and the Job it acts on (None: the default action)."""
     by_time = sorted(failed, key=lambda j: j.failed_at or datetime.min)
     for rule in rules:

@@ -69,6 +69,7 @@ class Job:
     reason: str = ""
     message: str = ""
     failed_at: datetime | None = None
+    failed_by: Pod | None = None  # the pod whose exit decided the failure
     replaced: list[Pod] = field(default_factory=list)  # failed pods this Job replaced, oldest first
 
     @property

@@ -112,6 +112,7 @@ class JobSetController:
         self.restarts = 0
         self.restarts_count_towards_max = 0
         self.condition: Condition | None = None
+        self.acted_on: Job | None = None  # the failed Job the failure policy last acted on
         self.attempts: list[Attempt] = []
         self.events: list[str] = []
         self.pod_backoff_s = BACKOFF_S  # the Job controller's back-off before replacing a counted failure
@@ -209,7 +210,7 @@ class JobSetController:
         """The Job controller marks the Job failed and terminates its pods that still run."""
         pod = failure.pod
         job.condition, job.reason, job.message = "Failed", failure.reason, failure.message
-        job.failed_at = pod.finished_at  # what orders the failed Jobs: the deciding pod's exit
+        job.failed_at, job.failed_by = pod.finished_at, pod  # the deciding pod's exit orders failed Jobs
         self._event(f"job {job.name} failed ({failure.reason}): pod {pod.spec.host} exited {pod.exit_code}")
         self._delete_pods(job.pods)
 
@@ -217,6 +218,7 @@ class JobSetController:
 
     def _execute_failure_policy(self, failed: list[Job]) -> None:
         rule, job = acting_rule(self.spec.rules, failed)
+        self.acted_on = job
         action = rule.action if rule else DEFAULT_ACTION
         if rule is not None:
             self._event(f"failure policy rule {rule.name} matches job {job.name} ({job.reason}): {action}")

@@ -6,8 +6,11 @@ on a user error (pipeline and ddp), and maxRestarts.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from typing import Any
+
+from maskrcnn_launcher.boundary import EXIT_STOPPED
 
 from .. import checks
 from ..checks import Failed, require
@@ -163,20 +166,27 @@ def scenario_jobset_user_error_ddp(settings: Settings) -> dict[str, Any]:
 
 
 def _failed_at_once(d: Deployment, started: float, error_text: str) -> dict[str, Any]:
-    """A user error: the JobSet fails through its UserError rule without a restart, the master exits 2
-    with an `error: ...` line holding `error_text`, and nothing runs afterwards."""
+    """A user error: the JobSet fails through its UserError rule without a restart, on a pod that exited
+    2 with an `error: ...` line holding `error_text`, and nothing runs afterwards. Under ddp every rank
+    meets the error: whichever exits first fails the JobSet, the others exit 2 too or are stopped."""
     js = d.jobset
     assert js is not None, "render_jobset first"
     state = run_jobset(d, timeout=300)
     require(state == "Failed", f"the JobSet ended {state}: {js.condition}")
     require(js.condition.reason == "FailJobSetFailurePolicyAction", f"failed for {js.condition}")
     require(js.restarts == 0 and len(js.attempts) == 1, f"a user error was retried: {js.events}")
-    master = js.pods("master")[0]
-    require(master.exit_code == 2, f"the master exited {master.exit_code}, expected 2 (a user error)")
-    line = next((ln for ln in d.cluster.logs(master.container).splitlines() if ln.startswith("error: ")), None)
-    require(line is not None and error_text in line, f"no 'error: ... {error_text}' line in the master log")
+    culprit = js.acted_on.failed_by
+    host = culprit.spec.host
+    require(culprit.exit_code == 2, f"the JobSet failed on {host}, which exited {culprit.exit_code}, expected 2")
+    line = next((ln for ln in d.cluster.logs(culprit.container).splitlines() if ln.startswith("error: ")), None)
+    require(line is not None and error_text in line, f"no 'error: ... {error_text}' line in {host}'s log")
     exits = check_finished_for_good(d)
-    return {**jobset_facts(d, started), "message": js.condition.message, "error_line": line, "exit_codes": exits}
+    # Stopped: by the kit's SIGTERM handler, or by SIGTERM itself in a pod not yet past its start.
+    stopped = (EXIT_STOPPED, 128 + signal.SIGTERM)
+    others = {h: code for h, code in exits.items() if h != host and code != 2 and code not in stopped}
+    require(not others, f"after {host}'s user error, pods exited {others}: neither 2 nor stopped {stopped}")
+    facts = {"failed_on": host, "message": js.condition.message, "error_line": line, "exit_codes": exits}
+    return {**jobset_facts(d, started), **facts}
 
 
 def scenario_jobset_max_restarts(settings: Settings) -> dict[str, Any]:

@@ -260,6 +260,18 @@ def test_a_pod_that_exits_while_the_jobset_fails_keeps_its_own_exit_code(jobset_
     monkeypatch.setattr(cluster, "state", state)
     assert controller.reconcile() == "Failed" and controller.condition.reason == "FailJobSetFailurePolicyAction"
     assert master.exit_code == 2 and master.container not in cluster.stopped
+    assert controller.acted_on.failed_by is worker  # the pod the e2e check reads the error line from
+
+
+def test_the_failure_policy_acts_on_the_job_whose_pod_exited_first(jobset_run):
+    """Every rank meets a user error (ddp): the Job whose pod exited first is the one acted on, and
+    its deciding pod is the one whose log holds the error (what e2e jobset-user-error-ddp reads)."""
+    controller, cluster = jobset_run()
+    master, worker = controller.pods("master")[0], controller.pods("workers")[0]
+    cluster.exit(master.container, 2, second=9)
+    cluster.exit(worker.container, 2, second=3)
+    assert controller.reconcile() == "Failed" and controller.condition.reason == "FailJobSetFailurePolicyAction"
+    assert controller.acted_on.failed_by is worker and "workers" in controller.condition.message
 
 
 # -- jobset.elastic: the workers' Job replaces a lost pod alone ---------------------------------------
