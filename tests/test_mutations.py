@@ -14,7 +14,9 @@ def test_each_mutation_still_fits_the_code(mutation: mutations.Mutation) -> None
 
 
 def test_a_moved_text_is_named_as_stale() -> None:
-    moved = mutations.Mutation("moved", (("run_lock.py", "no such text", "x"),), ("tests/nowhere.py",))
+    moved = mutations.Mutation(
+        "moved", (("src/maskrcnn_dist/run_lock.py", "no such text", "x"),), ("tests/nowhere.py",)
+    )
     assert mutations.stale(moved) == [
         "src/maskrcnn_dist/run_lock.py: the text to break is there 0 times, not once: 'no such text'",
         "tests/nowhere.py: no such test file",

@@ -4,7 +4,7 @@
     python tests/hack/mutations.py run [--only NAME,...] [--json OUT]
 
 Each mutation is a break an earlier round's note named, with the test files that caught it then.
-`run` applies one (exact text edits in src/; the file is put back afterwards, also on Ctrl-C), runs
+`run` applies one (exact text edits in the code; the file is put back afterwards, also on Ctrl-C), runs
 those files (-x: the first failure is enough), and says which test failed. A mutation that nothing
 catches, or whose text is no longer in the code (the code moved: update the edit), fails the run.
 The suite keeps its power when every mutation is caught after a change that cut or merged tests
@@ -23,13 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = "src/maskrcnn_dist/"
+
+
+def make_test_marks() -> str:
+    """The mark expression `make test` runs with: the Makefile's TEST_MARKS default."""
+    found = re.search(r"^TEST_MARKS \?= (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit("Makefile: no `TEST_MARKS ?= ...` line")
+    return found.group(1).strip()
 
 
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    edits: tuple[tuple[str, str, str], ...]  # (file under src/maskrcnn_dist, text, its replacement)
+    edits: tuple[tuple[str, str, str], ...]  # (file in the repository, text, its replacement)
     tests: tuple[str, ...]  # the test files (or node ids) that must catch it
 
 
@@ -38,7 +45,7 @@ MUTATIONS = (
         "the loss weight ignored in backward",
         (
             (
-                "engines/torch_engine.py",
+                "src/maskrcnn_dist/engines/torch_engine.py",
                 "self.scaler.scale(loss if scale == 1.0 else loss * scale)",
                 "self.scaler.scale(loss)",
             ),
@@ -47,19 +54,25 @@ MUTATIONS = (
     ),
     Mutation(
         "optimizer.step() instead of scaler.step",
-        (("engines/torch_engine.py", "self.scaler.step(self.optimizer)  # fused", "self.optimizer.step()  # fused"),),
+        (
+            (
+                "src/maskrcnn_dist/engines/torch_engine.py",
+                "self.scaler.step(self.optimizer)  # fused",
+                "self.optimizer.step()  # fused",
+            ),
+        ),
         ("tests/trainer/test_scaler.py",),
     ),
     Mutation(
         "gradients clipped before they are unscaled",
-        (("engines/torch_engine.py", "            self.scaler.unscale_(self.optimizer)\n", ""),),
+        (("src/maskrcnn_dist/engines/torch_engine.py", "            self.scaler.unscale_(self.optimizer)\n", ""),),
         ("tests/trainer/test_scaler.py",),
     ),
     Mutation(
         "a .tolist() back in the local step",
         (
             (
-                "engines/torch_engine.py",
+                "src/maskrcnn_dist/engines/torch_engine.py",
                 "        logged = self._mean_over_ranks(weighted)\n",
                 "        logged = self._mean_over_ranks(weighted)\n        [v.tolist() for v in logged.values()]\n",
             ),
@@ -68,14 +81,22 @@ MUTATIONS = (
     ),
     Mutation(
         "no fillers for a rank short of micro-batches",
-        (("data/plan.py", "for i in range(rounds - len(mine))]", "for i in range(0)]"),),
+        (("src/maskrcnn_dist/data/plan.py", "for i in range(rounds - len(mine))]", "for i in range(0)]"),),
         ("tests/trainer/engines/test_world_size.py", "tests/trainer/data"),
     ),
     Mutation(
         "the uncommitted sample lines not dropped in a new generation",
         (
-            ("training/elastic_loop.py", "self.sample_record.drop_after(self.position.step, every_rank=True)", "pass"),
-            ("training/elastic_loop.py", "self.sample_record.drop_after(self.position.step, every_rank=False)", "pass"),
+            (
+                "src/maskrcnn_dist/training/elastic_loop.py",
+                "self.sample_record.drop_after(self.position.step, every_rank=True)",
+                "pass",
+            ),
+            (
+                "src/maskrcnn_dist/training/elastic_loop.py",
+                "self.sample_record.drop_after(self.position.step, every_rank=False)",
+                "pass",
+            ),
         ),
         ("tests/trainer/lifetime/test_elastic_trainer.py",),
     ),
@@ -83,7 +104,7 @@ MUTATIONS = (
         "the newcomer not loading the leader's state",
         (
             (
-                "lifetime/elastic.py",
+                "src/maskrcnn_dist/lifetime/elastic.py",
                 "return transfer.receive(generation.rank_of(LEADER)) if self.me in self.newcomers else state",
                 "return (transfer.receive(generation.rank_of(LEADER)), state)[1]"
                 " if self.me in self.newcomers else state",
@@ -93,22 +114,34 @@ MUTATIONS = (
     ),
     Mutation(
         "the minimum group size ignored",
-        (("lifetime/membership.py", "return size >= policy.min_size", "return True"),),
+        (("src/maskrcnn_dist/lifetime/membership.py", "return size >= policy.min_size", "return True"),),
         ("tests/trainer/lifetime/test_policy.py", "tests/trainer/lifetime/test_elastic_min_size.py"),
     ),
     Mutation(
         "an admission keyed by the member, not single-use",
-        (("lifetime/membership.py", "        if newest[member] != ticket:\n", "        if False:\n"),),
+        (
+            (
+                "src/maskrcnn_dist/lifetime/membership.py",
+                "        if newest[member] != ticket:\n",
+                "        if False:\n",
+            ),
+        ),
         ("tests/trainer/lifetime/test_policy.py", "tests/trainer/lifetime/test_elastic_replaced.py"),
     ),
     Mutation(
         "a lambda in a stage host passes the device-map guard",
-        (("engines/pipeline/guard.py", "        tensors = _extract_tensors(value)\n", "        return\n"),),
+        (
+            (
+                "src/maskrcnn_dist/engines/pipeline/guard.py",
+                "        tensors = _extract_tensors(value)\n",
+                "        return\n",
+            ),
+        ),
         ("tests/trainer/engines/pipeline/test_guard.py",),
     ),
     Mutation(
         "a stage that zeroes its incoming gradient",
-        (("engines/pipeline/host.py", "(o, g.to(o.device, o.dtype))", "(o, torch.zeros_like(o))"),),
+        (("src/maskrcnn_dist/engines/pipeline/host.py", "(o, g.to(o.device, o.dtype))", "(o, torch.zeros_like(o))"),),
         (
             "tests/trainer/engines/pipeline/test_pipeline_inprocess.py",
             "tests/trainer/engines/pipeline/test_pipeline_mp.py",
@@ -118,7 +151,7 @@ MUTATIONS = (
         "one fewer warm-up forward in 1F1B",
         (
             (
-                "engines/pipeline/schedule.py",
+                "src/maskrcnn_dist/engines/pipeline/schedule.py",
                 "warmup = min(micro_batches, stages - stage)",
                 "warmup = min(micro_batches, stages - stage - 1)",
             ),
@@ -127,14 +160,20 @@ MUTATIONS = (
     ),
     Mutation(
         "URL_FIELDS = ()",
-        (("data/annotations/image_names.py", 'URL_FIELDS = ("coco_url", "url", "image_url")', "URL_FIELDS = ()"),),
+        (
+            (
+                "src/maskrcnn_dist/data/annotations/image_names.py",
+                'URL_FIELDS = ("coco_url", "url", "image_url")',
+                "URL_FIELDS = ()",
+            ),
+        ),
         ("tests/trainer/data",),
     ),
     Mutation(
         "the run lock a nullcontext",
         (
             (
-                "run_lock.py",
+                "src/maskrcnn_dist/run_lock.py",
                 "    fd = _acquire(output_dir, command, wait_for_other_host_s, sleep, made)\n",
                 "    fd = None\n",
             ),
@@ -145,7 +184,7 @@ MUTATIONS = (
         "the sampler's positive cap off by one",
         (
             (
-                "modeling/batched/sampler.py",
+                "src/maskrcnn_dist/modeling/batched/sampler.py",
                 "positive_cap = int(batch_size_per_image * positive_fraction)",
                 "positive_cap = int(batch_size_per_image * positive_fraction) + 1",
             ),
@@ -156,7 +195,7 @@ MUTATIONS = (
         "the box check reading once per image",
         (
             (
-                "modeling/batched/model.py",
+                "src/maskrcnn_dist/modeling/batched/model.py",
                 "    if not boxes or not bool((torch.cat(boxes)[:, 2:] <= torch.cat(boxes)[:, :2]).any()):\n"
                 "        return\n",
                 "    if not boxes or not any([bool((b[:, 2:] <= b[:, :2]).any()) for b in boxes]):\n        return\n",
@@ -166,14 +205,20 @@ MUTATIONS = (
     ),
     Mutation(
         "the parse-ahead lock file left in the temporary folder",
-        (("data/parse_ahead.py", "            os.unlink(cache.ahead_lock_path())\n", "            pass\n"),),
+        (
+            (
+                "src/maskrcnn_dist/data/parse_ahead.py",
+                "            os.unlink(cache.ahead_lock_path())\n",
+                "            pass\n",
+            ),
+        ),
         ("tests/trainer/data/test_parse_ahead.py",),
     ),
     Mutation(
         "a data-check reader forked with the trainer's signal handlers live",
         (
             (
-                "data/check_ahead.py",
+                "src/maskrcnn_dist/data/check_ahead.py",
                 "blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)",
                 "blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set())",
             ),
@@ -184,12 +229,23 @@ MUTATIONS = (
         "a progress poster whose final post timed out keeps its thread",
         (
             (
-                "training/progress_post.py",
+                "src/maskrcnn_dist/training/progress_post.py",
                 "self._take_pending()  # not posted, now never",
                 "return  # not posted, now never",
             ),
         ),
         ("tests/trainer/test_progress_post.py",),
+    ),
+    Mutation(
+        "the amp check's steps taking their own proposals",
+        (
+            (
+                "checks/gpu/amp.py",
+                "taken.extend(b.detach() for b in (boxes if proposals is None else proposals))",
+                "taken.extend(b.detach() for b in boxes)",
+            ),
+        ),
+        ("tests/trainer/test_amp_check.py",),
     ),
 )
 
@@ -199,10 +255,10 @@ def stale(mutation: Mutation) -> list[str]:
     (applied in order), test paths that are gone."""
     found, texts = [], {}
     for name, old, new in mutation.edits:
-        path = ROOT / SRC / name
+        path = ROOT / name
         text = texts.setdefault(path, path.read_text() if path.exists() else "")
         if text.count(old) != 1:
-            found.append(f"{SRC}{name}: the text to break is there {text.count(old)} times, not once: {old!r}")
+            found.append(f"{name}: the text to break is there {text.count(old)} times, not once: {old!r}")
         texts[path] = text.replace(old, new)
     found += [f"{test}: no such test file" for test in mutation.tests if not (ROOT / test.split("::")[0]).exists()]
     return found
@@ -213,12 +269,12 @@ def apply(mutation: Mutation) -> dict[Path, str]:
     edit's text is not in its file exactly once."""
     originals: dict[Path, str] = {}
     for name, old, new in mutation.edits:
-        path = ROOT / SRC / name
+        path = ROOT / name
         text = path.read_text()
         originals.setdefault(path, text)
         if text.count(old) != 1:
             restore(originals)
-            raise LookupError(f"{SRC}{name}: the text to break is there {text.count(old)} times, not once: {old!r}")
+            raise LookupError(f"{name}: the text to break is there {text.count(old)} times, not once: {old!r}")
         path.write_text(text.replace(old, new))
     return originals
 
@@ -232,8 +288,7 @@ def caught_by(mutation: Mutation, timeout_s: float) -> tuple[str, float]:
     """The first test that failed with `mutation` applied ("" when none), and the seconds it took."""
     started = time.monotonic()
     argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rf"]
-    # What `make test` would catch it with (its TEST_MARKS).
-    argv += ["-o", "addopts=", "-m", "not soak and not rehearsal", *mutation.tests]
+    argv += ["-o", "addopts=", "-m", make_test_marks(), *mutation.tests]  # what `make test` would catch it with
     try:
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
