@@ -71,8 +71,8 @@ gpu-check: ## prove the GPU paths (throughput vs torchvision, pipeline device ma
 	fi
 
 lint: install lint-deploy ## ruff over the Python sources, hadolint, helm lint
-	$(BIN)/ruff check src launcher tests benchmarks helm/hack docs/hack e2e
-	$(BIN)/ruff format --check src launcher tests benchmarks helm/hack docs/hack e2e
+	$(BIN)/ruff check src launcher checks tests benchmarks helm/hack docs/hack e2e
+	$(BIN)/ruff format --check src launcher checks tests benchmarks helm/hack docs/hack e2e
 
 # Reads this checkout's sources (click and PyYAML only, no torch): needs an installed .venv, never
 # installs anything itself; tests/test_docs.py fails while the page is stale.

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hack import mutations
 from hack import timings as budget
 from longest_first import longest_first, seconds_per_file
 from test_tiers import run_project
@@ -126,3 +127,9 @@ def test_xdist_workers_get_the_longest_files_first_each_file_in_its_own_order() 
     ]
     committed = seconds_per_file(json.loads(budget.BASELINE.read_text())["tests"])
     assert committed["tests/trainer/lifetime/test_elastic_trainer.py"] > committed["tests/test_timings.py"]
+
+
+def test_make_test_leaves_out_exactly_the_marks_the_budget_leaves_to_ci():
+    """The Makefile's TEST_MARKS (which the mutation runner reads too) and timings.CI_ONLY_MARKS name the
+    same tests: a mark added to one alone would make the budget count what `make test` never runs."""
+    assert mutations.make_test_marks() == " and ".join(f"not {mark}" for mark in budget.CI_ONLY_MARKS)

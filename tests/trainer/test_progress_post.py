@@ -71,10 +71,16 @@ def no_poster_thread_outlives_its_test():
     that trains again, a library caller's, keeps no thread per run): none is left once the post in flight
     is over, which its timeout bounds."""
     yield
-    deadline = time.monotonic() + 30
-    while (left := [t for t in threading.enumerate() if t.name == "trainjob-progress"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    left = poster_threads_left()
     assert not left, f"{len(left)} progress thread(s) outlived the test"
+
+
+def poster_threads_left(within_s: float = 30) -> list[threading.Thread]:
+    """The progress threads still alive once they all ended or `within_s` passed."""
+    deadline = time.monotonic() + within_s
+    while (left := [t for t in threading.enumerate() if t.name == "trainjob-progress"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -250,10 +256,8 @@ def test_a_final_post_that_never_ends_leaves_no_thread_once_the_post_in_flight_d
     p.close()  # bound: 2 x 0.2 + 1 s
     assert "the final status was not posted within 1 s" in warnings(caplog)[-1]
     release.set()  # the post in flight ends; the final status is dropped, not posted late
-    deadline = time.monotonic() + 30
-    while (alive := any(t.name == "trainjob-progress" for t in threading.enumerate())) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not alive and len(sends) == 1, (alive, sends)
+    left = poster_threads_left()
+    assert not left and len(sends) == 1, (left, sends)
 
 
 def step_overheads(out: Path) -> tuple[dict[int, float], list[float]]:
