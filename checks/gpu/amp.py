@@ -10,9 +10,9 @@ For each of a few batches, from the same fp32 weights (the model's state restore
 then the weights move by the reference's fp32 step, so later batches compare at trained weights.
 The floor's and the amp step's RoI heads take the reference's proposals: the RPN's top-k and NMS are a
 discrete choice, and between the near-tied scores of young weights any rounding (a CPU's summation
-order, a thread count) picks other boxes, a jump in the loss that no floor measures (3.7% on one CPU
-at 1 and 4 threads, 700x the floor, where 2 threads stayed within it). The RPN's own loss and
-gradients, and everything after the proposals, are still each precision's own.
+order, a thread count) picks other boxes, a jump in the loss that no floor measures (docs/gpu-check.md
+has the figures). The RPN's own loss and gradients, and everything after the proposals, are still each
+precision's own.
 
 Differences are relative: the loss's |a - r| / |r|, and each group's gradient (backbone with its FPN,
 RPN, RoI heads) ||a - r|| / ||r||, with its cosine reported beside. The amp step passes where every
