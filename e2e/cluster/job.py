@@ -68,13 +68,17 @@ class Job:
     condition: str | None = None  # Complete | Failed
     reason: str = ""
     message: str = ""
-    failed_at: datetime | None = None
     failed_by: Pod | None = None  # the pod whose exit decided the failure
     replaced: list[Pod] = field(default_factory=list)  # failed pods this Job replaced, oldest first
 
     @property
     def complete(self) -> bool:
         return all(p.exit_code == 0 for p in self.pods)
+
+    @property
+    def failed_at(self) -> datetime | None:
+        """What orders the failed Jobs: the deciding pod's exit."""
+        return self.failed_by.finished_at if self.failed_by is not None else None
 
 
 @dataclass(frozen=True)

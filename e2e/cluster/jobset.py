@@ -210,7 +210,7 @@ class JobSetController:
         """The Job controller marks the Job failed and terminates its pods that still run."""
         pod = failure.pod
         job.condition, job.reason, job.message = "Failed", failure.reason, failure.message
-        job.failed_at, job.failed_by = pod.finished_at, pod  # the deciding pod's exit orders failed Jobs
+        job.failed_by = pod
         self._event(f"job {job.name} failed ({failure.reason}): pod {pod.spec.host} exited {pod.exit_code}")
         self._delete_pods(job.pods)
 
