@@ -48,8 +48,8 @@ def helm() -> str:
 def pytest_configure(config: pytest.Config) -> None:
     """Keep Python's bytecode cache on for the session and every process it starts: the suite starts
     ~300 processes that import the kit, and where PYTHONDONTWRITEBYTECODE is set (some images set it)
-    each compiled the kit's sources again, 1.7 of the 6.2 CPU seconds of importing the trainer on the
-    CI machine (docs/testing.md). The caches go to the checkout's __pycache__ folders, which git ignores;
+    each compiled the kit's sources again: 1.7 of the 6.2 CPU seconds of importing the trainer, measured
+    on a 2-core AMD host (docs/testing.md). The caches go to the checkout's __pycache__ folders, which git ignores;
     installed packages have theirs from pip already."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
