@@ -51,28 +51,26 @@ def sparse_coco(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 @pytest.fixture(scope="package")
 def trained(sparse_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint of the small model that finds objects in sparse_coco's val split: trained once for the session's
-    workers (tests/once.py; the tests only read it), its checkpoints dropped at the session's end."""
+    """A checkpoint of the small model that finds objects in sparse_coco's val split: trained once for the
+    session's workers (tests/once.py; the tests only read it), its checkpoints dropped at the session's end."""
     out = built_once(tmp_path_factory, "predict_run", lambda folder: train_until_it_finds_objects(sparse_coco, folder))
     checkpoint = latest_checkpoint(out / "checkpoints")
     assert checkpoint is not None
     return checkpoint
 
 
-def train_until_it_finds_objects(data: Path, folder: Path) -> int:
+def train_until_it_finds_objects(data: Path, folder: Path) -> None:
     """Train the small model on `data` into `folder` until its evaluation at the end of a round finds
-    objects (bbox and segm AP50 above zero); return its steps. Each round resumes the last one, so
-    the run is one run, as any resumed run is."""
-    steps, resume = FIRST_STEPS, {}
-    while True:
-        flags = {"max-steps": steps, "epochs": 100, "lr-steps": "1000", "val-period": 0, "seed": SEED}
-        found = train(fast_config(data, folder, **flags, **resume)).eval
+    objects (bbox and segm AP50 above zero). Each round resumes the last one, so the run is one run, as
+    any resumed run is."""
+    flags = {"epochs": 100, "lr-steps": "1000", "val-period": 0, "seed": SEED}
+    for steps in range(FIRST_STEPS, MAX_STEPS + 1, MORE_STEPS):
+        resume = {"resume": "auto"} if steps > FIRST_STEPS else {}
+        found = train(fast_config(data, folder, **flags, **resume, **{"max-steps": steps})).eval
         assert found is not None
         if found["bbox_AP50"] > 0 and found["segm_AP50"] > 0:
-            return steps
-        if steps >= MAX_STEPS:
-            raise AssertionError(f"the small model finds no objects after {steps} steps: {found}")
-        steps, resume = steps + MORE_STEPS, {"resume": "auto"}
+            return
+    raise AssertionError(f"the small model finds no objects after {MAX_STEPS} steps: {found}")
 
 
 def write_png(path: Path, size: tuple[int, int] = (40, 30)) -> Path:
