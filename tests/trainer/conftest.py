@@ -68,15 +68,9 @@ def first_steps(dataset: Any, batch_size: int, count: int, seed: int = 0) -> lis
     return [(step.micro_batches[0].images, step.micro_batches[0].targets) for step in steps]
 
 
-# RoIs an image that the amp tests' heads train on (the small model samples 128, a quarter of them at
-# most positive, and those go through the mask head's four 256-channel convolutions).
-AMP_TEST_ROIS = 32
-
-
-def sample_fewer_rois(model: torch.nn.Module, per_image: int = AMP_TEST_ROIS) -> None:
-    """The RoI heads sample `per_image` proposals an image instead of the model's own count. A CPU without
-    bf16 or fp16 units (AVX2 only) runs the heads' half-precision convolutions and matrix products on
-    im2col's slow path, 20-25x fp32: one --amp step of two 64-px images took 26 s at 128 RoIs an image and
-    12 s at 32 (measured on an AMD EPYC). Every run a test compares samples alike, so what it compares
-    (precision against fp32, layouts, reads, scaling) is unchanged."""
-    model.roi_heads.fg_bg_sampler.batch_size_per_image = per_image
+# The amp tests' RoIs an image (the small model samples 128, a quarter of them at most positive, and those
+# go through the mask head's four 256-channel convolutions). A CPU without bf16 or fp16 units (AVX2 only)
+# runs the heads' half-precision convolutions and products on im2col's slow path, 20-25x fp32: one --amp
+# step of two 64-px images took 26 s at 128 RoIs an image and 12 s at 32 (measured on an AMD EPYC). Every
+# run a test compares samples alike, so what it compares (floors, reads, scaling) is unchanged.
+FEWER_ROIS = {"box-batch-size-per-image": 32}

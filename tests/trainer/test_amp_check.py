@@ -16,23 +16,18 @@ from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
-from .conftest import first_steps, sample_fewer_rois
+from .conftest import FEWER_ROIS, first_steps
 
 
 @pytest.fixture(scope="module")
 def engine_and_batches(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
     values = small_cpu_run(64, data_path=tiny_coco, output_dir=tmp_path_factory.mktemp("amp"), batch_size=2, lr=0.005)
-    cfg = apply_overrides(TrainConfig(), {**values, "workers": 0, "aspect-ratio-group-factor": -1}, "test")
+    values.update({"workers": 0, "aspect-ratio-group-factor": -1, **FEWER_ROIS})  # the floors see the same heads
+    cfg = apply_overrides(TrainConfig(), values, "test")
     train_set, _ = load_datasets(cfg)
     batches = first_steps(train_set, 2, 2)
-
-    def make_engine() -> TorchEngine:
-        engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=10)
-        sample_fewer_rois(engine.model)  # the floor is measured on the same heads, so it holds as it is
-        return engine
-
-    return make_engine, batches
+    return lambda: TorchEngine(cfg, train_set.num_classes, iters_per_epoch=10), batches
 
 
 pytestmark = pytest.mark.slow  # half precision on a CPU without its units: seconds a step, 5-15x fp32's

@@ -2,8 +2,8 @@
 library caller gets it): its state in the checkpoint, an overflowing step that changes neither weights
 nor momenta, gradients unscaled before they are clipped, and a resume that carries the scale on.
 
-fp16 has no fast CPU kernels (the box head's matrix products dominate a step): one image a step, and
-one first fp16 step (`first_step`) shared by the tests that start after it."""
+fp16 has no fast CPU kernels (the heads' convolutions and matrix products dominate a step): one image a
+step, 32 RoIs an image, and one first fp16 step (`first_step`) shared by the tests that start after it."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from maskrcnn_dist.data import load_datasets
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 from maskrcnn_dist.modeling import perf
 
-from .conftest import first_steps
+from .conftest import FEWER_ROIS, first_steps
 
 
 def fp16_config(data: Path, out: Path, **flags: object) -> TrainConfig:
     """The tests' small CPU run under fp16 autocast, built without the command line's fp16 refusal."""
     torch.set_num_threads(2)
     values = small_cpu_run(64, data_path=data, output_dir=out, batch_size=1, workers=0, lr=0.005)
-    values |= {"amp": True, "amp-dtype": "float16", "aspect-ratio-group-factor": -1, **flags}
+    values |= {"amp": True, "amp-dtype": "float16", "aspect-ratio-group-factor": -1, **FEWER_ROIS, **flags}
     return apply_overrides(TrainConfig(), values, "test")
 
 

@@ -20,7 +20,7 @@ from maskrcnn_dist.modeling.waits import HostWaits
 from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.metrics import read_metrics
 
-from .conftest import fast_config, sample_fewer_rois
+from .conftest import FEWER_ROIS, fast_config
 
 # What makes a tensor a Python value: on a GPU each is a device-to-host copy the host waits for.
 READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"}
@@ -60,11 +60,10 @@ def kit_reads(engine: TorchEngine, step: int, images, targets) -> list[str]:
 
 @pytest.fixture(scope="module")
 def setup(tiny_coco, tmp_path_factory):
-    cfg = fast_config(tiny_coco, tmp_path_factory.mktemp("reads"), **{"clip-grad-norm": 10.0})
+    cfg = fast_config(tiny_coco, tmp_path_factory.mktemp("reads"), **{"clip-grad-norm": 10.0}, **FEWER_ROIS)
     train_set, _ = load_datasets(cfg)
-    # One image and fewer sampled RoIs (the local step's test): a read the kit adds is there at any batch
-    # size and RoI count, and under --amp a CPU without bf16 units (AVX2 only) takes ~12 s a step of one image
-    # at the model's 128 RoIs, most of it the mask head's bf16 convolutions.
+    # One image and fewer RoIs: a read the kit adds is there at any batch size and RoI count, and under --amp
+    # a CPU without bf16 units (AVX2 only) takes ~12 s a step of one image at the model's 128 RoIs.
     image, target = train_set[0]
     return cfg, train_set.num_classes, [image], [target]
 
@@ -75,7 +74,6 @@ def test_the_local_step_reads_nothing_beyond_the_model(setup, amp):
     cfg, num_classes, images, targets = setup
     cfg.amp = amp
     engine = TorchEngine(cfg, num_classes, iters_per_epoch=10)
-    sample_fewer_rois(engine.model)  # both counts see the same heads
     engine.train_step(0, images, targets)  # the optimizer's state exists from here on
     own = model_reads(engine, 1, images, targets)
     calls = kit_reads(engine, 1, images, targets)

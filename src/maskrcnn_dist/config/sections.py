@@ -197,6 +197,16 @@ class ModelConfig:
         "or torchvision (image by image, torchvision's own code)",
         choices=HEADS,
     )
+    # torchvision's box_batch_size_per_image (detectron2's ROI_HEADS.BATCH_SIZE_PER_IMAGE): a training
+    # step's box and mask losses read this many of each image's proposals, a quarter at most positive,
+    # and the positives go through the mask head. Training steps only: evaluation and the state dict are
+    # the same at any value.
+    box_batch_size_per_image: int | None = option(
+        None,
+        "proposals sampled per image for the box and mask heads' training losses, at most a quarter of them "
+        "positive (default: the model's own, 512; 128 for maskrcnn_resnet18_fpn)",
+        minimum=1,
+    )
 
     def resolved_backbone_norm(self) -> str:
         """The backbone's BatchNorm with these settings, "frozen" or "batch" ("auto" resolved)."""

@@ -140,6 +140,8 @@ def builder_kwargs(cfg: ModelConfig, num_classes: int) -> dict[str, int]:
     kwargs = dict(num_classes=num_classes, min_size=cfg.min_size, max_size=cfg.max_size)
     if cfg.name == "maskrcnn_resnet18_fpn":
         kwargs.update(SMALL_VARIANT_SAMPLING)
+    if cfg.box_batch_size_per_image is not None:
+        kwargs["box_batch_size_per_image"] = cfg.box_batch_size_per_image
     return kwargs
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torchvision.models.detection import maskrcnn_resnet50_fpn
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import RegionProposalNetwork
 
@@ -18,7 +19,7 @@ from maskrcnn_dist.engines.base import as_float_image
 from maskrcnn_dist.modeling.batched.boxes import is_real
 from maskrcnn_dist.modeling.batched.roi_heads import BatchedRoIHeads
 from maskrcnn_dist.modeling.batched.rpn import BatchedRPN
-from maskrcnn_dist.modeling.model import build_model
+from maskrcnn_dist.modeling.model import build_model, builder_kwargs
 from maskrcnn_dist.modeling.rng import StepSeeder
 
 from ..conftest import fast_config
@@ -139,3 +140,29 @@ def test_the_samplers_draw_the_same_at_the_same_step(batch) -> None:
     first = losses_at(3)
     assert losses_at(3) == first
     assert losses_at(4) != first
+
+
+@pytest.mark.parametrize("heads", ["batched", "torchvision"])
+def test_a_training_step_samples_the_rois_it_is_told_to(batch, heads: str) -> None:
+    """--box-batch-size-per-image reaches both heads' sampler: the box head sees that many rows an image
+    (there are more candidates than that), the mask head at most a quarter of them; without it, the
+    small model's 128. A checkpoint's torchvision record carries it, and torchvision's builder takes it."""
+    cfg, num_classes, images, targets = batch
+    rows: dict[int | None, list[int]] = {}
+    for asked in (None, 8):
+        model = build_model(replace(cfg.model, heads=heads, box_batch_size_per_image=asked), num_classes)
+        seen = rows.setdefault(asked, [])
+        model.roi_heads.box_head.register_forward_hook(lambda _m, _a, out, seen=seen: seen.append(out.shape[0]))
+        model.roi_heads.mask_head.register_forward_hook(lambda _m, _a, out, seen=seen: seen.append(out.shape[0]))
+        model.train()
+        with torch.no_grad():
+            model([i.clone() for i in images], copy.deepcopy(targets))
+    assert rows[None][0] == 3 * 128 and rows[8][0] == 3 * 8, rows
+    positives = rows[8][1] if heads == "torchvision" else None  # the batched mask head takes padded rows
+    assert positives is None or 0 < positives <= 3 * 2, rows
+    assert rows[8][1] < rows[None][1], rows
+    kwargs = builder_kwargs(replace(cfg.model, name="maskrcnn_resnet50_fpn", box_batch_size_per_image=8), 3)
+    assert kwargs["box_batch_size_per_image"] == 8
+    assert "box_batch_size_per_image" not in builder_kwargs(replace(cfg.model, name="maskrcnn_resnet50_fpn"), 3)
+    built = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, **kwargs)
+    assert built.roi_heads.fg_bg_sampler.batch_size_per_image == 8
