@@ -247,6 +247,17 @@ MUTATIONS = (
         ),
         ("tests/trainer/test_amp_check.py",),
     ),
+    Mutation(
+        "--box-batch-size-per-image not reaching the model",
+        (
+            (
+                "src/maskrcnn_dist/modeling/model.py",
+                '        kwargs["box_batch_size_per_image"] = cfg.box_batch_size_per_image\n',
+                "        pass\n",
+            ),
+        ),
+        ("tests/trainer/batched/test_model.py",),
+    ),
 )
 
 
