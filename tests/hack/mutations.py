@@ -258,6 +258,11 @@ MUTATIONS = (
         ),
         ("tests/trainer/batched/test_model.py",),
     ),
+    Mutation(
+        "a replacement that finds the run over leaves its watcher beating",
+        (("src/maskrcnn_dist/lifetime/elastic.py", "            self.watcher.close()\n", "            pass\n"),),
+        ("tests/trainer/lifetime/test_elastic.py::test_a_replacement_that_finds_the_run_over_closes_its_watcher",),
+    ),
 )
 
 

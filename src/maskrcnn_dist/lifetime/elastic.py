@@ -120,7 +120,7 @@ class ElasticGroup:
     def start(self) -> Generation | None:
         """Generation 0 of every launch rank, or, when the job is already past it (this process replaces
         a lost one), wait to be admitted at the leader's next step boundary; None when the leader's run
-        ended meanwhile (nothing left to join)."""
+        ended meanwhile (nothing left to join: the watcher is closed, so a caller may simply return)."""
         if current_generation(self.store) is None:
             self.watcher.beat_as(heartbeat(self.me))
             return self._form(Generation(0, tuple(range(self.launch_world))), newcomers=())
@@ -135,6 +135,9 @@ class ElasticGroup:
         log.info("elastic: member %d asks to join (ticket %d); waiting for a step boundary", self.me, ticket)
         self.watcher.watch(None, [LEADER])
         if not self._wait_for_leader(f"admitted/{ticket}", timeout_s=float("inf")):
+            # Its daemon thread, left beating when the interpreter ends, may be inside a store call then,
+            # and that aborts the process (SIGABRT: "terminate called without an active exception").
+            self.watcher.close()
             return None
         answer = self.store.get(f"admitted/{ticket}").decode()
         if answer.startswith(REFUSED):

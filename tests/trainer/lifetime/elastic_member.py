@@ -77,6 +77,18 @@ def main(host: str, port: int, me: int, launch_world: int, steps: int, out: Path
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     (out / f"member{me}.pid").write_text(str(os.getpid()))
     group = ElasticGroup(host, port, me, launch_world, "gloo", POLICY)
+    try:
+        return train(group, me, steps, out, step_s, asked)
+    finally:
+        # Every way out closes the group, as the ddp engine's does (engines/elastic_ddp.py): the watcher's
+        # daemon thread, left inside a store call when the interpreter ends, aborts the process (exit -6,
+        # "terminate called without an active exception"; seen when a replacement found the run over).
+        group.close()
+
+
+def train(group: ElasticGroup, me: int, steps: int, out: Path, step_s: float, asked: list[int]) -> int:
+    """The member's run in `group`: its exit status (0 at the end or when the run ended without it, 75 when
+    it left or the leader stopped everyone)."""
     model, optimizer = build()
     if group.start() is None:
         return 0  # the run ended before this replacement was admitted
