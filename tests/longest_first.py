@@ -5,7 +5,9 @@ module fixtures, a trained run or a started group, stay shared by the tests that
 next one when it is nearly done. Taken in the order of the committed baseline's seconds per file
 (tests/hack/timings-baseline.json), longest first, the workers end within about one short file of
 each other, where collection order could leave the slowest file to start last. A file the baseline
-does not know yet goes first (it may be long; it is not known to be short).
+does not know yet goes first (it may be long; it is not known to be short), and so does a file with a
+test the baseline does not know: a new one, or one `make test` leaves to CI (the GPU check's 8-minute
+rehearsal sits in a file whose other tests take a second; by that file's seconds it started last).
 
 Only xdist's workers reorder (they must agree, and they read the same baseline); a plain pytest keeps
 the collection order. Within a file the order is the file's own.
@@ -16,15 +18,21 @@ Loaded by tests/conftest.py (`pytest_plugins`).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 import pytest
 from hack.timings import BASELINE, read_baseline
 
 
-def seconds_per_file(baseline: dict[str, float]) -> dict[str, float]:
+def seconds_per_file(baseline: dict[str, float], nodeids: Iterable[str] = ()) -> dict[str, float]:
+    """Each file's baseline seconds; a file holding one of `nodeids` that the baseline lacks is left out
+    (unknown: `longest_first` takes it first)."""
     files: dict[str, float] = defaultdict(float)
     for nodeid, wall in baseline.items():
         files[nodeid.split("::", 1)[0]] += wall
+    for nodeid in nodeids:
+        if nodeid not in baseline:
+            files.pop(nodeid.split("::", 1)[0], None)
     return dict(files)
 
 
@@ -45,6 +53,6 @@ def longest_first(nodeids: list[str], files: dict[str, float]) -> list[int]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not hasattr(config, "workerinput") or not BASELINE.exists():
         return
-    files = seconds_per_file(read_baseline(BASELINE))
-    order = longest_first([item.nodeid for item in items], files)
+    nodeids = [item.nodeid for item in items]
+    order = longest_first(nodeids, seconds_per_file(read_baseline(BASELINE), nodeids))
     items[:] = [items[position] for position in order]

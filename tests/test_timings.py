@@ -129,6 +129,16 @@ def test_xdist_workers_get_the_longest_files_first_each_file_in_its_own_order() 
     assert committed["tests/trainer/lifetime/test_elastic_trainer.py"] > committed["tests/test_timings.py"]
 
 
+def test_a_file_with_a_test_the_baseline_lacks_goes_first() -> None:
+    """A short file that holds a test the baseline does not know (the GPU check's rehearsal, which `make
+    test` leaves to CI, in a file of one-second tests) may be long now: it goes before the longest known."""
+    baseline = {"tests/long.py::a": 300.0, "tests/checks.py::quick": 1.0, "tests/short.py::b": 2.0}
+    nodeids = ["tests/long.py::a", "tests/short.py::b", "tests/checks.py::quick", "tests/checks.py::rehearsal"]
+    order = [nodeids[i] for i in longest_first(nodeids, seconds_per_file(baseline, nodeids))]
+    assert order == ["tests/checks.py::quick", "tests/checks.py::rehearsal", "tests/long.py::a", "tests/short.py::b"]
+    assert seconds_per_file(baseline) == {"tests/long.py": 300.0, "tests/checks.py": 1.0, "tests/short.py": 2.0}
+
+
 def test_make_test_leaves_out_exactly_the_marks_the_budget_leaves_to_ci():
     """The Makefile's TEST_MARKS (which the mutation runner reads too) and timings.CI_ONLY_MARKS name the
     same tests: a mark added to one alone would make the budget count what `make test` never runs."""
