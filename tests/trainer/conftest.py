@@ -73,4 +73,5 @@ def first_steps(dataset: Any, batch_size: int, count: int, seed: int = 0) -> lis
 # runs the heads' half-precision convolutions and products on im2col's slow path, 20-25x fp32: one --amp
 # step of two 64-px images took 26 s at 128 RoIs an image and 12 s at 32 (measured on an AMD EPYC). Every
 # run a test compares samples alike, so what it compares (floors, reads, scaling) is unchanged.
-FEWER_ROIS = {"box-batch-size-per-image": 32}
+AMP_TEST_ROIS = 32
+FEWER_ROIS = {"box-batch-size-per-image": AMP_TEST_ROIS}

@@ -139,11 +139,9 @@ def train(group: ElasticGroup, me: int, steps: int, out: Path, step_s: float, as
         record.write(json.dumps(line) + "\n")
         decision = group.read_boundary(summed[offset:])
         if decision.stop_all:
-            group.close()
             return 75
         if decision.regroup:
             if group.regroup(decision) is None:
-                group.close()
                 return 75
             share()
     group.close(finished=True)
