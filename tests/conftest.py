@@ -12,15 +12,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from console_zygote import SCRIPTS as ZYGOTE_SCRIPTS
 from maskrcnn_launcher.contract import DEVICE_MAP_GUARD
 from maskrcnn_launcher.peers import free_port as pick_free_port
 from once import remove_all
+from zygote import PID_VAR as ZYGOTE_PID_VAR
+from zygote import PYTHON_VAR as ZYGOTE_PYTHON_VAR
+from zygote import SCRIPTS as ZYGOTE_SCRIPTS
+from zygote import SOCKET_VAR as ZYGOTE_SOCKET_VAR
 
 pytest_plugins = ("checkout_guard", "timings", "tiers", "longest_first")
 
@@ -120,29 +124,35 @@ class Console:
         return line
 
 
-class ConsoleZygote:
-    """tests/console_zygote.py, started once: it forks the console scripts it serves (SCRIPTS there)."""
+class Zygote:
+    """tests/zygote.py, started once a worker: it forks the console fixture's calls (SCRIPTS there) and
+    every trainer a test, the launcher or torchrun starts (through tests/zygote_site/sitecustomize.py)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.errors = folder / "zygote.stderr"
+        self.socket = folder / "zygote.sock"
+        if len(str(self.socket)) > 100:  # a unix socket's path has room for 107 bytes
+            self.socket = Path(tempfile.mkdtemp(prefix="zygote")) / "zygote.sock"
+        # One thread while torch loads (no OpenMP pool to fork); each child takes its own (tests/zygote.py).
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("console_zygote.py"))],
+            [sys.executable, str(Path(__file__).with_name("zygote.py")), str(self.socket)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.errors.open("w"),
             text=True,
             env=env,
+            start_new_session=True,
         )
         self.calls = 0
-        self.usable = json.loads(self.read_line(120))["threads"] == 1
+        self.usable = json.loads(self.read_line(180))["threads"] == 1
 
     def read_line(self, timeout: float) -> str:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
-            raise subprocess.TimeoutExpired("console zygote", timeout)
+            raise subprocess.TimeoutExpired("zygote", timeout)
         return line
 
     def run(self, script: str, args: tuple[str, ...], env: dict[str, str], cwd: Path | None, timeout: float) -> Console:
@@ -162,26 +172,64 @@ class ConsoleZygote:
             self.read_line(60)
             raise subprocess.TimeoutExpired([script, *args], timeout) from None
         note_child_work(ended["steps"], ended["process"])
-        assert not self.errors.read_text(), f"the console zygote printed while importing:\n{self.errors.read_text()}"
+        self.assert_quiet()
         return Console(ended["code"], out.read_text(), err.read_text())
+
+    def assert_quiet(self) -> None:
+        assert not self.errors.read_text(), f"the zygote printed:\n{self.errors.read_text()}"
+
+    def serve_trainers(self) -> dict[str, str]:
+        """The environment under which this interpreter's trainers are forked here (PYTHONPATH first)."""
+        site = str(Path(__file__).with_name("zygote_site"))
+        path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p)
+        served = {ZYGOTE_SOCKET_VAR: str(self.socket), ZYGOTE_PYTHON_VAR: sys.executable, "PYTHONPATH": path}
+        return served | {ZYGOTE_PID_VAR: str(self.proc.pid)}  # tests/timings.py counts its children's CPU
 
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
 
-@pytest.fixture(scope="session")
-def console_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleZygote | None]:
-    zygote = ConsoleZygote(tmp_path_factory.mktemp("console"))
+@pytest.fixture(scope="session", autouse=True)
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote | None]:
+    """Started before the first test of each worker; its trainers' environment exported to every process
+    the tests start. A test marked `real_processes` runs without it (`_real_processes`)."""
+    zygote = Zygote(tmp_path_factory.mktemp("zygote"))
+    before = dict(os.environ)
+    if zygote.usable:
+        os.environ.update(zygote.serve_trainers())
     yield zygote if zygote.usable else None
+    for name in (ZYGOTE_SOCKET_VAR, ZYGOTE_PYTHON_VAR, ZYGOTE_PID_VAR, "PYTHONPATH"):
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            os.environ.pop(name, None)
     zygote.close()
+    zygote.assert_quiet()
+
+
+@pytest.fixture(autouse=True)
+def _real_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """`real_processes`: the trainers this test starts import torch themselves (what it checks is below
+    the pid its parent sees: a frozen trainer, a process tree), as do those of a user's run. Not through
+    `monkeypatch`: an autouse fixture's would be undone after the test's `tmp_path` is gone, and a test
+    that chdir'ed there would come back from a deleted folder."""
+    served = os.environ.get(ZYGOTE_SOCKET_VAR)
+    if served is None or not request.node.get_closest_marker("real_processes"):
+        yield
+        return
+    del os.environ[ZYGOTE_SOCKET_VAR]
+    try:
+        yield
+    finally:
+        os.environ[ZYGOTE_SOCKET_VAR] = served
 
 
 @pytest.fixture
-def console(console_zygote: ConsoleZygote | None) -> Callable[..., Console]:
+def console(zygote: Zygote | None) -> Callable[..., Console]:
     """console("maskrcnn-dist", *args, env=..., cwd=..., timeout=...) runs the installed console script
     (beside this interpreter, as CI's venv has it) in a process of its own, as a user would: the
-    trainer's forked from tests/console_zygote.py (torch imported once for the session, not per call),
+    trainer's forked from tests/zygote.py (torch imported once for the session, not per call),
     the others started afresh."""
     bin_dir = Path(sys.executable).parent
 
@@ -192,8 +240,8 @@ def console(console_zygote: ConsoleZygote | None) -> Callable[..., Console]:
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MASKRCNN_POD_PLAN", "MASKRCNN_DEBUG"):
             if env is None or name not in env:
                 full_env.pop(name, None)
-        if console_zygote is not None and script in ZYGOTE_SCRIPTS:
-            return console_zygote.run(script, args, full_env, cwd, timeout)
+        if zygote is not None and script in ZYGOTE_SCRIPTS:
+            return zygote.run(script, args, full_env, cwd, timeout)
         proc = subprocess.run(
             [str(bin_dir / script), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
         )

@@ -83,7 +83,7 @@ def run_project(tmp_path: Path, *args: str, plugins: tuple[str, ...] = ("tiers",
     """This suite's plugins (`plugins`) over PROJECT_TESTS, in a pytest of its own with `args`."""
     tests = tmp_path / "tests"
     tests.mkdir()
-    for name in ("tiers.py", "checkout_guard.py", "timings.py"):
+    for name in ("tiers.py", "checkout_guard.py", "timings.py", "zygote.py"):
         shutil.copy(TESTS / name, tests / name)
     (tests / "conftest.py").write_text(f"pytest_plugins = {plugins!r}\n")
     (tests / "test_project.py").write_text(PROJECT_TESTS)

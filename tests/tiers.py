@@ -16,7 +16,7 @@ names such a fixture.
 Not counted: a plain fork (the data cache's writer, the data check's pool: no new interpreter, a few
 milliseconds, its work done while this test waits and so in its time); helm and docker, which have
 their own marks (`needs_helm`, `needs_docker`) and train nothing, and helm's fetch in a fresh clone
-(get-helm.sh); the console fixture's forking server (tests/console_zygote.py, once a session), whose
+(get-helm.sh); the console fixture's forking server (tests/zygote.py, once a session), whose
 children report their own steps and programs here (`note_child_work`); a test marked `slow` or `soak`.
 
 Loaded by tests/conftest.py (`pytest_plugins`).
@@ -41,7 +41,7 @@ OWN_MARK_TOOLS = {"helm", "docker", "get-helm.sh"}
 IMPORT_TOOLS = {"ldconfig"}
 # The `console` fixture's forking server, started once a session (its children are reported to
 # note_child_work, as they are not this process's).
-ZYGOTE = "console_zygote.py"
+ZYGOTE = "zygote.py"
 TIER_MARKS = ("slow", "soak")
 
 
@@ -109,7 +109,7 @@ class WorkSeen:
 
 
 def note_child_work(steps: int, process: str) -> None:
-    """What a child forked by tests/console_zygote.py did: counted for the running test as its own."""
+    """What a child forked by tests/zygote.py did: counted for the running test as its own."""
     if _SEEN and _SEEN[0].running:
         _SEEN[0].steps += steps
         _SEEN[0].process = _SEEN[0].process or process

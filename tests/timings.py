@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
+from zygote import PID_VAR as ZYGOTE_PID_VAR
 
 
 @dataclass
@@ -46,10 +47,23 @@ class Cost:
 
 
 def _cpu_seconds() -> float:
-    """User + system seconds of this process and of every child it has reaped (and theirs)."""
+    """User + system seconds of this process and of every child it has reaped (and theirs), and of the
+    zygote's children (tests/zygote.py reaps the trainers it forks for this worker's tests)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _zygote_children_cpu()
+
+
+def _zygote_children_cpu() -> float:
+    pid = os.environ.get(ZYGOTE_PID_VAR)
+    if not pid:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
 
 
 COST = "cost"  # the user property a phase's report carries: {"wall", "cpu", "load", "markers", "work"}

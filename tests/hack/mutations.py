@@ -263,6 +263,16 @@ MUTATIONS = (
         (("src/maskrcnn_dist/lifetime/elastic.py", "            self.watcher.close()\n", "            pass\n"),),
         ("tests/trainer/lifetime/test_elastic.py::test_a_replacement_that_finds_the_run_over_closes_its_watcher",),
     ),
+    Mutation(
+        "the zygote's proxy keeps the signals it is sent",
+        (("tests/zygote_site/sitecustomize.py", "            os.kill(pid, signum)\n", "            pass\n"),),
+        ("tests/test_zygote.py::test_a_signal_to_the_proxy_reaches_the_program_and_its_exit_comes_back",),
+    ),
+    Mutation(
+        "a forked trainer without its parent's signal mask (torchrun's blocked stop forward)",
+        (("tests/zygote.py", '    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])\n', ""),),
+        ("tests/test_zygote.py::test_the_program_inherits_the_signal_mask_and_the_ignored_signals",),
+    ),
 )
 
 

@@ -26,7 +26,8 @@ from maskrcnn_dist.torchrun import descendant_pids, parent_pid, trainer_pid
 
 from .test_elastic import HERE, RELEASE, reference
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# real_processes: a rank is found by walking torchrun's process tree (trainer_pid) and killed there.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.real_processes]
 
 STEPS = 240
 STEP_S = 0.25  # the pace until the faults are done: 60 s for them on a loaded machine, none spent after

@@ -173,6 +173,7 @@ def _records(path: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == kind]
 
 
+@pytest.mark.real_processes  # SIGSTOP freezes the process it is sent to: worker 2 itself
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_master_exits_when_worker2_dies(tmp_path, free_port, fault: str) -> None:
     """Killed: the closed connection fails the step at once. Frozen (SIGSTOP: nothing closes, as
