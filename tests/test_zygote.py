@@ -158,4 +158,6 @@ def test_the_program_inherits_the_signal_mask_and_the_ignored_signals() -> None:
     finish(proc)
     assert proc.probe["pid"] != proc.pid  # type: ignore[attr-defined]
     assert signal.SIGUSR1 in proc.probe["blocked"]  # type: ignore[attr-defined]
+    # and only that: the server forks with every signal blocked until the child takes its parent's mask
+    assert signal.SIGTERM not in proc.probe["blocked"]  # type: ignore[attr-defined]
     assert proc.probe["sigusr2_ignored"]  # type: ignore[attr-defined]
