@@ -124,6 +124,9 @@ def test_a_second_signal_ends_the_run_at_once_and_leaves_no_half_checkpoint(stop
         assert load_checkpoint(path)["step"] <= 3
 
 
+# real_processes: the local engine's trainer as a user starts it (torch imported in it, not forked from
+# tests/zygote.py), signalled for real: one such trainer per engine in `make test`.
+@pytest.mark.real_processes
 def test_a_signal_before_the_first_step_ends_cleanly_with_nothing_to_save(stop_coco, tmp_path) -> None:
     out = tmp_path / "run"
     job = Job([*TRAIN, *small_args(stop_coco, out, batch_size=2)], tmp_path / "logs", NO_GRACE)
