@@ -16,8 +16,9 @@ names such a fixture.
 Not counted: a plain fork (the data cache's writer, the data check's pool: no new interpreter, a few
 milliseconds, its work done while this test waits and so in its time); helm and docker, which have
 their own marks (`needs_helm`, `needs_docker`) and train nothing, and helm's fetch in a fresh clone
-(get-helm.sh); the console fixture's forking server (tests/zygote.py, once a session), whose
-children report their own steps and programs here (`note_child_work`); a test marked `slow` or `soak`.
+(get-helm.sh); the forking server of the console fixture and of the suite's trainers (tests/zygote.py,
+once a worker), whose console children report their own steps and programs here (`note_child_work`);
+a test marked `slow` or `soak`.
 
 Loaded by tests/conftest.py (`pytest_plugins`).
 """
@@ -39,8 +40,8 @@ OWN_MARK_TOOLS = {"helm", "docker", "get-helm.sh"}
 # library) is first imported in a process, inside whichever test imports it first (an xdist worker's
 # first file decides which); that test neither trains nor starts anything of its own.
 IMPORT_TOOLS = {"ldconfig"}
-# The `console` fixture's forking server, started once a session (its children are reported to
-# note_child_work, as they are not this process's).
+# The forking server of the `console` fixture and of the trainers, started once a worker (its console
+# children are reported to note_child_work, as they are not this process's).
 ZYGOTE = "zygote.py"
 TIER_MARKS = ("slow", "soak")
 

@@ -38,7 +38,7 @@ import socket
 import struct
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -229,7 +229,6 @@ class Child:
 
     report: str = ""  # a console call's work report file
     proxy: socket.socket | None = None
-    streams: list[int] = field(default_factory=list)
 
 
 class Server:
@@ -295,7 +294,7 @@ class Server:
             print(f"zygote: a proxy's request was refused: {exc}", file=sys.stderr, flush=True)
             proxy.close()
             return
-        pid = self.fork(Child(proxy=proxy, streams=list(streams)))
+        pid = self.fork(Child(proxy=proxy))
         if pid == 0:
             run_proxied(request, streams)  # never returns
         for fd in streams:
