@@ -207,6 +207,16 @@ class ModelConfig:
         "positive (default: the model's own, 512; 128 for maskrcnn_resnet18_fpn)",
         minimum=1,
     )
+    # torchvision's box_detections_per_img (detectron2's TEST.DETECTIONS_PER_IMAGE): the most detections
+    # an image keeps at inference, best scores first, each one through the mask head. COCO's AP counts up
+    # to 100 an image; LVIS's up to 300. Evaluation, predict and the exports keep it; training does not
+    # read it.
+    detections_per_image: int | None = option(
+        None,
+        "most detections kept per image by evaluation, predict and the exports, best scores first "
+        "(default: the model's own, 100)",
+        minimum=1,
+    )
 
     def resolved_backbone_norm(self) -> str:
         """The backbone's BatchNorm with these settings, "frozen" or "batch" ("auto" resolved)."""

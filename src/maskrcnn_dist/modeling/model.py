@@ -142,6 +142,8 @@ def builder_kwargs(cfg: ModelConfig, num_classes: int) -> dict[str, int]:
         kwargs.update(SMALL_VARIANT_SAMPLING)
     if cfg.box_batch_size_per_image is not None:
         kwargs["box_batch_size_per_image"] = cfg.box_batch_size_per_image
+    if cfg.detections_per_image is not None:
+        kwargs["box_detections_per_img"] = cfg.detections_per_image
     return kwargs
 
 
