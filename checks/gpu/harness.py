@@ -40,6 +40,7 @@ class Profile:
     throughput_rounds: int  # bench_gpu_step.py's timed rounds (3, its default, where the figures mean something)
     threads: int | None  # CPU threads of each process a check runs; None: torch's own choice and 2 for the benchmark
     rois_per_image: int | None = None  # --box-batch-size-per-image of every run; None: the model's own
+    detections_per_image: int | None = None  # eval_amp's roi_heads.detections_per_img; None: the model's own
 
 
 # The CPU profile is the self-test's: every check's code path, at the fewest steps that take it (one
@@ -47,9 +48,11 @@ class Profile:
 # one thread a process: on a busy machine (make test's two workers) two threads a process wait on each
 # other, a step 5x slower than with one. 32 RoIs an image: a CPU without bf16 or fp16 units (AVX2 only)
 # runs the heads' half-precision convolutions on im2col's slow path, and an amp step at 128 takes 2x as long.
+# Evaluation keeps 10 detections an image, not 100: a barely trained model's detections are low-score boxes
+# everywhere, each through the mask head's four 256-channel convolutions, under amp on that slow path.
 PROFILES = {
     "cuda": Profile("maskrcnn_resnet50_fpn", 800, 1333, 2, 2, 3, 16, 4, 3, None),
-    "cpu": Profile("maskrcnn_resnet18_fpn", 64, 64, 2, 1, 2, 8, 2, 1, 1, rois_per_image=32),
+    "cpu": Profile("maskrcnn_resnet18_fpn", 64, 64, 2, 1, 2, 8, 2, 1, 1, rois_per_image=32, detections_per_image=10),
 }
 
 

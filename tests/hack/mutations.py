@@ -259,6 +259,33 @@ MUTATIONS = (
         ("tests/trainer/batched/test_model.py",),
     ),
     Mutation(
+        "--detections-per-image not reaching the model",
+        (
+            (
+                "src/maskrcnn_dist/modeling/model.py",
+                '        kwargs["box_detections_per_img"] = cfg.detections_per_image\n',
+                "        pass\n",
+            ),
+        ),
+        ("tests/trainer/batched/test_model.py::test_evaluation_keeps_the_detections_it_is_told_to",),
+    ),
+    Mutation(
+        "the watcher counting its own stall as every member's silence",
+        (
+            (
+                "src/maskrcnn_dist/lifetime/watcher.py",
+                "        return min(seconds, self._max_gap_s)\n",
+                "        return seconds\n",
+            ),
+        ),
+        ("tests/trainer/lifetime/test_watcher.py",),
+    ),
+    Mutation(
+        "a watcher that lost the store keeps its peers' silence capped",
+        (("src/maskrcnn_dist/lifetime/watcher.py", "                self._store_lost.set()\n", ""),),
+        ("tests/trainer/lifetime/test_watcher.py",),
+    ),
+    Mutation(
         "a replacement that finds the run over leaves its watcher beating",
         (("src/maskrcnn_dist/lifetime/elastic.py", "            self.watcher.close()\n", "            pass\n"),),
         ("tests/trainer/lifetime/test_elastic.py::test_a_replacement_that_finds_the_run_over_closes_its_watcher",),

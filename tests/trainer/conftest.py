@@ -11,6 +11,29 @@ import torch
 
 from maskrcnn_dist.config import TrainConfig, apply_overrides, small_cpu_run
 from maskrcnn_dist.data import BatchLayout, build_step_loader, write_train_val
+from maskrcnn_dist.modeling.model import SMALL_VARIANT_SAMPLING
+
+# The RoIs an image (--box-batch-size-per-image) a trainer test samples unless it says otherwise. At
+# 64-96 px the box and mask heads, not the trunk, dominate a CPU step of the small model, and its own 128
+# an image are far more than a few objects need: one fp32 step of two images took 2.2 s at 96 px and
+# 1.5 s at 64 px with 128, 1.7 s and 1.0 s with 32 (AMD EPYC, one thread). Half precision more so: a CPU
+# without bf16 or fp16 units (AVX2 only) runs the heads' half-precision convolutions and products on
+# im2col's slow path (one --amp step of two 64-px images: 26 s with 128, 12 s with 32). What a test
+# compares (runs that sample alike: resumes, engines, world sizes, floors, reads) does not depend on it.
+TEST_ROIS = 32
+FEWER_ROIS = {"box-batch-size-per-image": TEST_ROIS}
+# And the detections an image that evaluation keeps (--detections-per-image): a barely trained model's
+# are low-score boxes everywhere, each through the mask head. Evaluating 4 images of 96 px took 12.2 CPU s
+# at the model's own 100 an image, 2.8 s at 20.
+TEST_HEADS = {**FEWER_ROIS, "detections-per-image": 20}
+# The small model's own (modeling/model.py; torchvision's 100 detections), for the runs whose verdict is a
+# level that a short run reaches by chance (the loss falls by 40%, AP > 0, bf16 within 2% of fp32 a
+# step): those were settled with it, and with fewer RoIs one RoI more or less is a larger share of each
+# loss term.
+MODEL_HEADS = {
+    "box-batch-size-per-image": SMALL_VARIANT_SAMPLING["box_batch_size_per_image"],
+    "detections-per-image": 100,
+}
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +61,8 @@ def four_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConfig:
-    """The small CPU run (config.small_cpu_run) at 96 px, a few steps: what every trainer test starts from.
+    """The small CPU run (config.small_cpu_run) at 96 px, a few steps, TEST_HEADS' RoIs and detections:
+    what every trainer test starts from.
     One thread: `make test` runs two xdist workers on two cores, where two threads each only wait on each
     other (docs/testing.md has the figures); the same in one process, so a test's numbers do not depend
     on how it was run."""
@@ -55,6 +79,7 @@ def fast_config(data_path: Path, output_dir: Path, **flags: object) -> TrainConf
         eval_every_epoch=False,
         aspect_ratio_group_factor=-1,
     )
+    values.update(TEST_HEADS)
     values.update(flags)
     cfg = apply_overrides(TrainConfig(), values, "test")
     cfg.validate()
@@ -66,12 +91,3 @@ def first_steps(dataset: Any, batch_size: int, count: int, seed: int = 0) -> lis
     rank, each as the (images, targets) that engine.train_step takes."""
     steps = itertools.islice(build_step_loader(dataset, BatchLayout(1, batch_size), epoch=0, seed=seed), count)
     return [(step.micro_batches[0].images, step.micro_batches[0].targets) for step in steps]
-
-
-# The amp tests' RoIs an image (the small model samples 128, a quarter of them at most positive, and those
-# go through the mask head's four 256-channel convolutions). A CPU without bf16 or fp16 units (AVX2 only)
-# runs the heads' half-precision convolutions and products on im2col's slow path, 20-25x fp32: one --amp
-# step of two 64-px images took 26 s at 128 RoIs an image and 12 s at 32 (measured on an AMD EPYC). Every
-# run a test compares samples alike, so what it compares (floors, reads, scaling) is unchanged.
-AMP_TEST_ROIS = 32
-FEWER_ROIS = {"box-batch-size-per-image": AMP_TEST_ROIS}

@@ -27,6 +27,7 @@ from maskrcnn_dist.config import small_stop_run, to_argv
 from maskrcnn_dist.torchrun import descendant_pids
 from maskrcnn_dist.training.metrics import read_metrics
 
+from .conftest import TEST_HEADS
 from .procs import REPO
 
 # The trainer's closing line (stop.Stopped.closing_line): what stopped it, what it saved, how long it took.
@@ -34,8 +35,9 @@ CLOSING = re.compile(r"stopped by (?P<reason>.+?): (?P<saved>.+); (?P<seconds>[\
 
 
 def small_args(data: Path, out: Path, **flags: Any) -> list[str]:
-    """The small model at 64 px on CPU, one epoch of `data`, every step logged: what each stop test trains."""
-    return to_argv(small_stop_run(data, out, **flags))
+    """The small model at 64 px on CPU, one epoch of `data`, every step logged, conftest.py's TEST_HEADS (RoIs and
+    detections an image) unless `flags` say otherwise: what each stop test trains."""
+    return to_argv(small_stop_run(data, out, **{**TEST_HEADS, **flags}))
 
 
 @dataclass

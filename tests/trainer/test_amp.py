@@ -43,7 +43,7 @@ from maskrcnn_dist.modeling.perf import (
     setup_process,
 )
 
-from .conftest import fast_config
+from .conftest import MODEL_HEADS, fast_config
 from .test_fold_bn import randomise_frozen_statistics
 
 STEPS = 3  # from the same weights at every step: nothing compounds, so three tell what six did
@@ -98,7 +98,7 @@ def forced(tiny_coco: Path, tmp_path_factory: pytest.TempPathFactory) -> ForcedS
     }
     engines = {}
     for name, flags in runs.items():
-        cfg = fast_config(tiny_coco, tmp_path_factory.mktemp(name), **flags)
+        cfg = fast_config(tiny_coco, tmp_path_factory.mktemp(name), **flags, **MODEL_HEADS)
         train_set, _ = load_datasets(cfg)
         engines[name] = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
     return forced_steps(engines, first_batches(cfg))
@@ -139,7 +139,7 @@ def test_amp_with_folded_frozen_batchnorm_stays_within_tolerance_of_fp32(tiny_co
     convolutions under --amp (--fold-frozen-bn), against fp32 without the fold: the same bounds."""
     engines = {}
     for name, flags in {"fp32": {"fold-frozen-bn": False}, "amp": {"amp": True, "fold-frozen-bn": True}}.items():
-        cfg = fast_config(tiny_coco, tmp_path / name, lr=LR, **{"backbone-norm": "frozen"}, **flags)
+        cfg = fast_config(tiny_coco, tmp_path / name, lr=LR, **{"backbone-norm": "frozen"}, **flags, **MODEL_HEADS)
         train_set, _ = load_datasets(cfg)
         engines[name] = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=6)
         folded = any(isinstance(m, FoldedConv2d) for m in engines[name].model.modules())

@@ -17,7 +17,7 @@ from maskrcnn_dist.train import train
 from maskrcnn_dist.trainer_parts import build_trainer, run_metrics
 from maskrcnn_dist.training.metrics import read_metrics
 
-from .conftest import fast_config
+from .conftest import MODEL_HEADS, fast_config
 from .disk import drop_checkpoints
 
 
@@ -30,7 +30,7 @@ def trained_run(tiny_coco, tmp_path_factory):
     """One short run shared by the tests that only read its outputs (training is the slow part)."""
     out = tmp_path_factory.mktemp("trained")
     # lr 0.01: the lr-0.02 run is chaotic enough that small numeric changes (channels_last) move its AP.
-    cfg = fast_config(tiny_coco, out, epochs=8, lr=0.01, **{"max-steps": 42, "val-period": 20})
+    cfg = fast_config(tiny_coco, out, epochs=8, lr=0.01, **{"max-steps": 42, "val-period": 20}, **MODEL_HEADS)
     yield cfg, train(cfg)
     drop_checkpoints(out)
 

@@ -150,6 +150,7 @@ def test_a_training_step_samples_the_rois_it_is_told_to(batch, heads: str) -> No
     cfg, num_classes, images, targets = batch
     rows: dict[int | None, list[int]] = {}
     for asked in (None, 8):
+        torch.manual_seed(0)  # the same proposals both times, whatever ran before in this process
         model = build_model(replace(cfg.model, heads=heads, box_batch_size_per_image=asked), num_classes)
         seen = rows.setdefault(asked, [])
         model.roi_heads.box_head.register_forward_hook(lambda _m, _a, out, seen=seen: seen.append(out.shape[0]))
@@ -158,11 +159,34 @@ def test_a_training_step_samples_the_rois_it_is_told_to(batch, heads: str) -> No
         with torch.no_grad():
             model([i.clone() for i in images], copy.deepcopy(targets))
     assert rows[None][0] == 3 * 128 and rows[8][0] == 3 * 8, rows
-    positives = rows[8][1] if heads == "torchvision" else None  # the batched mask head takes padded rows
-    assert positives is None or 0 < positives <= 3 * 2, rows
-    assert rows[8][1] < rows[None][1], rows
+    if heads == "torchvision":  # the positives themselves: at most a quarter of 8 an image (one has no object)
+        assert 0 < rows[8][1] <= 2 * 2, rows
+    else:  # the batched mask head takes padded rows, a quarter of those sampled an image
+        assert rows[8][1] < rows[None][1], rows
     kwargs = builder_kwargs(replace(cfg.model, name="maskrcnn_resnet50_fpn", box_batch_size_per_image=8), 3)
     assert kwargs["box_batch_size_per_image"] == 8
-    assert "box_batch_size_per_image" not in builder_kwargs(replace(cfg.model, name="maskrcnn_resnet50_fpn"), 3)
+    unset = replace(cfg.model, name="maskrcnn_resnet50_fpn", box_batch_size_per_image=None)
+    assert "box_batch_size_per_image" not in builder_kwargs(unset, 3)
     built = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, **kwargs)
     assert built.roi_heads.fg_bg_sampler.batch_size_per_image == 8
+
+
+def test_evaluation_keeps_the_detections_it_is_told_to(batch) -> None:
+    """--detections-per-image caps what inference keeps an image, the best scores: of a random model's many
+    low-score boxes (90 or more) 4 when told, the same best four, and a checkpoint's torchvision record
+    carries it to torchvision's builder."""
+    cfg, num_classes, images, _ = batch
+    kept = {}
+    for asked in (None, 4):
+        torch.manual_seed(0)
+        model = build_model(replace(cfg.model, detections_per_image=asked), num_classes).eval()
+        with torch.no_grad():
+            kept[asked] = model([i.clone() for i in images[:2]])
+    for own, capped in zip(kept[None], kept[4], strict=True):
+        assert len(own["scores"]) > 4 and len(capped["scores"]) == 4, (len(own["scores"]), len(capped["scores"]))
+        torch.testing.assert_close(capped["scores"], own["scores"][:4])
+        torch.testing.assert_close(capped["masks"], own["masks"][:4])
+    kwargs = builder_kwargs(replace(cfg.model, name="maskrcnn_resnet50_fpn", detections_per_image=4), 3)
+    assert maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, **kwargs).roi_heads.detections_per_img == 4
+    unset = replace(cfg.model, name="maskrcnn_resnet50_fpn", detections_per_image=None)
+    assert "box_detections_per_img" not in builder_kwargs(unset, 3)

@@ -11,11 +11,14 @@ from maskrcnn_dist.config import small_cpu_run, to_argv
 from maskrcnn_dist.data import write_train_val
 from maskrcnn_dist.training.metrics import read_metrics
 
+from ..conftest import TEST_HEADS
 from ..procs import run_job, torchrun, torchrun_command
 
 HERE = Path(__file__).resolve().parent
 
-SMALL = to_argv(small_cpu_run(64, threads=1, workers=0, warmup_iters=5, aspect_ratio_group_factor=-1, print_freq=1))
+SMALL = to_argv(
+    small_cpu_run(64, threads=1, workers=0, warmup_iters=5, aspect_ratio_group_factor=-1, print_freq=1, **TEST_HEADS)
+)
 
 
 @pytest.fixture(scope="module")

@@ -32,11 +32,13 @@ from maskrcnn_dist.run_dir import samples_path
 from maskrcnn_dist.torchrun import parent_pid
 from maskrcnn_dist.training.samples import read_samples
 
+from ..conftest import TEST_HEADS
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 8  # 24 images, 3 ranks of 2: 4 steps an epoch, 2 epochs (validation and COCO AP at each end)
 QUIET = {"threads": 1, "workers": 0, "warmup_iters": 5, "aspect_ratio_group_factor": -1, "print_freq": 1}
-QUIET |= {"rpc_timeout": 60, "lr": 0.003}
+QUIET |= {"rpc_timeout": 60, "lr": 0.003, **TEST_HEADS}
 TERMS = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")
 
 

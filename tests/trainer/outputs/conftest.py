@@ -15,7 +15,7 @@ from once import built_once
 from maskrcnn_dist.checkpoint import latest_checkpoint
 from maskrcnn_dist.train import train
 
-from ..conftest import fast_config
+from ..conftest import MODEL_HEADS, fast_config
 
 # The tests compare detections and AP, so the model must find objects: a non-zero AP50 for boxes and
 # masks (else a results file that lost its detections would score the same). From scratch on 12 images
@@ -63,7 +63,7 @@ def train_until_it_finds_objects(data: Path, folder: Path) -> None:
     """Train the small model on `data` into `folder` until its evaluation at the end of a round finds
     objects (bbox and segm AP50 above zero). Each round resumes the last one, so the run is one run, as
     any resumed run is."""
-    flags = {"epochs": 100, "lr-steps": "1000", "val-period": 0, "seed": SEED}
+    flags = {"epochs": 100, "lr-steps": "1000", "val-period": 0, "seed": SEED, **MODEL_HEADS}
     for steps in range(FIRST_STEPS, MAX_STEPS + 1, MORE_STEPS):
         resume = {"resume": "auto"} if steps > FIRST_STEPS else {}
         found = train(fast_config(data, folder, **flags, **resume, **{"max-steps": steps})).eval

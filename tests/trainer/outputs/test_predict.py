@@ -25,7 +25,7 @@ from maskrcnn_dist.outputs.predict import IMAGES_FILE, RESULTS_FILE, predict_ima
 from maskrcnn_dist.outputs.predictor import load_predictor
 from maskrcnn_dist.train import train
 
-from ..conftest import fast_config
+from ..conftest import MODEL_HEADS, fast_config
 from .conftest import the_error_line, write_png
 
 # ---------------------------------------------------------------------------------------------------
@@ -33,7 +33,8 @@ from .conftest import the_error_line, write_png
 
 
 def test_results_file_scores_exactly_evals_ap(trained: Path, sparse_coco: Path, tmp_path: Path):
-    cfg = fast_config(sparse_coco, tmp_path / "eval", resume=trained, **{"test-only": True})
+    # The trained run's heads (outputs/conftest.py), which predict takes from the checkpoint.
+    cfg = fast_config(sparse_coco, tmp_path / "eval", resume=trained, **{"test-only": True}, **MODEL_HEADS)
     eval_ap = train(cfg).eval
     assert eval_ap["bbox_AP50"] > 0 and eval_ap["segm_AP50"] > 0  # else equality would prove nothing
 

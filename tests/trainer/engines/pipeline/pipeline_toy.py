@@ -23,6 +23,9 @@ def small_config(peer_timeout: float = 20.0, size: int = SIZE, **pipeline: objec
         lr_steps="100",
         clip_grad_norm=5.0,
         rpc_timeout=peer_timeout,
+        # trainer/conftest.py's TEST_HEADS (a process of these tests reads this file alone)
+        box_batch_size_per_image=32,
+        detections_per_image=20,
         **{"micro_batches": 1, **pipeline},
     )
     return apply_overrides(TrainConfig(), flags, "pipeline tests")

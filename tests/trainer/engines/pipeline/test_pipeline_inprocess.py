@@ -14,7 +14,7 @@ from maskrcnn_dist.engines.pipeline.scaler import LossScaler
 from maskrcnn_dist.engines.pipeline.schedule import replica_ops, stage_ops
 from maskrcnn_dist.engines.torch_engine import TorchEngine
 
-from ...conftest import AMP_TEST_ROIS
+from ...conftest import TEST_ROIS
 from ..reference import local_accumulating
 from . import inprocess
 from .pipeline_toy import NUM_CLASSES, make_batch, small_config
@@ -116,9 +116,9 @@ def test_replicas_stay_identical(schedules) -> None:
 def fp16(cfg, size: int = 48):
     """fp16 autocast in every stage at `size` px and 32 RoIs an image (fp16 runs 10-25x slower than fp32 on a
     CPU: the smallest size whose deepest feature map still has more than one value per channel for BatchNorm
-    in one image; trainer/conftest.py's AMP_TEST_ROIS); on the CPU only a library caller gets it (device "cpu",
+    in one image; trainer/conftest.py's TEST_ROIS); on the CPU only a library caller gets it (device "cpu",
     as here)."""
-    model = replace(cfg.model, min_size=size, max_size=size, box_batch_size_per_image=AMP_TEST_ROIS)
+    model = replace(cfg.model, min_size=size, max_size=size, box_batch_size_per_image=TEST_ROIS)
     return replace(cfg, amp=True, amp_dtype="float16", model=model)
 
 

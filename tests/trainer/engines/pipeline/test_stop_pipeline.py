@@ -24,6 +24,7 @@ from maskrcnn_dist.modeling.model import build_model
 from maskrcnn_dist.torchrun import trainer_pid
 from maskrcnn_dist.training.metrics import read_metrics
 
+from ...conftest import MODEL_HEADS
 from ...disk import drop_checkpoints
 from ...stop_procs import (
     Job,
@@ -44,7 +45,8 @@ MICRO_BATCHES = 1
 
 
 def local_job(data: Path, out: Path, logs: Path, *extra: str) -> Job:
-    args = small_args(data, out, batch_size=2, micro_batches=MICRO_BATCHES, rpc_timeout=60)
+    # The model's own heads: the amp run's first step is held within 2% of this fp32 reference's.
+    args = small_args(data, out, batch_size=2, micro_batches=MICRO_BATCHES, rpc_timeout=60, **MODEL_HEADS)
     runner = [sys.executable, "-m", "maskrcnn_launcher", "local", "--wait-timeout", "120", "--grace", "60", "--"]
     return Job([*runner, *args, *extra], logs, {TERMINATION_GRACE_SECONDS: ""})
 
