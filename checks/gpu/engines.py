@@ -33,8 +33,6 @@ def check_eval_amp(env: Env) -> dict[str, Any]:
         train_set, val_set = load_datasets(cfg)
         engine = TorchEngine(cfg, train_set.num_classes, iters_per_epoch=1)
         engine.load_state_dict(state)
-        if env.profile.detections_per_image is not None:
-            engine.model.roi_heads.detections_per_img = env.profile.detections_per_image
         metrics = evaluate(engine, val_set, batch_size=cfg.data.val_batch_size, workers=0)
         assert metrics is not None
         figures[f"{name}_bbox_AP"], figures[f"{name}_segm_AP"] = (round(metrics[k], 4) for k in ("bbox_AP", "segm_AP"))

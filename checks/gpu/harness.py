@@ -40,7 +40,7 @@ class Profile:
     throughput_rounds: int  # bench_gpu_step.py's timed rounds (3, its default, where the figures mean something)
     threads: int | None  # CPU threads of each process a check runs; None: torch's own choice and 2 for the benchmark
     rois_per_image: int | None = None  # --box-batch-size-per-image of every run; None: the model's own
-    detections_per_image: int | None = None  # eval_amp's roi_heads.detections_per_img; None: the model's own
+    detections_per_image: int | None = None  # --detections-per-image of every run; None: the model's own
 
 
 # The CPU profile is the self-test's: every check's code path, at the fewest steps that take it (one

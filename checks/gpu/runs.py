@@ -40,6 +40,7 @@ def base_flags(env: Env, data: Path, output_dir: Path, **flags: Any) -> dict[str
         "aspect-ratio-group-factor": -1,
         "threads": p.threads,
         "box-batch-size-per-image": p.rois_per_image,
+        "detections-per-image": p.detections_per_image,
     }
     values.update({k.replace("_", "-"): v for k, v in flags.items()})
     return {k: v for k, v in values.items() if v is not None}
